@@ -1,0 +1,89 @@
+"""Operator routes (admin token): run keys, budgets, policies, ledgers."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
+
+from gateway.auth import require_admin
+from gateway.context import gateway_of
+from gateway.schemas import CreateKey, EditPolicy, TopUp
+from services.core.errors import Unprocessable
+from services.core.money import usd_to_nusd
+from services.core.policy import Policy
+from services.core.presets import preset_policy
+
+router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
+
+
+def parse_policy(raw: dict[str, Any]) -> Policy:
+    try:
+        return Policy.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = "policy." + ".".join(str(p) for p in first["loc"])
+        raise Unprocessable(f"invalid policy: {param}: {first['msg']}", param=param) from err
+
+
+@router.post("/keys", status_code=201)
+async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    if (body.track is None) == (body.policy is None):
+        raise Unprocessable("give exactly one of track (a preset) or policy", param="track")
+    policy = preset_policy(body.track) if body.track else parse_policy(body.policy or {})
+    view, plaintext = await gw.store.call(
+        partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(body.budget_usd), track=body.track, name=body.name)
+    )
+    return {**view, "key": plaintext}
+
+
+@router.get("/keys")
+async def list_keys(request: Request, parent_id: str | None = None) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return {"data": await gw.store.call(partial(gw.registry.list, parent_id=parent_id))}
+
+
+@router.get("/keys/{key_id}")
+async def show_key(key_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.get, key_id)
+
+
+@router.patch("/keys/{key_id}")
+async def edit_policy(key_id: str, body: EditPolicy, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.set_policy, key_id, parse_policy(body.policy))
+
+
+@router.post("/keys/{key_id}/topup")
+async def topup(key_id: str, body: TopUp, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.topup, key_id, usd_to_nusd(body.amount_usd))
+
+
+@router.post("/keys/{key_id}/{action}")
+async def change_status(key_id: str, action: str, request: Request) -> dict[str, Any]:
+    statuses = {"pause": "paused", "resume": "active", "revoke": "revoked"}
+    if action not in statuses:
+        raise Unprocessable(f"unknown action {action!r}; expected pause, resume, revoke or topup", param="action")
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.set_status, key_id, statuses[action])
+
+
+@router.get("/keys/{key_id}/ledger")
+async def ledger(key_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return {"data": await gw.store.call(gw.ledger.entries, key_id)}
+
+
+@router.post("/reclaim")
+async def reclaim(request: Request) -> dict[str, int]:
+    """Close expired reservations and concurrency slots of crashed holders now."""
+    gw = gateway_of(request)
+    return {
+        "reservations": await gw.store.call(gw.ledger.reclaim_expired),
+        "slots": await gw.store.call(gw.slots.reclaim_expired),
+    }

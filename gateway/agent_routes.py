@@ -1,0 +1,51 @@
+"""Routes a run key calls on the gateway itself: balance and child keys."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from gateway.admin import parse_policy
+from gateway.auth import CurrentPrincipal
+from gateway.context import gateway_of
+from gateway.schemas import MintChildKey
+from services.core.money import usd_to_nusd
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/balance")
+async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, float]:
+    gw = gateway_of(request)
+    return (await gw.store.call(gw.ledger.balance, principal.key_id)).as_usd()
+
+
+@router.post("/keys", status_code=201)
+async def mint_child(body: MintChildKey, principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
+    """A narrower key for a research role: subset of this key's permissions, same budget."""
+    gw = gateway_of(request)
+    policy = parse_policy(body.policy) if body.policy is not None else principal.policies[-1]
+    view, plaintext = await gw.store.call(
+        partial(
+            gw.registry.create,
+            policy=policy,
+            budget_nusd=None if body.budget_usd is None else usd_to_nusd(body.budget_usd),
+            name=body.name,
+            parent_id=principal.key_id,
+        )
+    )
+    return {**view, "key": plaintext}
+
+
+@router.get("/keys")
+async def list_children(principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return {"data": await gw.store.call(partial(gw.registry.list, parent_id=principal.key_id))}
+
+
+@router.post("/keys/{key_id}/revoke")
+async def revoke_child(key_id: str, principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
+    gw = gateway_of(request)
+    return await gw.store.call(partial(gw.registry.set_status, key_id, "revoked", parent_id=principal.key_id))

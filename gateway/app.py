@@ -1,0 +1,88 @@
+"""The gateway app: the only door into the gym."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from gateway import admin, agent_routes
+from gateway.context import Gateway, gateway_of
+from gateway.proxy import forward
+from services.core.errors import GymError, StoreUnavailable
+from services.core.http import install_error_handlers
+
+log = logging.getLogger("rsigym.gateway")
+
+PROXY_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+async def _reaper(gw: Gateway) -> None:
+    """Give back holds of crashed holders (expired reservations and slots), forever."""
+    while True:
+        await asyncio.sleep(gw.config.ledger.reaper_interval_s)
+        try:
+            done = await gw.store.call(gw.ledger.reclaim_expired)
+            slots = await gw.store.call(gw.slots.reclaim_expired)
+            if done or slots:
+                log.info("reaper closed %d expired reservations and %d slots", done, slots)
+        except GymError as err:
+            log.warning("reaper skipped a round: %s", err.message)
+
+
+def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: Any = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_reaper(gw)) if run_reaper else None
+        try:
+            if extra_lifespan is not None:
+                async with extra_lifespan():
+                    yield
+            else:
+                yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await gw.aclose()
+
+    app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gw = gw
+    install_error_handlers(app, on_error=lambda err: gw.metrics.refusals.labels(err.type).inc())
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz(request: Request) -> JSONResponse:
+        store_ok = True
+        try:
+            await gw.store.call(_ping, gateway_of(request))
+        except StoreUnavailable:
+            store_ok = False
+        body = {"status": "ok" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
+                "services": sorted(gw.specs)}
+        return JSONResponse(body, status_code=200 if store_ok else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.include_router(admin.router)
+    app.include_router(agent_routes.router)
+
+    @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
+    async def proxy(service: str, path: str, request: Request) -> Response:
+        return await forward(request, service, path)
+
+    return app
+
+
+def _ping(gw: Gateway) -> None:
+    from sqlalchemy import text
+
+    with gw.store.transaction() as s:
+        s.execute(text("SELECT 1"))

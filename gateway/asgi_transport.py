@@ -1,0 +1,109 @@
+"""An httpx transport that calls an ASGI app in-process *and streams its response*.
+
+httpx's own ``ASGITransport`` waits for the whole response body before returning, which
+would turn the gateway's token-by-token relay into one late burst in embedded mode. This
+transport runs the app as a task and hands body chunks to the caller as the app sends them;
+closing the response early tells the app the client went away (``http.disconnect``) and
+cancels it. Written here because no maintained library offers a streaming ASGI transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+_END = object()
+
+
+class _QueueStream(httpx.AsyncByteStream):
+    def __init__(self, queue: asyncio.Queue[Any], task: asyncio.Task[None], disconnected: asyncio.Event):
+        self._queue = queue
+        self._task = task
+        self._disconnected = disconnected
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item:
+                yield item
+
+    async def aclose(self) -> None:
+        self._disconnected.set()
+        if not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+class StreamingASGITransport(httpx.AsyncBaseTransport):
+    def __init__(self, app: Any, client: tuple[str, int] = ("127.0.0.1", 0)):
+        self.app = app
+        self.client = client
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": request.method,
+            "scheme": request.url.scheme,
+            "path": request.url.path,
+            "raw_path": request.url.raw_path.split(b"?")[0],
+            "query_string": request.url.query,
+            "root_path": "",
+            "headers": [(k.lower(), v) for k, v in request.headers.raw],
+            "client": self.client,
+            "server": (request.url.host, request.url.port or 80),
+        }
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        disconnected = asyncio.Event()
+        body_sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                if not started.done():
+                    started.set_result(message)
+            elif message["type"] == "http.response.body":
+                await queue.put(message.get("body", b""))
+                if not message.get("more_body", False):
+                    await queue.put(_END)
+
+        async def run() -> None:
+            try:
+                await self.app(scope, receive, send)
+            except BaseException as err:  # surfaced to whoever is waiting
+                if not started.done():
+                    started.set_exception(err if isinstance(err, Exception) else RuntimeError("app cancelled"))
+                else:
+                    await queue.put(httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}"))
+                if isinstance(err, asyncio.CancelledError):
+                    raise
+            finally:
+                await queue.put(_END)
+
+        task = asyncio.create_task(run())
+        start = await started
+        return httpx.Response(
+            status_code=start["status"],
+            headers=[(k, v) for k, v in start.get("headers", [])],
+            stream=_QueueStream(queue, task, disconnected),
+            request=request,
+        )

@@ -1,0 +1,118 @@
+"""Assembling a gym: embedded (everything in one process) or one part of a distributed one."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from gateway.app import create_gateway_app
+from gateway.asgi_transport import StreamingASGITransport
+from gateway.context import Gateway
+from services.core.config import GymConfig, load_config
+from services.core.redact import install_log_redaction
+from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.spec import ServiceSpec
+from services.core.store import Store, sqlite_url
+from services.rollout import app as rollout_app
+
+SERVICES = {"rollout": rollout_app}
+"""Service name → module with ``SPEC`` and ``create_app(config, internal_secret=…)``."""
+
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
+
+
+@dataclass
+class Gym:
+    app: FastAPI
+    gateway: Gateway
+    admin_token: str
+    service_apps: dict[str, FastAPI]
+
+
+def ensure_admin_token(settings: GymSettings) -> str:
+    """RSIGYM_ADMIN_TOKEN, or a fresh token written to <data-dir>/admin-token (mode 0600)."""
+    if settings.admin_token:
+        return settings.admin_token
+    token = "rsa-" + secrets.token_urlsafe(32)
+    path = Path(settings.data_dir) / "admin-token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def open_store(settings: GymSettings, store_settings: StoreSettings, *, schema: str | None = None) -> Store:
+    store = Store(store_settings.url or sqlite_url(settings.data_dir), store_settings, schema=schema)
+    store.migrate()
+    return store
+
+
+def build_embedded(
+    settings: GymSettings | None = None,
+    store_settings: StoreSettings | None = None,
+    config: GymConfig | None = None,
+    *,
+    store: Store | None = None,
+    provider_secrets: ProviderSecrets | None = None,
+    run_reaper: bool = True,
+) -> Gym:
+    """The gateway and every service in one process; services are reachable only through
+    the gateway (in-process streaming transport, still signed)."""
+    settings = settings or GymSettings()
+    config = config or load_config(settings.config)
+    provider_secrets = provider_secrets or ProviderSecrets()
+    install_log_redaction(*provider_secrets.values(config.provider_key_envs()))
+    store = store or open_store(settings, store_settings or StoreSettings())
+    internal_secret = settings.internal_secret or secrets.token_urlsafe(32)
+    admin_token = ensure_admin_token(settings)
+    service_apps = {
+        name: module.create_app(config, internal_secret=internal_secret, secrets=provider_secrets)
+        for name, module in SERVICES.items()
+    }
+    clients = {
+        name: httpx.AsyncClient(
+            transport=StreamingASGITransport(service_app), base_url=f"http://{name}.internal", timeout=UPSTREAM_TIMEOUT
+        )
+        for name, service_app in service_apps.items()
+    }
+    specs: dict[str, ServiceSpec] = {name: module.SPEC for name, module in SERVICES.items()}
+    gw = Gateway(store=store, config=config, internal_secret=internal_secret, admin_token=admin_token,
+                 specs=specs, clients=clients)
+    return Gym(create_gateway_app(gw, run_reaper=run_reaper), gw, admin_token, service_apps)
+
+
+def build_gateway(
+    settings: GymSettings, store_settings: StoreSettings, service_urls: dict[str, str], config: GymConfig | None = None
+) -> Gym:
+    """Distributed mode: the same gateway, forwarding over HTTP to separately run services."""
+    config = config or load_config(settings.config)
+    if not settings.internal_secret:
+        raise SystemExit("distributed mode needs RSIGYM_INTERNAL_SECRET shared by the gateway and the services")
+    unknown = set(service_urls) - set(SERVICES)
+    if unknown:
+        raise SystemExit(f"unknown services: {', '.join(sorted(unknown))}")
+    store = open_store(settings, store_settings)
+    admin_token = ensure_admin_token(settings)
+    clients = {name: httpx.AsyncClient(base_url=url, timeout=UPSTREAM_TIMEOUT) for name, url in service_urls.items()}
+    specs = {name: SERVICES[name].SPEC for name in service_urls}
+    gw = Gateway(store=store, config=config, internal_secret=settings.internal_secret, admin_token=admin_token,
+                 specs=specs, clients=clients)
+    return Gym(create_gateway_app(gw), gw, admin_token, {})
+
+
+def build_service(name: str, settings: GymSettings, config: GymConfig | None = None) -> FastAPI:
+    """Distributed mode: one service as its own app (it accepts only gateway-signed calls)."""
+    if name not in SERVICES:
+        raise SystemExit(f"unknown service {name!r}; known: {', '.join(SERVICES)}")
+    if not settings.internal_secret:
+        raise SystemExit("a service needs RSIGYM_INTERNAL_SECRET shared with the gateway")
+    config = config or load_config(settings.config)
+    secrets_ = ProviderSecrets()
+    install_log_redaction(*secrets_.values(config.provider_key_envs()))
+    return SERVICES[name].create_app(config, internal_secret=settings.internal_secret, secrets=secrets_)

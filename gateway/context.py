@@ -1,0 +1,40 @@
+"""Everything one gateway instance holds, handed to routes through ``app.state.gw``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import Request
+
+from gateway.metrics import GatewayMetrics
+from services.core.concurrency import ConcurrencySlots
+from services.core.config import GymConfig
+from services.core.keys import KeyRegistry
+from services.core.ledger import Ledger
+from services.core.spec import ServiceSpec
+from services.core.store import Store
+
+
+@dataclass
+class Gateway:
+    store: Store
+    config: GymConfig
+    internal_secret: str
+    admin_token: str
+    specs: dict[str, ServiceSpec]
+    clients: dict[str, httpx.AsyncClient]
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+
+    def __post_init__(self) -> None:
+        self.registry = KeyRegistry(self.store)
+        self.ledger = Ledger(self.store, self.config.ledger)
+        self.slots = ConcurrencySlots(self.store, lease_ttl_s=self.config.ledger.reservation_ttl_s)
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+
+
+def gateway_of(request: Request) -> Gateway:
+    return request.app.state.gw

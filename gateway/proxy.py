@@ -1,0 +1,235 @@
+"""Forwarding one call: authenticate → policy → concurrency slot → reserve → forward
+(signed) → settle → cost headers. Any failure before the service has done billable work
+releases the reservation; nothing leaves a hold or a slot behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from gateway.auth import presented_key
+from gateway.context import Gateway, gateway_of
+from services.core.errors import GymError, InvalidRequest, NotFound, ServiceUnavailable, Unprocessable
+from services.core.http import request_id_of
+from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
+from services.core.keys import Principal
+from services.core.ledger import Reservation
+from services.core.money import format_usd, nusd_to_usd
+from services.core.policy import apply_chain
+from services.core.spec import Operation
+
+log = logging.getLogger("rsigym.gateway")
+
+MAX_JSON_BODY = 16 * 1024 * 1024
+_DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", COST_HEADER.lower()}
+COST_RESPONSE = "X-RSIGym-Cost-USD"
+REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_JSON_BODY:
+        raise InvalidRequest(f"request body over {MAX_JSON_BODY} bytes")
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as err:
+        raise Unprocessable("the request body must be JSON") from err
+    if not isinstance(body, dict):
+        raise Unprocessable("the request body must be a JSON object")
+    return body
+
+
+def _check_grant(principal: Principal, service: str) -> None:
+    # apply_chain on an empty body refuses a service that is not granted anywhere in the chain.
+    apply_chain(list(principal.policies), service, {}, model_field=None)
+
+
+class _Call:
+    """State of one forwarded call, so every exit path closes what it opened."""
+
+    def __init__(self, gw: Gateway, service: str, op: Operation, principal: Principal, request_id: str):
+        self.gw, self.service, self.op, self.principal, self.request_id = gw, service, op, principal, request_id
+        self.lease: str | None = None
+        self.reservation: Reservation | None = None
+        self.closed = False
+
+    async def open(self, estimate: int) -> None:
+        gw = self.gw
+        self.lease = await gw.store.call(gw.slots.acquire, self.principal.max_concurrency(self.service), self.service)
+        if self.op.metered:
+            try:
+                self.reservation = await gw.store.call(
+                    partial(
+                        gw.ledger.reserve,
+                        self.principal.key_id,
+                        service=self.service,
+                        operation=self.op.name,
+                        estimate_nusd=estimate,
+                        request_id=self.request_id,
+                    )
+                )
+            except BaseException:
+                await self.close(None)
+                raise
+            gw.metrics.reservations.labels(self.service, "reserved").inc()
+
+    async def close(self, actual_nusd: int | None) -> int:
+        """Settle (``actual_nusd``) or release (None) and give back the slot. Idempotent, shielded."""
+        if self.closed:
+            return 0
+        self.closed = True
+        gw, charged = self.gw, 0
+        with anyio.CancelScope(shield=True):
+            try:
+                if self.reservation is not None:
+                    if actual_nusd is None:
+                        await gw.store.call(gw.ledger.release, self.reservation.id)
+                        gw.metrics.reservations.labels(self.service, "released").inc()
+                    else:
+                        charged = await gw.store.call(gw.ledger.settle, self.reservation.id, actual_nusd)
+                        gw.metrics.reservations.labels(self.service, "settled").inc()
+                        gw.metrics.spend.labels(self.service).inc(nusd_to_usd(charged))
+            finally:
+                await gw.store.call(gw.slots.release, self.lease)
+        return charged
+
+
+async def forward(request: Request, service: str, path: str) -> Response:
+    gw = gateway_of(request)
+    request_id = request_id_of(request)
+    sub_path = "/" + path
+    spec = gw.specs.get(service)
+    op = spec.match(request.method, sub_path) if spec else None
+    if op is None:
+        raise NotFound(f"no route {request.method} /{service}{sub_path}")
+    started = time.perf_counter()
+    principal = await gw.store.call(gw.registry.authenticate, presented_key(request))
+    if op.json_body:
+        body = apply_chain(list(principal.policies), service, await _json_body(request), model_field=op.model_field)
+        raw = json.dumps(body, separators=(",", ":")).encode()
+    else:
+        _check_grant(principal, service)
+        body, raw = {}, await request.body()
+    estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.config) if op.estimate else 0
+
+    call = _Call(gw, service, op, principal, request_id)
+    await call.open(estimate)
+    gw.metrics.in_flight.labels(service).inc()
+    try:
+        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate))
+    except BaseException:
+        gw.metrics.in_flight.labels(service).dec()
+        await call.close(None)
+        raise
+    gw.metrics.latency.labels(service).observe(time.perf_counter() - started)
+    gw.metrics.requests.labels(service, op.name, str(upstream.status_code)).inc()
+    headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
+    headers["X-Request-Id"] = request_id
+
+    if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+        if call.reservation is not None:
+            balance = await gw.store.call(gw.ledger.balance, principal.key_id)
+            headers[COST_RESPONSE] = format_usd(estimate)  # upper bound; exact cost in the stream's usage
+            headers["X-RSIGym-Cost-Kind"] = "reserved-upper-bound"
+            headers[REMAINING_RESPONSE] = balance.remaining_header
+        return StreamingResponse(_relay(call, upstream, estimate), status_code=upstream.status_code, headers=headers)
+
+    try:
+        content = await upstream.aread()
+    except BaseException:
+        await call.close(estimate)  # the service may have worked: bill the hold
+        raise
+    finally:
+        gw.metrics.in_flight.labels(service).dec()
+        await upstream.aclose()
+    reported = upstream.headers.get(COST_HEADER)
+    if reported is not None:
+        charged = await call.close(int(reported))
+    elif upstream.status_code >= 400:
+        charged = await call.close(None)
+    else:  # a success that reported no cost is billed its reservation, never free
+        charged = await call.close(estimate)
+    if call.reservation is not None:
+        balance = await gw.store.call(gw.ledger.balance, principal.key_id)
+        headers[COST_RESPONSE] = format_usd(charged)
+        headers[REMAINING_RESPONSE] = balance.remaining_header
+    return Response(content, status_code=upstream.status_code, headers=headers)
+
+
+def _identity(call: _Call, estimate: int) -> Identity:
+    return Identity(
+        request_id=call.request_id,
+        key_id=call.principal.key_id,
+        run_id=call.principal.run_id,
+        service=call.service,
+        operation=call.op.name,
+        policies=call.principal.service_policies(call.service),
+        reservation_id=call.reservation.id if call.reservation else None,
+        estimate_nusd=estimate,
+        issued_at=time.time(),
+    )
+
+
+async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw: bytes, identity: Identity) -> httpx.Response:
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    target = sub_path + (f"?{query}" if query else "")
+    headers = {
+        "content-type": request.headers.get("content-type", "application/json"),
+        "accept": request.headers.get("accept", "*/*"),
+        "x-request-id": identity.request_id,
+        **sign(identity, gw.internal_secret, request.method, target, raw),
+    }
+    client = gw.clients[service]
+    try:
+        return await client.send(client.build_request(request.method, target, content=raw, headers=headers), stream=True)
+    except httpx.HTTPError as err:
+        log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
+        raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err
+
+
+async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncIterator[bytes]:
+    """Pass SSE through, strip the service's cost trailer and settle on it at the end.
+
+    If the stream ends without a trailer (service crash) or the client goes away first,
+    the call is billed its reservation: a stream is never let through unmetered.
+    """
+    cost: int | None = None
+    pending = b""
+    skip_blank = False
+    try:
+        async for chunk in upstream.aiter_raw():
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop()
+            out: list[bytes] = []
+            for line in lines:
+                if line.startswith(COST_TRAILER_PREFIX):
+                    cost = int(line[len(COST_TRAILER_PREFIX):].strip() or b"0")
+                    skip_blank = True
+                    continue
+                if skip_blank and not line.strip():
+                    skip_blank = False
+                    continue
+                skip_blank = False
+                out.append(line + b"\n")
+            if out:
+                yield b"".join(out)
+        if pending and not pending.startswith(COST_TRAILER_PREFIX):
+            yield pending
+    except GymError:
+        raise
+    finally:
+        call.gw.metrics.in_flight.labels(call.service).dec()
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+        await call.close(cost if cost is not None else estimate)

@@ -1,0 +1,73 @@
+"""The two entry points: :class:`Gym` (blocking) and :class:`AsyncGym` (asyncio)."""
+
+from __future__ import annotations
+
+import httpx
+
+from ._base_client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncAPIClient, SyncAPIClient
+from .resources import AsyncKeys, AsyncRollout, Keys, Rollout
+from .resources.account import balance_call
+from .types import Balance
+
+__all__ = ["Gym", "AsyncGym"]
+
+
+class Gym(SyncAPIClient):
+    """Client of an RSIGym gateway.
+
+    ``base_url`` and ``api_key`` default to ``RSIGYM_URL`` (else
+    ``http://127.0.0.1:8700``) and ``RSIGYM_API_KEY``; a missing key raises
+    :class:`~rsigym.ConfigurationError` here rather than a 401 later. ``max_retries``
+    applies only to refusals (429, 503) and to requests that cannot have reached the
+    server; see :mod:`rsigym._retry`. ``http_client`` lets tests and callers supply
+    their own ``httpx.Client`` (e.g. with ``httpx.MockTransport``); it is then theirs
+    to close.
+
+    ::
+
+        with Gym() as gym:
+            print(gym.balance().remaining_usd)
+            reply = gym.rollout.chat(model="teacher", messages=[{"role": "user", "content": "hi"}])
+            print(reply.text, reply.cost_usd)
+    """
+
+    rollout: Rollout
+    keys: Keys
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout, max_retries, http_client)
+        self.rollout = Rollout(self)
+        self.keys = Keys(self)
+
+    def balance(self) -> Balance:
+        """The run's budget, spent, reserved and remaining USD."""
+        return self._request(balance_call())
+
+
+class AsyncGym(AsyncAPIClient):
+    """Asyncio twin of :class:`Gym`: same resources, awaitable methods, ``async with``."""
+
+    rollout: AsyncRollout
+    keys: AsyncKeys
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout, max_retries, http_client)
+        self.rollout = AsyncRollout(self)
+        self.keys = AsyncKeys(self)
+
+    async def balance(self) -> Balance:
+        return await self._request(balance_call())

@@ -1,0 +1,106 @@
+"""The one error vocabulary of the gym.
+
+Every refusal anywhere (gateway, services, workers) is a :class:`GymError` subclass and
+leaves the process through :func:`error_response`, so clients always see the same shape::
+
+    {"type": "error", "error": {"type": "budget_exhausted", "message": "...", "param": null},
+     "request_id": "req_..."}
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fastapi.responses import JSONResponse
+
+
+class GymError(Exception):
+    """Base class: an HTTP status and a stable machine-readable ``type``."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self, request_id: str | None) -> dict[str, Any]:
+        return {
+            "type": "error",
+            "error": {"type": self.type, "message": self.message, "param": self.param},
+            "request_id": request_id,
+        }
+
+
+class InvalidRequest(GymError):
+    status, type = 400, "invalid_request_error"
+
+
+class AuthenticationFailed(GymError):
+    status, type = 401, "authentication_error"
+
+
+class KeyRevoked(GymError):
+    status, type = 401, "key_revoked"
+
+
+class BudgetExhausted(GymError):
+    status, type = 402, "budget_exhausted"
+
+
+class PermissionDenied(GymError):
+    status, type = 403, "permission_denied"
+
+
+class KeyPaused(GymError):
+    status, type = 403, "key_paused"
+
+
+class NotFound(GymError):
+    status, type = 404, "not_found"
+
+
+class Conflict(GymError):
+    status, type = 409, "conflict"
+
+
+class Unprocessable(GymError):
+    status, type = 422, "invalid_request_error"
+
+
+class ConcurrencyLimited(GymError):
+    status, type = 429, "concurrency_limit"
+
+
+class InternalError(GymError):
+    status, type = 500, "internal_error"
+
+
+class UpstreamError(GymError):
+    status, type = 502, "upstream_error"
+
+
+class StoreUnavailable(GymError):
+    status, type = 503, "store_unavailable"
+
+
+class ServiceUnavailable(GymError):
+    status, type = 503, "service_unavailable"
+
+
+def error_response(exc: GymError, request_id: str | None) -> JSONResponse:
+    """The error factory: the only way an error becomes an HTTP response."""
+    headers = {**exc.headers}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    return JSONResponse(exc.body(request_id), status_code=exc.status, headers=headers)
+
+
+class UpstreamRateLimited(GymError):
+    status, type = 429, "rate_limited"
+
+
+class UpstreamTimeout(GymError):
+    status, type = 504, "upstream_timeout"

@@ -1,0 +1,72 @@
+"""What every app of the gym (gateway and services) shares at the HTTP edge:
+error handlers that speak the one error shape, and request ids."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.core.errors import (
+    GymError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    Unprocessable,
+    error_response,
+)
+from services.core.ids import new_request_id
+
+log = logging.getLogger("rsigym.http")
+
+_STATUS_ERRORS: dict[int, type[GymError]] = {404: NotFound, 405: InvalidRequest, 400: InvalidRequest}
+
+
+def request_id_of(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        rid = request.state.request_id = new_request_id()
+    return rid
+
+
+def _validation_param(err: RequestValidationError) -> tuple[str | None, str]:
+    errors = err.errors()
+    if not errors:
+        return None, "invalid request"
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    return param, f"{param or 'request'}: {first.get('msg', 'invalid value')}"
+
+
+def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | None = None) -> None:
+    """``on_error`` sees every refusal (the gateway counts them by reason)."""
+
+    @app.exception_handler(GymError)
+    async def _gym_error(request: Request, exc: GymError) -> JSONResponse:
+        if on_error is not None:
+            on_error(exc)
+        return error_response(exc, request_id_of(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        param, message = _validation_param(exc)
+        return error_response(Unprocessable(message, param=param), request_id_of(request))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_ERRORS.get(exc.status_code, InvalidRequest)
+        err = kind(str(exc.detail) if exc.detail else "request refused")
+        response = error_response(err, request_id_of(request))
+        response.status_code = exc.status_code
+        return response
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        rid = request_id_of(request)
+        log.error("unhandled error in %s %s (%s): %s", request.method, request.url.path, rid, type(exc).__name__)
+        return error_response(InternalError(f"internal error (request {rid})"), rid)

@@ -1,0 +1,208 @@
+"""Run keys and child keys: creation, authentication, status, budget and policy edits.
+
+A key is shown once at creation and stored only as its SHA-256. Authentication loads the
+whole chain (the key and its ancestors) on every call — no cache — so a revoke or pause
+takes effect on the very next call on every replica, children included.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+
+from services.core.errors import AuthenticationFailed, Conflict, KeyPaused, KeyRevoked, NotFound, Unprocessable
+from services.core.ids import hash_secret, new_api_key, new_id
+from services.core.ledger import balance_of, chain_of
+from services.core.money import nusd_to_usd
+from services.core.policy import Policy
+from services.core.store import Store
+from services.core.tables import ApiKey, utcnow
+
+MAX_CHILD_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the key, its run (root key) and the policies of its chain."""
+
+    key_id: str
+    run_id: str
+    chain_ids: tuple[str, ...]
+    policies: tuple[Policy, ...]
+    track: str | None
+
+    def service_policies(self, service: str) -> list[dict[str, Any]]:
+        """The chain's rules for one service, root first — what a service needs to know."""
+        return [p.services[service].model_dump(mode="json") for p in self.policies if service in p.services]
+
+    def max_concurrency(self, service: str) -> list[tuple[str, int]]:
+        caps = []
+        for key_id, policy in zip(self.chain_ids, self.policies, strict=True):
+            rules = policy.service(service)
+            if rules is not None and rules.max_concurrency is not None:
+                caps.append((key_id, rules.max_concurrency))
+        return caps
+
+
+def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
+    """The public description of a key (never its hash)."""
+    view: dict[str, Any] = {
+        "id": row.id,
+        "name": row.name,
+        "prefix": row.key_prefix,
+        "parent_id": row.parent_id,
+        "run_id": row.root_id,
+        "track": row.track,
+        "status": row.status,
+        "policy": row.policy,
+        "budget_usd": None if row.budget_nusd is None else nusd_to_usd(row.budget_nusd),
+        "spent_usd": nusd_to_usd(row.spent_nusd),
+        "reserved_usd": nusd_to_usd(row.reserved_nusd),
+        "created_at": row.created_at.isoformat(),
+    }
+    if chain is not None:
+        view["remaining_usd"] = nusd_to_usd(balance_of(chain).remaining_nusd)
+    return view
+
+
+class KeyRegistry:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def create(
+        self,
+        *,
+        policy: Policy,
+        budget_nusd: int | None,
+        track: str | None = None,
+        name: str | None = None,
+        parent_id: str | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """Create a key; returns its view and the plaintext key (the only time it exists)."""
+        if budget_nusd is not None and budget_nusd < 0:
+            raise Unprocessable("budget must be >= 0", param="budget_usd")
+        plaintext = new_api_key()
+        with self.store.transaction() as s:
+            root_id, depth = None, 0
+            if parent_id is not None:
+                chain = chain_of(s, parent_id)
+                parent = chain[-1]
+                _require_active(chain)
+                if parent.depth + 1 > MAX_CHILD_DEPTH:
+                    raise Conflict(f"child keys nest at most {MAX_CHILD_DEPTH} deep")
+                for ancestor in chain:
+                    policy.assert_within(Policy.model_validate(ancestor.policy))
+                root_id, depth, track = parent.root_id, parent.depth + 1, parent.track
+            elif budget_nusd is None:
+                raise Unprocessable("a run key needs a budget", param="budget_usd")
+            key_id = new_id("key")
+            row = ApiKey(
+                id=key_id,
+                root_id=root_id or key_id,
+                parent_id=parent_id,
+                depth=depth,
+                name=name,
+                key_hash=hash_secret(plaintext),
+                key_prefix=plaintext[:10],
+                track=track,
+                policy=policy.model_dump(mode="json"),
+                budget_nusd=budget_nusd,
+                spent_nusd=0,
+                reserved_nusd=0,
+                status="active",
+            )
+            s.add(row)
+            s.flush()
+            return key_view(row, chain_of(s, key_id)), plaintext
+
+    def authenticate(self, plaintext: str | None) -> Principal:
+        if not plaintext:
+            raise AuthenticationFailed("no API key given: send 'Authorization: Bearer <key>'")
+        digest = hash_secret(plaintext)
+        with self.store.transaction() as s:
+            row = s.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+            if row is None or not hmac.compare_digest(row.key_hash, digest):
+                raise AuthenticationFailed("invalid API key")
+            chain = chain_of(s, row.id)
+            _require_active(chain)
+            return Principal(
+                key_id=row.id,
+                run_id=row.root_id,
+                chain_ids=tuple(k.id for k in chain),
+                policies=tuple(Policy.model_validate(k.policy) for k in chain),
+                track=row.track,
+            )
+
+    def get(self, key_id: str, *, within_run: str | None = None) -> dict[str, Any]:
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id)
+            if row is None or (within_run is not None and row.root_id != within_run):
+                raise NotFound(f"key {key_id} not found", param="id")
+            return key_view(row, chain_of(s, key_id))
+
+    def list(self, *, parent_id: str | None = None, roots_only: bool = False) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            stmt = select(ApiKey).order_by(ApiKey.created_at)
+            if parent_id is not None:
+                stmt = stmt.where(ApiKey.parent_id == parent_id)
+            elif roots_only:
+                stmt = stmt.where(ApiKey.parent_id.is_(None))
+            return [key_view(row, chain_of(s, row.id)) for row in s.scalars(stmt).all()]
+
+    def set_status(self, key_id: str, status: str, *, parent_id: str | None = None) -> dict[str, Any]:
+        """Pause, resume or revoke. Revocation is final."""
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id)
+            if row is None or (parent_id is not None and row.parent_id != parent_id):
+                raise NotFound(f"key {key_id} not found", param="id")
+            if row.status == "revoked" and status != "revoked":
+                raise Conflict("a revoked key cannot be resumed or paused")
+            s.execute(
+                update(ApiKey).where(ApiKey.id == key_id).values(status=status, updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            s.refresh(row)
+            return key_view(row, chain_of(s, key_id))
+
+    def topup(self, key_id: str, amount_nusd: int) -> dict[str, Any]:
+        if amount_nusd <= 0:
+            raise Unprocessable("a top-up must be a positive amount", param="amount_usd")
+        with self.store.transaction() as s:
+            res = s.execute(
+                update(ApiKey)
+                .where(ApiKey.id == key_id, ApiKey.budget_nusd.is_not(None), ApiKey.status != "revoked")
+                .values(budget_nusd=ApiKey.budget_nusd + amount_nusd, updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            row = s.get(ApiKey, key_id)
+            if row is None:
+                raise NotFound(f"key {key_id} not found", param="id")
+            if res.rowcount != 1:
+                raise Conflict("only an unrevoked key with a budget of its own can be topped up")
+            s.refresh(row)
+            return key_view(row, chain_of(s, key_id))
+
+    def set_policy(self, key_id: str, policy: Policy) -> dict[str, Any]:
+        with self.store.transaction() as s:
+            chain = chain_of(s, key_id)
+            for ancestor in chain[:-1]:
+                policy.assert_within(Policy.model_validate(ancestor.policy))
+            s.execute(
+                update(ApiKey).where(ApiKey.id == key_id)
+                .values(policy=policy.model_dump(mode="json"), updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            row = s.get(ApiKey, key_id)
+            s.refresh(row)
+            return key_view(row, chain_of(s, key_id))  # type: ignore[arg-type]
+
+
+def _require_active(chain: list[ApiKey]) -> None:
+    """A key works only while it and every ancestor are active."""
+    if any(k.status == "revoked" for k in chain):
+        raise KeyRevoked("this key (or the run key it was minted from) has been revoked")
+    if any(k.status == "paused" for k in chain):
+        raise KeyPaused("this key (or the run key it was minted from) is paused")

@@ -1,0 +1,324 @@
+"""The ledger: reserve the worst case before work, settle the truth after.
+
+Every money movement is a conditional ``UPDATE`` whose ``WHERE`` clause *is* the budget
+check, e.g.::
+
+    UPDATE api_keys SET reserved_nusd = reserved_nusd + :x
+    WHERE id = :k AND status = 'active'
+      AND (budget_nusd IS NULL OR budget_nusd - spent_nusd - reserved_nusd >= :x)
+
+so the check and the hold cannot be separated by a concurrent call, on SQLite (database
+write lock) and on PostgreSQL (row lock, re-evaluated after the wait) alike. A call by a
+child key moves money on every key of its chain, root first (one lock order for all
+callers, so no deadlocks), inside one transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from services.core.config import LedgerConfig
+from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked, NotFound
+from services.core.ids import new_id
+from services.core.money import format_usd, nusd_to_usd
+from services.core.store import Store
+from services.core.tables import ApiKey, LedgerEntry, utcnow
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    key_id: str
+    run_id: str
+    estimate_nusd: int
+    service: str
+    operation: str
+
+
+@dataclass(frozen=True)
+class Balance:
+    budget_nusd: int
+    spent_nusd: int
+    reserved_nusd: int
+    remaining_nusd: int
+
+    def as_usd(self) -> dict[str, float]:
+        return {
+            "budget_usd": nusd_to_usd(self.budget_nusd),
+            "spent_usd": nusd_to_usd(self.spent_nusd),
+            "reserved_usd": nusd_to_usd(self.reserved_nusd),
+            "remaining_usd": nusd_to_usd(self.remaining_nusd),
+        }
+
+    @property
+    def remaining_header(self) -> str:
+        return format_usd(self.remaining_nusd)
+
+
+def chain_of(session: Session, key_id: str) -> list[ApiKey]:
+    """The key and its ancestors, root first."""
+    chain: list[ApiKey] = []
+    current: str | None = key_id
+    while current is not None:
+        row = session.get(ApiKey, current)
+        if row is None:
+            raise NotFound(f"key {key_id} not found")
+        chain.append(row)
+        current = row.parent_id
+    chain.reverse()
+    return chain
+
+
+def balance_of(chain: list[ApiKey]) -> Balance:
+    """Figures of the binding account: the nearest key (self, then up) that has a budget;
+    remaining is the least remaining over the whole chain."""
+    budgeted = [k for k in chain if k.budget_nusd is not None]
+    account = budgeted[-1]
+    remaining = min(k.budget_nusd - k.spent_nusd - k.reserved_nusd for k in budgeted)  # type: ignore[operator]
+    return Balance(account.budget_nusd or 0, account.spent_nusd, account.reserved_nusd, max(remaining, 0))
+
+
+class Ledger:
+    """Used by the gateway and by long-running workers alike."""
+
+    def __init__(self, store: Store, config: LedgerConfig | None = None):
+        self.store = store
+        self.config = config or LedgerConfig()
+
+    # -- reservations --------------------------------------------------------------------
+
+    def reserve(
+        self,
+        key_id: str,
+        *,
+        service: str,
+        operation: str,
+        estimate_nusd: int,
+        ref_id: str | None = None,
+        request_id: str | None = None,
+        ttl_s: float | None = None,
+    ) -> Reservation:
+        if estimate_nusd < 0:
+            raise ValueError("estimate must be >= 0")
+        ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
+        with self.store.transaction() as s:
+            chain = chain_of(s, key_id)
+            for key in chain:  # root first: one lock order for every caller
+                hold = s.execute(
+                    update(ApiKey)
+                    .where(
+                        ApiKey.id == key.id,
+                        ApiKey.status == "active",
+                        (ApiKey.budget_nusd.is_(None))
+                        | (ApiKey.budget_nusd - ApiKey.spent_nusd - ApiKey.reserved_nusd >= estimate_nusd),
+                    )
+                    .values(reserved_nusd=ApiKey.reserved_nusd + estimate_nusd)
+                    .execution_options(synchronize_session=False)
+                )
+                if hold.rowcount != 1:
+                    self._refuse(s, key, estimate_nusd)
+            now = utcnow()
+            entry = LedgerEntry(
+                id=new_id("res"),
+                key_id=key_id,
+                run_id=chain[0].id,
+                service=service,
+                operation=operation,
+                ref_id=ref_id,
+                request_id=request_id,
+                estimate_nusd=estimate_nusd,
+                status="reserved",
+                created_at=now,
+                expires_at=now + ttl,
+            )
+            s.add(entry)
+        return Reservation(entry.id, key_id, chain[0].id, estimate_nusd, service, operation)
+
+    @staticmethod
+    def _refuse(s: Session, key: ApiKey, estimate_nusd: int) -> None:
+        s.refresh(key)
+        if key.status == "revoked":
+            raise KeyRevoked("this key has been revoked")
+        if key.status == "paused":
+            raise KeyPaused("this key is paused")
+        remaining = (key.budget_nusd or 0) - key.spent_nusd - key.reserved_nusd
+        raise BudgetExhausted(
+            f"budget exhausted: this call may cost up to {format_usd(estimate_nusd)} USD "
+            f"and {format_usd(max(remaining, 0))} USD remain",
+            headers={"Retry-After": "30"} if key.reserved_nusd else {},
+        )
+
+    def settle(self, reservation_id: str, actual_nusd: int) -> int:
+        """Charge the real cost (clamped to the reservation) and free the hold.
+
+        Returns what was charged; 0 if the reservation was already closed (a second settle,
+        or the reaper got there first) — nothing is ever charged twice.
+        """
+        return self._close(reservation_id, "settled", actual_nusd) or 0
+
+    def release(self, reservation_id: str) -> None:
+        """Give the hold back: the work did not happen."""
+        self._close(reservation_id, "released", 0)
+
+    def _close(
+        self, reservation_id: str, status: str, actual_nusd: int, *, expired_only: bool = False
+    ) -> int | None:
+        """Close an open reservation; None when it was not open (nothing moves)."""
+        with self.store.transaction() as s:
+            stmt = update(LedgerEntry).where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
+            if expired_only:
+                stmt = stmt.where(LedgerEntry.expires_at < utcnow())
+            closed = s.execute(
+                stmt.values(status=status, settled_at=utcnow())
+                .returning(LedgerEntry.key_id, LedgerEntry.estimate_nusd)
+                .execution_options(synchronize_session=False)
+            ).first()
+            if closed is None:
+                return None
+            key_id, estimate = closed
+            charge = max(0, min(actual_nusd, estimate))
+            s.execute(
+                update(LedgerEntry)
+                .where(LedgerEntry.id == reservation_id)
+                .values(actual_nusd=charge)
+                .execution_options(synchronize_session=False)
+            )
+            for key in chain_of(s, key_id):
+                s.execute(
+                    update(ApiKey)
+                    .where(ApiKey.id == key.id)
+                    .values(
+                        reserved_nusd=ApiKey.reserved_nusd - estimate,
+                        spent_nusd=ApiKey.spent_nusd + charge,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+            return charge
+
+    def extend(self, reservation_id: str, ttl_s: float | None = None) -> bool:
+        """A live holder renews its lease so the reaper leaves it alone."""
+        ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
+        with self.store.transaction() as s:
+            res = s.execute(
+                update(LedgerEntry)
+                .where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
+                .values(expires_at=utcnow() + ttl)
+                .execution_options(synchronize_session=False)
+            )
+            return res.rowcount == 1
+
+    def reclaim_expired(self, limit: int = 500) -> int:
+        """Close reservations whose holder crashed (expired leases). Returns how many."""
+        with self.store.transaction() as s:
+            ids = s.scalars(
+                select(LedgerEntry.id)
+                .where(LedgerEntry.status == "reserved", LedgerEntry.expires_at < utcnow())
+                .limit(limit)
+            ).all()
+        # "charge" bills the whole estimate (the clamp in _close caps it there).
+        actual = 2**62 if self.config.expired_reservations == "charge" else 0
+        closed = (self._close(rid, "expired", actual, expired_only=True) for rid in ids)
+        return sum(1 for charged in closed if charged is not None)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def balance(self, key_id: str) -> Balance:
+        with self.store.transaction() as s:
+            return balance_of(chain_of(s, key_id))
+
+    def entries(self, run_or_key_id: str, *, include_children: bool = True, limit: int = 10_000) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            key = s.get(ApiKey, run_or_key_id)
+            if key is None:
+                raise NotFound(f"key {run_or_key_id} not found")
+            if include_children:
+                ids = _subtree(s, key.id)
+                where = LedgerEntry.key_id.in_(ids)
+            else:
+                where = LedgerEntry.key_id == key.id
+            rows = s.scalars(select(LedgerEntry).where(where).order_by(LedgerEntry.created_at).limit(limit)).all()
+            return [ledger_row(r) for r in rows]
+
+
+def _subtree(s: Session, key_id: str) -> list[str]:
+    ids, frontier = [key_id], [key_id]
+    while frontier:
+        frontier = list(s.scalars(select(ApiKey.id).where(ApiKey.parent_id.in_(frontier))).all())
+        ids.extend(frontier)
+    return ids
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def ledger_row(r: LedgerEntry) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "key_id": r.key_id,
+        "run_id": r.run_id,
+        "service": r.service,
+        "operation": r.operation,
+        "ref_id": r.ref_id,
+        "request_id": r.request_id,
+        "status": r.status,
+        "estimate_usd": nusd_to_usd(r.estimate_nusd),
+        "actual_usd": None if r.actual_nusd is None else nusd_to_usd(r.actual_nusd),
+        "created_at": _iso(r.created_at),
+        "expires_at": _iso(r.expires_at),
+        "settled_at": _iso(r.settled_at),
+    }
+
+
+@dataclass
+class StepMeter:
+    """Per-step metering for long jobs (training, evaluation, sandboxes).
+
+    Each step reserves its own worst case before it runs; when a step cannot be paid for,
+    :meth:`step` raises :class:`BudgetExhausted` *before* the work, so the job stops
+    fail-closed and nothing is charged for a step that did not happen::
+
+        meter = StepMeter(ledger, key_id, "training", "train_step", ref_id=job_id)
+        with meter.step(estimate) as step:
+            loss = train_one_step()
+            step.actual_nusd = measured_cost
+    """
+
+    ledger: Ledger
+    key_id: str
+    service: str
+    operation: str
+    ref_id: str | None = None
+    charged_nusd: int = 0
+    steps: int = 0
+
+    @contextlib.contextmanager
+    def step(self, estimate_nusd: int) -> Iterator[_Step]:
+        res = self.ledger.reserve(
+            self.key_id, service=self.service, operation=self.operation, estimate_nusd=estimate_nusd, ref_id=self.ref_id
+        )
+        step = _Step(actual_nusd=estimate_nusd)
+        try:
+            yield step
+        except BaseException:
+            if step.performed:
+                self.charged_nusd += self.ledger.settle(res.id, step.actual_nusd)
+            else:
+                self.ledger.release(res.id)
+            raise
+        self.charged_nusd += self.ledger.settle(res.id, step.actual_nusd)
+        self.steps += 1
+
+
+@dataclass
+class _Step:
+    actual_nusd: int
+    performed: bool = False
+    """Set to True once irreversible work has happened, so a failure after it is still billed."""

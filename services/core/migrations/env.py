@@ -1,0 +1,13 @@
+"""Alembic environment: always run on a connection handed in by :meth:`Store.migrate`."""
+
+from alembic import context
+
+from services.core.tables import Base
+
+connection = context.config.attributes.get("connection")
+if connection is None:  # pragma: no cover - migrations run only through Store.migrate
+    raise RuntimeError("run migrations through services.core.store.Store.migrate()")
+
+context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+with context.begin_transaction():
+    context.run_migrations()

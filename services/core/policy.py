@@ -1,0 +1,221 @@
+"""Declarative per-key policy and its matcher.
+
+A policy grants services and constrains request fields by path (``lora.rank``,
+``learning_rate``, ``model``)::
+
+    {"services": {
+        "rollout":  {"models": ["teacher"], "max_concurrency": 8,
+                     "fields": {"temperature": {"range": [0, 1]}}},
+        "training": {"fields": {"lora.rank": {"fixed": 16}, "learning_rate": {"allowed": [1e-4]}}},
+        "sandbox":  {"internet": false, "max_concurrency": 5}}}
+
+A field rule is ``"open"``, ``{"fixed": v}``, ``{"allowed": [v, ...]}`` or
+``{"range": [lo, hi]}``. Matching is by canonical JSON, so ``"16"`` is not ``16``, ``true``
+is not ``1``, ``16.0`` is not ``16`` and ``{"value": 16}`` is not ``16``: nothing escapes a
+rule through a type trick. Fixed fields are filled in when absent and refused when different.
+A request is checked against every policy of the key's chain, root first, so a child key can
+never do more than its parent even if its own policy said otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+
+from services.core.errors import PermissionDenied
+
+_MISSING = object()
+
+
+def canonical(value: Any) -> str | None:
+    """Canonical JSON text of a value; None for values JSON cannot hold exactly (NaN, inf)."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+class FieldRule(RootModel[Any]):
+    """One of: "open" | {"fixed": v} | {"allowed": [...]} | {"range": [lo, hi]}."""
+
+    @model_validator(mode="after")
+    def _check_form(self) -> FieldRule:
+        rule = self.root
+        if rule == "open":
+            return self
+        if not isinstance(rule, dict) or len(rule) != 1:
+            raise ValueError('a field rule is "open", {"fixed": v}, {"allowed": [...]} or {"range": [lo, hi]}')
+        (kind, arg), = rule.items()
+        if kind == "fixed":
+            if canonical(arg) is None:
+                raise ValueError("a fixed value must be plain JSON")
+        elif kind == "allowed":
+            if not isinstance(arg, list) or not arg or any(canonical(v) is None for v in arg):
+                raise ValueError("allowed needs a non-empty list of plain JSON values")
+        elif kind == "range":
+            if (
+                not isinstance(arg, list)
+                or len(arg) != 2
+                or not all(v is None or _is_number(v) for v in arg)
+                or (arg[0] is not None and arg[1] is not None and arg[0] > arg[1])
+            ):
+                raise ValueError("range needs [lo, hi] numbers (either may be null), lo <= hi")
+        else:
+            raise ValueError(f"unknown field rule {kind!r}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "open" if self.root == "open" else next(iter(self.root))
+
+    @property
+    def arg(self) -> Any:
+        return None if self.root == "open" else next(iter(self.root.values()))
+
+    def admits(self, value: Any) -> bool:
+        kind, arg = self.kind, self.arg
+        if kind == "open":
+            return True
+        if kind == "fixed":
+            return canonical(value) is not None and canonical(value) == canonical(arg)
+        if kind == "allowed":
+            text = canonical(value)
+            return text is not None and text in {canonical(v) for v in arg}
+        lo, hi = arg
+        return _is_number(value) and (lo is None or value >= lo) and (hi is None or value <= hi)
+
+    def within(self, parent: FieldRule) -> bool:
+        """Is every value this rule admits also admitted by ``parent``?"""
+        if parent.kind == "open":
+            return True
+        if self.kind == "open":
+            return False
+        if self.kind == "fixed":
+            return parent.admits(self.arg)
+        if self.kind == "allowed":
+            return all(parent.admits(v) for v in self.arg)
+        # self is a range
+        if parent.kind != "range":
+            return False
+        (lo, hi), (plo, phi) = self.arg, parent.arg
+        return (plo is None or (lo is not None and lo >= plo)) and (phi is None or (hi is not None and hi <= phi))
+
+    def describe(self) -> str:
+        return "open" if self.kind == "open" else f"{self.kind} {json.dumps(self.arg)}"
+
+
+class ServicePolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] | Literal["*"] = "*"
+    """Model allowlist (inference, rollout, evaluation)."""
+    max_concurrency: int | None = Field(default=None, ge=0)
+    fields: dict[str, FieldRule] = Field(default_factory=dict)
+    internet: bool = False
+    """Sandbox internet access."""
+    detail: Literal["full", "aggregate"] = "full"
+    """What evaluation results the key may see."""
+
+    def allows_model(self, model: Any) -> bool:
+        return self.models == "*" or (isinstance(model, str) and model in self.models)
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    services: dict[str, ServicePolicy] = Field(default_factory=dict)
+
+    def service(self, name: str) -> ServicePolicy | None:
+        return self.services.get(name)
+
+    # -- request matching ------------------------------------------------------------------
+
+    def apply(self, service: str, body: dict[str, Any], *, model_field: str | None = "model") -> dict[str, Any]:
+        """Check ``body`` against this policy; return it with fixed fields filled in.
+
+        Raises :class:`PermissionDenied` naming the rule and the field.
+        """
+        rules = self.services.get(service)
+        if rules is None:
+            raise PermissionDenied(f"this key is not granted the {service} service", param=service)
+        out = copy.deepcopy(body)
+        for path, rule in rules.fields.items():
+            _apply_rule(out, path, rule, service)
+        if model_field is not None and model_field in out and not rules.allows_model(out[model_field]):
+            raise PermissionDenied(
+                f"model {out[model_field]!r} is not in this key's {service} model allowlist", param=model_field
+            )
+        return out
+
+    # -- narrowing (child keys) -------------------------------------------------------------
+
+    def assert_within(self, parent: Policy) -> None:
+        """Refuse a child policy that grants anything its parent does not."""
+        for name, child in self.services.items():
+            granted = parent.services.get(name)
+            if granted is None:
+                raise PermissionDenied(f"the parent key is not granted the {name} service", param=f"services.{name}")
+            where = f"services.{name}"
+            if granted.models != "*" and (child.models == "*" or not set(child.models) <= set(granted.models)):
+                raise PermissionDenied("child models must be a subset of the parent's", param=f"{where}.models")
+            if child.internet and not granted.internet:
+                raise PermissionDenied("the parent key has no sandbox internet", param=f"{where}.internet")
+            if granted.detail == "aggregate" and child.detail == "full":
+                raise PermissionDenied("the parent key sees aggregate results only", param=f"{where}.detail")
+            if granted.max_concurrency is not None and (
+                child.max_concurrency is None or child.max_concurrency > granted.max_concurrency
+            ):
+                raise PermissionDenied("child concurrency must not exceed the parent's", param=f"{where}.max_concurrency")
+            for path, rule in granted.fields.items():
+                mine = child.fields.get(path)
+                if mine is not None and not mine.within(rule):
+                    raise PermissionDenied(
+                        f"child rule for {path} is wider than the parent's ({rule.describe()})", param=path
+                    )
+
+
+def apply_chain(policies: list[Policy], service: str, body: dict[str, Any], *, model_field: str | None = "model") -> dict[str, Any]:
+    """Apply every policy of a key chain, root first."""
+    for policy in policies:
+        body = policy.apply(service, body, model_field=model_field)
+    return body
+
+
+def _apply_rule(body: dict[str, Any], path: str, rule: FieldRule, service: str) -> None:
+    parts = path.split(".")
+    container: Any = body
+    for i, part in enumerate(parts):
+        if not isinstance(container, dict):
+            raise PermissionDenied(f"{'.'.join(parts[:i])} must be an object (policy rule on {path})", param=path)
+        rest = ".".join(parts[i:])
+        if i < len(parts) - 1 and rest in container:
+            # {"lora.rank": 64} must not slip past a rule on lora.rank.
+            raise PermissionDenied(f"field name {rest!r} is not accepted; use nested objects", param=path)
+        if i == len(parts) - 1:
+            break
+        nxt = container.get(part, _MISSING)
+        if nxt is _MISSING:
+            if rule.kind != "fixed":
+                return
+            nxt = container[part] = {}
+        container = nxt
+    leaf = parts[-1]
+    value = container.get(leaf, _MISSING)
+    if value is _MISSING:
+        if rule.kind == "fixed":
+            container[leaf] = copy.deepcopy(rule.arg)
+        return
+    if not rule.admits(value):
+        raise PermissionDenied(
+            f"{service} field {path} = {json.dumps(value, default=str)} is refused by this key's policy "
+            f"({rule.describe()})",
+            param=path,
+        )

@@ -1,0 +1,65 @@
+"""Process settings (pydantic-settings). The only module that reads the environment.
+
+Each concern has its own class and env prefix; the gym config file (TOML, see
+:mod:`services.core.config`) holds what an operator declares about models and prices.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".rsigym"
+
+
+class GymSettings(BaseSettings):
+    """Operator-side settings shared by the gateway and every service (prefix ``RSIGYM_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    config: Path | None = None  # RSIGYM_CONFIG: the gym config TOML
+    admin_token: str | None = None  # RSIGYM_ADMIN_TOKEN; `rsigym up` writes one when unset
+    internal_secret: str | None = None  # HMAC key for gateway→service identities
+    host: str = "127.0.0.1"
+    port: int = 8700
+    url: str = "http://127.0.0.1:8700"  # RSIGYM_URL, used by the operator CLI as a client
+
+
+class StoreSettings(BaseSettings):
+    """Where the SQL store lives (prefix ``RSIGYM_STORE_``). Empty url = SQLite in the data dir."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_STORE_", extra="ignore")
+
+    url: str | None = None
+    pool_size: int = 20
+    max_overflow: int = 20
+    pool_timeout_s: float = 10.0
+    connect_timeout_s: int = 5
+    sqlite_busy_timeout_ms: int = 60_000
+
+
+class ProviderSecrets:
+    """Reads provider credentials named by the gym config (``api_key_env``).
+
+    Secrets are looked up at call time from the platform's own environment, never stored
+    in the config, the database or a response. The resolver also knows every value it has
+    handed out so logs and errors can be scrubbed of them.
+    """
+
+    def __init__(self, environ: dict[str, str] | None = None):
+        self._environ = environ if environ is not None else os.environ
+
+    def get(self, env_name: str | None) -> str | None:
+        if not env_name:
+            return None
+        return self._environ.get(env_name)
+
+    def values(self, env_names: list[str]) -> list[str]:
+        found = (self._environ.get(name) for name in env_names)
+        return [value for value in found if value and len(value) >= 4]

@@ -1,0 +1,52 @@
+"""What the gateway knows about each service: its operations and how to price them.
+
+A service declares its routes here once; the gateway refuses anything not declared
+(fail closed), applies policy to the declared bodies and reserves each metered
+operation's worst case with the service's own estimator before forwarding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.core.config import GymConfig
+
+Estimator = Callable[[dict[str, Any], GymConfig], int]
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    """Service-relative path; ``{name}`` segments match one path segment."""
+    name: str
+    estimate: Estimator | None = None
+    """Worst-case cost in nano-USD of one call; None = not metered."""
+    json_body: bool = False
+    """The body is a JSON object checked against the key's policy fields."""
+    model_field: str | None = None
+    """Body field holding a model name to check against the key's allowlist."""
+    _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        regex = re.sub(r"\\\{[a-z_]+\\\}", r"[^/]+", re.escape(self.path))
+        object.__setattr__(self, "_pattern", re.compile(f"^{regex}$"))
+
+    @property
+    def metered(self) -> bool:
+        return self.estimate is not None
+
+    def matches(self, method: str, path: str) -> bool:
+        return method == self.method and bool(self._pattern.match(path))
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    operations: tuple[Operation, ...]
+
+    def match(self, method: str, path: str) -> Operation | None:
+        return next((op for op in self.operations if op.matches(method, path)), None)

@@ -1,0 +1,138 @@
+"""SQL tables of the core (keys, ledger, concurrency slots).
+
+Money columns are integer nano-USD. Check constraints repeat the ledger's invariants in the
+database itself, so even a buggy caller cannot drive a balance below zero.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC, returns aware UTC — the same on SQLite and PostgreSQL."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class ApiKey(Base):
+    """A run key (root) or a child key minted by a run key for a research role."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint("spent_nusd >= 0", name="spent_nonneg"),
+        CheckConstraint("reserved_nusd >= 0", name="reserved_nonneg"),
+        CheckConstraint(
+            "budget_nusd IS NULL OR spent_nusd + reserved_nusd <= budget_nusd", name="within_budget"
+        ),
+        CheckConstraint("status IN ('active', 'paused', 'revoked')", name="status_known"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    root_id: Mapped[str] = mapped_column(String(40), index=True)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    depth: Mapped[int] = mapped_column(Integer, default=0)
+    name: Mapped[str | None] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    track: Mapped[str | None] = mapped_column(String(40))
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    budget_nusd: Mapped[int | None] = mapped_column(BigInteger)
+    spent_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
+    reserved_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class LedgerEntry(Base):
+    """One reservation and its outcome: the itemized bill of a key."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (
+        CheckConstraint("estimate_nusd >= 0", name="estimate_nonneg"),
+        CheckConstraint("actual_nusd IS NULL OR actual_nusd >= 0", name="actual_nonneg"),
+        CheckConstraint(
+            "status IN ('reserved', 'settled', 'released', 'expired')", name="status_known"
+        ),
+        Index("ix_ledger_status_expires", "status", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    service: Mapped[str] = mapped_column(String(40))
+    operation: Mapped[str] = mapped_column(String(80))
+    ref_id: Mapped[str | None] = mapped_column(String(80), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    estimate_nusd: Mapped[int] = mapped_column(BigInteger)
+    actual_nusd: Mapped[int | None] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16), default="reserved")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    settled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ConcurrencyCounter(Base):
+    """How many calls of one key to one service are in flight right now."""
+
+    __tablename__ = "concurrency"
+    __table_args__ = (CheckConstraint("in_flight >= 0", name="in_flight_nonneg"),)
+
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id"), primary_key=True)
+    service: Mapped[str] = mapped_column(String(40), primary_key=True)
+    in_flight: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ConcurrencyLease(Base):
+    """One held slot; lets the reaper give back slots of crashed holders."""
+
+    __tablename__ = "concurrency_leases"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(40), index=True)
+    service: Mapped[str] = mapped_column(String(40))
+    chain: Mapped[list[str]] = mapped_column(JSON)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

@@ -1,0 +1,130 @@
+"""A deterministic OpenAI-compatible stand-in for a frontier-model API.
+
+Frontier providers need the internet, which offline demos and the test suite do not have.
+This small server speaks the same protocol (chat completions, streaming with usage, tool
+calls, bearer auth), so the rollout service talks to it through LiteLLM exactly as it would
+to a real provider. It is *not* a model: it answers ``a + b`` / ``a - b`` questions, calls the
+first offered tool when asked to use tools, and otherwise talks until ``max_tokens``.
+
+Run it with ``rsigym standin --port 8799``; it refuses requests without its bearer key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+PASSAGE = (
+    "Research is the slow craft of asking a question precisely enough that the world can answer it. "
+    "Each experiment narrows the space of what might be true, and each careful record lets the next "
+    "experiment start from evidence rather than memory. "
+) * 40
+ARITHMETIC = re.compile(r"(-?\d+)\s*([+\-*])\s*(-?\d+)")
+
+
+def _encode(text: str) -> list[int]:
+    import litellm
+
+    return list(litellm.encode(model="gpt-4o", text=text))
+
+
+def _decode(tokens: list[int]) -> str:
+    import litellm
+
+    return str(litellm.decode(model="gpt-4o", tokens=tokens))
+
+
+def _prompt_tokens(model: str, body: dict[str, Any]) -> int:
+    import litellm
+
+    return int(litellm.token_counter(model=f"openai/{model}", messages=body["messages"], tools=body.get("tools")))
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return str(content or "")
+    return ""
+
+
+def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
+    messages = body["messages"]
+    tools = body.get("tools") or []
+    if tools and body.get("tool_choice") != "none" and messages[-1].get("role") == "user":
+        fn = tools[0]["function"]
+        call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                "function": {"name": fn["name"], "arguments": json.dumps({"query": _last_user_text(messages)})}}
+        return "", [call]
+    match = ARITHMETIC.search(_last_user_text(messages))
+    if match:
+        a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+        return str(a + b if op == "+" else a - b if op == "-" else a * b), None
+    return PASSAGE, None
+
+
+def create_standin_app(api_key: str) -> FastAPI:
+    app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.requests = []
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> Any:
+        auth = request.headers.get("authorization", "")
+        if not hmac.compare_digest(auth.encode(), f"Bearer {api_key}".encode()):
+            return JSONResponse({"error": {"message": "invalid api key", "type": "invalid_request_error"}}, 401)
+        body = await request.json()
+        app.state.requests.append(body)
+        model = body.get("model", "standin")
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
+        text, calls = _reply(body)
+        tokens = _encode(text)[:max_tokens]
+        finish = "tool_calls" if calls else ("length" if len(_encode(text)) > max_tokens else "stop")
+        text = _decode(tokens)
+        usage = {"prompt_tokens": _prompt_tokens(model, body), "completion_tokens": len(tokens) + (8 if calls else 0)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                message["tool_calls"] = calls
+            return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": i, "message": message, "finish_reason": finish}
+                                for i in range(int(body.get("n") or 1))],
+                    "usage": usage}
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[bytes]:
+            def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> bytes:
+                payload = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+                return f"data: {json.dumps(payload)}\n\n".encode()
+
+            yield chunk({"role": "assistant", "content": ""})
+            if calls:
+                yield chunk({"tool_calls": [{"index": 0, **calls[0]}]})
+            for token in tokens:
+                yield chunk({"content": _decode([token])})
+            yield chunk({}, finish)
+            if include_usage:
+                payload = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage}
+                yield f"data: {json.dumps(payload)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "standin", "object": "model", "owned_by": "rsigym-standin"}]}
+
+    return app

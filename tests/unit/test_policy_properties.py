@@ -1,0 +1,743 @@
+"""Property-based tests (hypothesis) for the policy matcher in ``services/core/policy.py``.
+
+The properties pin down what a per-key policy promises:
+
+* fixed fields cannot be overridden, by any value whose canonical JSON differs;
+* allowed values cannot be escaped by type tricks (``"16"`` vs ``16``, ``16.0`` vs ``16``,
+  ``true`` vs ``1``, ``[16]``, ``{"value": 16}``, extra keys inside an allowed object);
+* ranges admit only finite, non-boolean numbers within bounds;
+* extra fields never change the verdict on constrained fields, while dotted alias keys
+  (``{"lora.rank": 64}``) and non-objects on a constrained path are refused;
+* ``apply`` never mutates its input;
+* a key chain is applied root first, and a child that passed ``assert_within`` can never get
+  a body past its own matcher that its parent would refuse;
+* the model allowlist refuses non-string models;
+* ``FieldRule.within`` is sound: ``a.within(b)`` implies every value ``a`` admits, ``b`` admits.
+
+Paths are drawn from a tiny alphabet of segments so that rules, bodies and aliases collide often.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from services.core.errors import PermissionDenied
+from services.core.policy import FieldRule, Policy, ServicePolicy, apply_chain, canonical
+
+# A few hundred examples per property keeps the whole file well under 20 s on two cores.
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+THOROUGH = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+SEGMENTS = ("lora", "rank", "alpha")
+"""Path segments of constrained fields; small on purpose so paths overlap and collide."""
+SERVICES = ("training", "rollout", "evaluation")
+MODELS = ("teacher", "student", "judge")
+EXTRA_KEYS = ("x_note", "x_tag", "x_meta")
+"""Names of extra fields; disjoint from SEGMENTS and free of dots, so they never collide."""
+MISSING = object()
+
+
+# -- JSON values ---------------------------------------------------------------------------
+
+
+def finite_floats() -> st.SearchStrategy[float]:
+    """Finite floats, biased towards the ones that look like ints (16.0) and to -0.0."""
+    return st.one_of(
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.sampled_from([0.0, -0.0, 1.0, 16.0, 0.5, 1e-4, 1e16]),
+    )
+
+
+def json_ints() -> st.SearchStrategy[int]:
+    """Ints, including the famous ones (0, 1, 16) and ones beyond 64 bits."""
+    return st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([0, 1, -1, 16, 64]))
+
+
+def json_scalars() -> st.SearchStrategy[Any]:
+    """null, booleans, ints, finite floats (incl. -0.0) and short strings (incl. numeric ones)."""
+    return st.one_of(
+        st.none(),
+        st.booleans(),
+        json_ints(),
+        finite_floats(),
+        st.text(max_size=4),
+        st.sampled_from(["16", "1", "true", "null", "16.0", "teacher"]),
+    )
+
+
+def json_keys() -> st.SearchStrategy[str]:
+    """Object keys for random JSON: path segments, dotted aliases and a few neutral names."""
+    return st.sampled_from(SEGMENTS + ("value", "v", "lora.rank", "rank.alpha"))
+
+
+def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
+    """Arbitrary plain JSON: scalars, lists and nested objects."""
+    return st.recursive(
+        json_scalars(),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3),
+            st.dictionaries(json_keys(), inner, max_size=3),
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+def hostile_values() -> st.SearchStrategy[Any]:
+    """Values JSON parsers can produce that plain JSON comparison struggles with: NaN, inf, huge ints."""
+    return st.sampled_from([math.nan, math.inf, -math.inf, 10**400, -(10**400)])
+
+
+def any_values() -> st.SearchStrategy[Any]:
+    """Plain JSON most of the time, hostile values some of the time."""
+    return st.one_of(json_values(), hostile_values())
+
+
+def non_objects() -> st.SearchStrategy[Any]:
+    """Any JSON value that is not an object: scalars and lists (even lists of objects)."""
+    return st.one_of(json_scalars(), st.lists(json_values(max_leaves=3), max_size=3))
+
+
+def type_trick_variants(value: Any) -> list[Any]:
+    """Values that look like ``value`` but are a different JSON value (mostly).
+
+    Some variants may coincide canonically with ``value``; tests decide by canonical text.
+    """
+    out: list[Any] = [json.dumps(value, default=str), [value], {"value": value}, {"v": value}, None]
+    if isinstance(value, str):
+        try:
+            out.append(json.loads(value))
+        except ValueError:
+            pass
+    if type(value) is bool:
+        out += [int(value), float(value), str(value).lower()]
+    if type(value) is int:
+        out += [str(value)]
+        if abs(value) < 2**53:
+            out.append(float(value))
+        if value in (0, 1):
+            out.append(bool(value))
+    if type(value) is float:
+        if math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+            out.append(int(value))
+        if value == 0:
+            out.append(-value)  # -0.0 for 0.0 and vice versa
+        if value in (0.0, 1.0):
+            out.append(bool(value))
+    if isinstance(value, list):
+        out += [value[:1], value + value, list(reversed(value)), {"0": value[0]} if value else {}]
+    if isinstance(value, dict):
+        out += [{**value, "x_extra": 1}, {}, list(value.values())]
+        for k, v in value.items():
+            out.append({**value, k: [v]})
+    return out
+
+
+# -- paths and rules -----------------------------------------------------------------------
+
+
+def field_paths(min_segments: int = 1) -> st.SearchStrategy[str]:
+    """Dotted field paths of 1..3 segments, e.g. ``lora.rank``."""
+    return st.lists(st.sampled_from(SEGMENTS), min_size=min_segments, max_size=3).map(".".join)
+
+
+def range_bounds() -> st.SearchStrategy[int | float]:
+    """Numbers usable as range bounds (finite ints and floats, never bools)."""
+    return st.one_of(
+        st.integers(min_value=-1000, max_value=1000),
+        st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+        st.sampled_from([0, 1, 16, 0.0, -0.0, 1.0]),
+    )
+
+
+@st.composite
+def range_rules(draw: st.DrawFn) -> FieldRule:
+    """``{"range": [lo, hi]}`` with lo <= hi, either bound possibly null."""
+    lo, hi = sorted([draw(range_bounds()), draw(range_bounds())])
+    if draw(st.booleans()):
+        lo = None
+    if draw(st.booleans()):
+        hi = None
+    return FieldRule.model_validate({"range": [lo, hi]})
+
+
+def fixed_rules() -> st.SearchStrategy[FieldRule]:
+    """``{"fixed": v}`` for any plain JSON v."""
+    return json_values().map(lambda v: FieldRule.model_validate({"fixed": v}))
+
+
+def allowed_rules() -> st.SearchStrategy[FieldRule]:
+    """``{"allowed": [v, ...]}`` with 1..4 plain JSON values."""
+    return st.lists(json_values(max_leaves=4), min_size=1, max_size=4).map(
+        lambda vs: FieldRule.model_validate({"allowed": vs})
+    )
+
+
+def field_rules() -> st.SearchStrategy[FieldRule]:
+    """Any of the four rule forms: open, fixed, allowed, range."""
+    return st.one_of(st.just(FieldRule.model_validate("open")), fixed_rules(), allowed_rules(), range_rules())
+
+
+def rule_values(rule: FieldRule) -> list[Any]:
+    """The values a rule talks about (its fixed value, its allowed list, its bounds and a midpoint)."""
+    if rule.kind == "fixed":
+        return [rule.arg]
+    if rule.kind == "allowed":
+        return list(rule.arg)
+    if rule.kind == "range":
+        lo, hi = rule.arg
+        vals = [b for b in (lo, hi) if b is not None]
+        if lo is not None and hi is not None:
+            vals.append(lo + (hi - lo) / 2)
+        return vals + [b - 1 for b in vals] + [b + 1 for b in vals]
+    return []
+
+
+@st.composite
+def values_for(draw: st.DrawFn, rules: list[FieldRule]) -> Any:
+    """A value aimed at ``rules``: one they name, a type-trick variant of one, or anything at all."""
+    named = [v for r in rules for v in rule_values(r)]
+    choices = [any_values()]
+    if named:
+        choices.append(st.sampled_from(named))
+        variants = [t for v in named for t in type_trick_variants(v)]
+        choices.append(st.sampled_from(variants))
+    return draw(st.one_of(*choices))
+
+
+@st.composite
+def narrowed_rules(draw: st.DrawFn, parent: FieldRule) -> FieldRule:
+    """A rule that should be ``within(parent)`` (a child key's narrowing of ``parent``)."""
+    if parent.kind == "open":
+        return draw(field_rules())
+    if parent.kind == "fixed":
+        return parent
+    if parent.kind == "allowed":
+        subset = draw(st.lists(st.sampled_from(parent.arg), min_size=1, max_size=len(parent.arg)))
+        return FieldRule.model_validate(draw(st.sampled_from([{"allowed": subset}, {"fixed": subset[0]}])))
+    lo, hi = parent.arg
+
+    def clamp(x: float) -> float:
+        if lo is not None:
+            x = max(x, lo)
+        if hi is not None:
+            x = min(x, hi)
+        return x
+
+    x, y = sorted([clamp(draw(range_bounds())), clamp(draw(range_bounds()))])
+    form = draw(st.sampled_from([{"range": [x, y]}, {"fixed": x}, {"allowed": [x, y]}]))
+    return FieldRule.model_validate(form)
+
+
+# -- policies and bodies -------------------------------------------------------------------
+
+
+def model_lists() -> st.SearchStrategy[Any]:
+    """A model allowlist: ``"*"`` or a list of model names."""
+    return st.one_of(st.just("*"), st.lists(st.sampled_from(MODELS), unique=True, max_size=3))
+
+
+def service_policies() -> st.SearchStrategy[dict[str, Any]]:
+    """The JSON of one service's policy: a model allowlist and up to four field rules."""
+    return st.fixed_dictionaries(
+        {
+            "models": model_lists(),
+            "fields": st.dictionaries(field_paths(), field_rules().map(lambda r: r.root), max_size=4),
+        }
+    )
+
+
+def policies() -> st.SearchStrategy[Policy]:
+    """A policy granting 1..3 services, each with its own rules."""
+    return st.dictionaries(st.sampled_from(SERVICES), service_policies(), min_size=1, max_size=3).map(
+        lambda services: Policy.model_validate({"services": services})
+    )
+
+
+def single_rule_policy(path: str, rule: FieldRule, service: str = "training") -> Policy:
+    """A policy whose one service has exactly one field rule (so refusals name that rule)."""
+    return Policy.model_validate({"services": {service: {"fields": {path: rule.root}}}})
+
+
+def set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``value`` at dotted ``path``, creating (or replacing non-object) containers on the way."""
+    parts = path.split(".")
+    container = body
+    for part in parts[:-1]:
+        if not isinstance(container.get(part), dict):
+            container[part] = {}
+        container = container[part]
+    container[parts[-1]] = value
+
+
+def get_path(body: dict[str, Any], path: str) -> Any:
+    """The value at dotted ``path``, or MISSING; every container on the way must be an object."""
+    container: Any = body
+    for part in path.split("."):
+        assert isinstance(container, dict), f"non-object on the way to {path}: {container!r}"
+        if part not in container:
+            return MISSING
+        container = container[part]
+    return container
+
+
+def object_nodes(value: Any, at: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every object reachable from ``value`` through objects only, with its key path."""
+    if not isinstance(value, dict):
+        return []
+    out = [(at, value)]
+    for k, v in value.items():
+        out += object_nodes(v, at + (k,))
+    return out
+
+
+def clear_of_rules(at: tuple[str, ...], paths: list[str]) -> bool:
+    """Is the object at ``at`` outside every rule's value (no rule path is a prefix of, or equal to, it)?"""
+    return not any(at[: len(p.split("."))] == tuple(p.split(".")) for p in paths)
+
+
+def add_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> dict[str, Any]:
+    """A copy of ``body`` with extra keys added to objects that no rule constrains."""
+    out = copy.deepcopy(body)
+    nodes = [(at, node) for at, node in object_nodes(out) if clear_of_rules(at, paths)]
+    for index, key, value in extras:
+        _, node = nodes[index % len(nodes)]
+        node.setdefault(key, copy.deepcopy(value))
+    return out
+
+
+def extras_lists() -> st.SearchStrategy[list[tuple[int, str, Any]]]:
+    """Extra fields to add: (which free object, which extra key, what value)."""
+    return st.lists(
+        st.tuples(st.integers(min_value=0, max_value=50), st.sampled_from(EXTRA_KEYS), json_values(max_leaves=4)),
+        max_size=4,
+    )
+
+
+@st.composite
+def bodies_for(draw: st.DrawFn, rules: dict[str, FieldRule]) -> dict[str, Any]:
+    """A request body aimed at ``rules``.
+
+    Each constrained path is left out, set to a value aimed at its rule, blocked by a non-object
+    part way, or smuggled in as a dotted alias key; then random extra fields are sprinkled over
+    objects no rule constrains.
+    """
+    body: dict[str, Any] = draw(st.dictionaries(json_keys(), json_values(max_leaves=3), max_size=2))
+    for path, rule in rules.items():
+        parts = path.split(".")
+        action = draw(st.sampled_from(["absent", "value", "value", "value", "non-object", "alias"]))
+        if action == "value":
+            set_path(body, path, draw(values_for([rule])))
+        elif action == "non-object" and len(parts) > 1:
+            cut = draw(st.integers(min_value=1, max_value=len(parts) - 1))
+            set_path(body, ".".join(parts[:cut]), draw(non_objects()))
+        elif action == "alias" and len(parts) > 1:
+            cut = draw(st.integers(min_value=0, max_value=len(parts) - 2))
+            alias = ".".join(parts[cut:])
+            if cut:
+                set_path(body, ".".join(parts[:cut] + [alias]), draw(values_for([rule])))
+            else:
+                body[alias] = draw(values_for([rule]))
+    if draw(st.booleans()):
+        body["model"] = draw(st.one_of(st.sampled_from(MODELS), json_values(max_leaves=3)))
+    return add_extras(body, list(rules), draw(extras_lists()))
+
+
+@st.composite
+def policy_service_body(draw: st.DrawFn) -> tuple[Policy, str, dict[str, Any]]:
+    """A random policy, one of its services, and a body aimed at that service's rules."""
+    policy = draw(policies())
+    service = draw(st.sampled_from(sorted(policy.services)))
+    return policy, service, draw(bodies_for(policy.services[service].fields))
+
+
+# -- outcome helpers -----------------------------------------------------------------------
+
+
+def outcome(fn, *args, **kwargs) -> tuple[str, Any]:
+    """("ok", result) or ("refused", param); anything but PermissionDenied propagates (a 500)."""
+    try:
+        return "ok", fn(*args, **kwargs)
+    except PermissionDenied as e:
+        return "refused", e.param
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Structural equality that tells 1 from True from 1.0, -0.0 from 0.0, and NaN equals NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return a == b
+
+
+def containers(value: Any) -> list[int]:
+    """ids of every dict and list inside ``value``."""
+    if isinstance(value, dict):
+        return [id(value)] + [i for v in value.values() for i in containers(v)]
+    if isinstance(value, list):
+        return [id(value)] + [i for v in value for i in containers(v)]
+    return []
+
+
+def is_admissible_number(value: Any, lo: Any, hi: Any) -> bool:
+    """The range oracle: a finite int/float (never a bool) within [lo, hi]."""
+    if type(value) not in (int, float):
+        return False
+    if type(value) is float and not math.isfinite(value):
+        return False
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+# -- 1. fixed fields -----------------------------------------------------------------------
+
+
+@FAST
+@given(
+    path=field_paths(),
+    fixed=json_values(),
+    offered=st.data(),
+    extras=extras_lists(),
+)
+def test_fixed_field_cannot_be_overridden(path, fixed, offered, extras):
+    """A fixed field is filled in when absent, kept when canonically equal, refused otherwise."""
+    rule = FieldRule.model_validate({"fixed": fixed})
+    policy = single_rule_policy(path, rule)
+    value = offered.draw(st.one_of(st.just(MISSING), values_for([rule])), label="offered")
+    body: dict[str, Any] = {}
+    if value is not MISSING:
+        set_path(body, path, value)
+    body = add_extras(body, [path], extras)
+
+    verdict, result = outcome(policy.apply, "training", body)
+
+    if value is MISSING or canonical(value) == canonical(fixed):
+        assert verdict == "ok", f"{body!r} refused at {result!r}"
+        got = get_path(result, path)
+        assert canonical(got) == canonical(fixed)
+        if isinstance(fixed, (dict, list)) and value is MISSING:
+            assert got is not rule.arg, "the filled value aliases the policy's own value"
+    else:
+        assert verdict == "refused", f"{value!r} overrode fixed {fixed!r}: {result!r}"
+        assert result == path
+
+
+@THOROUGH
+@given(case=policy_service_body())
+def test_accepted_bodies_satisfy_every_rule_of_random_policies(case):
+    """Whatever a random policy accepts holds every fixed value and passes every rule and the allowlist."""
+    policy, service, body = case
+    verdict, result = outcome(policy.apply, service, body)
+    assume(verdict == "ok")
+    rules = policy.services[service]
+    for path, rule in rules.fields.items():
+        got = get_path(result, path)
+        if rule.kind == "fixed":
+            assert got is not MISSING and canonical(got) == canonical(rule.arg), (path, got)
+        if got is not MISSING:
+            assert rule.admits(got), f"{path} = {got!r} escapes {rule.describe()} in {result!r}"
+    if "model" in result:
+        assert rules.allows_model(result["model"])
+
+
+# -- 2. allowed values ---------------------------------------------------------------------
+
+
+@FAST
+@given(path=field_paths(), allowed=st.lists(json_values(max_leaves=4), min_size=1, max_size=4), data=st.data())
+def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, data):
+    """Only values canonically in the list pass; "16", 16.0, true, [16], {"value": 16} do not pass for 16."""
+    rule = FieldRule.model_validate({"allowed": allowed})
+    policy = single_rule_policy(path, rule)
+    texts = {canonical(v) for v in allowed}
+    value = data.draw(values_for([rule]), label="offered")
+    body = add_extras({}, [path], data.draw(extras_lists(), label="extras"))
+    set_path(body, path, value)
+
+    verdict, result = outcome(policy.apply, "training", body)
+
+    if canonical(value) is not None and canonical(value) in texts:
+        assert verdict == "ok", f"allowed value {value!r} refused"
+        assert canonical(get_path(result, path)) in texts
+    else:
+        assert verdict == "refused", f"{value!r} escaped allowed {allowed!r}"
+        assert result == path
+
+
+# -- 3. ranges -----------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    path=field_paths(),
+    rule=range_rules(),
+    value=st.one_of(
+        range_bounds(),
+        json_ints(),
+        finite_floats(),
+        hostile_values(),
+        st.booleans(),
+        st.sampled_from(["0", "1", "0.5", "nan", "inf"]),
+        json_values(max_leaves=3),
+    ),
+)
+def test_range_admits_only_finite_non_bool_numbers_within_bounds(path, rule, value):
+    """Accepted values are finite ints/floats within bounds; NaN, inf, strings, bools, lists are refused."""
+    lo, hi = rule.arg
+    policy = single_rule_policy(path, rule)
+    body: dict[str, Any] = {}
+    set_path(body, path, value)
+
+    verdict, result = outcome(policy.apply, "training", body)
+
+    if verdict == "ok":
+        got = get_path(result, path)
+        assert type(got) in (int, float) and type(got) is not bool
+        assert type(got) is int or math.isfinite(got)
+        assert (lo is None or got >= lo) and (hi is None or got <= hi)
+    else:
+        assert result == path
+    assert (verdict == "ok") == is_admissible_number(value, lo, hi), (value, rule.arg, verdict)
+
+
+# -- 4. extra fields and dotted aliases ----------------------------------------------------
+
+
+@THOROUGH
+@given(case=policy_service_body(), extras=extras_lists())
+def test_extra_fields_never_change_the_verdict(case, extras):
+    """Extra keys outside every constrained value leave the verdict and constrained values alone."""
+    policy, service, body = case
+    paths = list(policy.services[service].fields)
+    padded = add_extras(body, paths, extras)
+
+    plain_verdict, plain = outcome(policy.apply, service, body)
+    padded_verdict, padded_result = outcome(policy.apply, service, padded)
+
+    assert padded_verdict == plain_verdict
+    if plain_verdict == "refused":
+        assert padded_result == plain, "a different rule refused once extras were added"
+    else:
+        # The padded result is exactly the plain result plus the same extras.
+        assert same_json(padded_result, add_extras(plain, paths, extras))
+        for path in paths:
+            assert same_json(get_path(padded_result, path), get_path(plain, path))
+
+
+@FAST
+@given(path=field_paths(min_segments=2), rule=field_rules(), data=st.data())
+def test_dotted_alias_keys_are_refused(path, rule, data):
+    """{"lora.rank": v} at the top, or {"lora": {"rank.alpha": v}} part way, is refused for any v."""
+    parts = path.split(".")
+    cut = data.draw(st.integers(min_value=0, max_value=len(parts) - 2), label="cut")
+    value = data.draw(values_for([rule]), label="value")
+    body = add_extras({}, [path], data.draw(extras_lists(), label="extras"))
+    alias = ".".join(parts[cut:])
+    if cut:
+        set_path(body, ".".join(parts[:cut]), {alias: value})
+    else:
+        body[alias] = value
+    if data.draw(st.booleans(), label="also nested"):
+        # Even with a compliant nested value alongside, the alias is refused.
+        nested = rule_values(rule)[:1] if rule.kind != "open" else [1]
+        container = body
+        for part in parts[:-1]:
+            container = container.setdefault(part, {})
+        if nested and isinstance(container, dict):
+            container.setdefault(parts[-1], nested[0])
+
+    verdict, result = outcome(single_rule_policy(path, rule).apply, "training", body)
+
+    assert verdict == "refused", f"alias {alias!r} slipped past {path}: {result!r}"
+    assert result == path
+
+
+# -- 5. non-objects on a constrained path ------------------------------------------------
+
+
+@FAST
+@given(path=field_paths(min_segments=2), rule=field_rules(), blocker=non_objects(), data=st.data())
+def test_non_object_on_a_constrained_path_is_refused(path, rule, blocker, data):
+    """{"lora": 5} or {"lora": [..]} under a rule on lora.rank is refused, never silently ignored."""
+    parts = path.split(".")
+    cut = data.draw(st.integers(min_value=1, max_value=len(parts) - 1), label="cut")
+    body = add_extras({}, [path], data.draw(extras_lists(), label="extras"))
+    set_path(body, ".".join(parts[:cut]), blocker)
+
+    verdict, result = outcome(single_rule_policy(path, rule).apply, "training", body)
+
+    assert verdict == "refused", f"{body!r} passed a rule on {path}"
+    assert result == path
+
+
+# -- 6. no mutation ------------------------------------------------------------------------
+
+
+@THOROUGH
+@given(case=policy_service_body())
+def test_apply_never_mutates_its_input(case):
+    """apply works on a copy: the body is unchanged and shares no container with the result."""
+    policy, service, body = case
+    before = copy.deepcopy(body)
+    verdict, result = outcome(policy.apply, service, body)
+    assert same_json(body, before)
+    if verdict == "ok":
+        assert not set(containers(result)) & set(containers(body))
+
+
+# -- 7. key chains -------------------------------------------------------------------------
+
+
+@st.composite
+def chain_cases(draw: st.DrawFn) -> tuple[Policy, Policy, str, dict[str, Any]]:
+    """Two unrelated policies granting a common service, and a body aimed at both rule sets."""
+    parent, child = draw(policies()), draw(policies())
+    service = draw(st.sampled_from(sorted(set(parent.services) | set(child.services))))
+    rules: dict[str, FieldRule] = {}
+    for p in (parent, child):
+        if service in p.services:
+            rules.update(p.services[service].fields)
+    return parent, child, service, draw(bodies_for(rules))
+
+
+@FAST
+@given(case=chain_cases())
+def test_chain_accepts_only_what_each_policy_accepts_in_sequence(case):
+    """apply_chain([parent, child]) == parent.apply then child.apply on the parent's output."""
+    parent, child, service, body = case
+    chain_verdict, chain_result = outcome(apply_chain, [parent, child], service, body)
+
+    first_verdict, first = outcome(parent.apply, service, body)
+    if first_verdict == "refused":
+        assert (chain_verdict, chain_result) == ("refused", first)
+        return
+    second_verdict, second = outcome(child.apply, service, first)
+    assert chain_verdict == second_verdict
+    if second_verdict == "refused":
+        assert chain_result == second
+    else:
+        assert same_json(chain_result, second)
+
+
+@st.composite
+def narrowed_policies(draw: st.DrawFn, parent: Policy) -> Policy:
+    """A child policy built to pass ``assert_within(parent)``: narrowed rules plus rules of its own."""
+    services: dict[str, Any] = {}
+    names = draw(st.lists(st.sampled_from(sorted(parent.services)), min_size=1, unique=True))
+    for name in names:
+        granted = parent.services[name]
+        if granted.models == "*":
+            models = draw(model_lists())
+        else:
+            models = draw(st.lists(st.sampled_from(granted.models), unique=True)) if granted.models else []
+        fields: dict[str, Any] = {}
+        for path, rule in granted.fields.items():
+            if draw(st.booleans()):
+                fields[path] = draw(narrowed_rules(rule)).root
+        for path, rule in draw(st.dictionaries(field_paths(), field_rules(), max_size=3)).items():
+            if path not in granted.fields:
+                fields[path] = rule.root
+        services[name] = {"models": models, "fields": fields}
+    return Policy.model_validate({"services": services})
+
+
+@st.composite
+def within_cases(draw: st.DrawFn) -> tuple[Policy, Policy, str, dict[str, Any]]:
+    """A parent, a child that passes assert_within, one of the child's services and a body."""
+    parent = draw(policies())
+    child = draw(narrowed_policies(parent))
+    try:
+        child.assert_within(parent)
+    except PermissionDenied:
+        assume(False)
+    service = draw(st.sampled_from(sorted(child.services)))
+    rules = {**parent.services[service].fields, **child.services[service].fields}
+    return parent, child, service, draw(bodies_for(rules))
+
+
+@THOROUGH
+@given(case=within_cases())
+def test_child_within_parent_never_accepts_what_the_parent_refuses(case):
+    """If child.assert_within(parent), whatever the child accepts after the parent's fills, the parent accepts."""
+    parent, child, service, body = case
+    verdict, after_parent = outcome(parent.apply, service, body)
+    assume(verdict == "ok")
+    verdict, after_child = outcome(child.apply, service, after_parent)
+    assume(verdict == "ok")
+
+    recheck_verdict, recheck = outcome(parent.apply, service, after_child)
+
+    assert recheck_verdict == "ok", f"child made {after_child!r}, which the parent refuses at {recheck!r}"
+    assert same_json(recheck, after_child)
+    chain_verdict, chained = outcome(apply_chain, [parent, child], service, body)
+    assert chain_verdict == "ok" and same_json(chained, after_child)
+
+
+# -- 8. model allowlist --------------------------------------------------------------------
+
+
+@FAST
+@given(
+    models=st.lists(st.sampled_from(MODELS), unique=True, max_size=3),
+    model=st.one_of(st.sampled_from(MODELS), json_values(max_leaves=3), st.lists(st.sampled_from(MODELS), max_size=2)),
+    extras=extras_lists(),
+)
+def test_model_allowlist_refuses_non_string_models(models, model, extras):
+    """With a list (not "*"), only a string in the list passes; ["teacher"], {"value": ...}, 1 do not."""
+    policy = Policy.model_validate({"services": {"rollout": {"models": models}}})
+    body = add_extras({"model": model}, [], extras)
+
+    verdict, result = outcome(policy.apply, "rollout", body)
+
+    if isinstance(model, str) and model in models:
+        assert verdict == "ok" and result["model"] == model
+    else:
+        assert verdict == "refused", f"model {model!r} passed allowlist {models!r}"
+        assert result == "model"
+    assert ServicePolicy(models=models).allows_model(model) == (isinstance(model, str) and model in models)
+
+
+# -- 9. FieldRule.within -------------------------------------------------------------------
+
+
+def rule_pairs() -> st.SearchStrategy[tuple[FieldRule, FieldRule]]:
+    """(a, b) pairs: independent rules, or a rule narrowed from b (so that a.within(b) often holds)."""
+    return st.one_of(
+        st.tuples(field_rules(), field_rules()),
+        field_rules().flatmap(lambda b: narrowed_rules(b).map(lambda a: (a, b))),
+    )
+
+
+@THOROUGH
+@given(pair=rule_pairs(), data=st.data())
+def test_within_implies_admits_inclusion(pair, data):
+    """a.within(b) implies: for every value v, a.admits(v) implies b.admits(v)."""
+    a, b = pair
+    assume(a.within(b))
+    values = data.draw(st.lists(values_for([a, b]), min_size=1, max_size=10), label="values")
+    for value in values:
+        if a.admits(value):
+            assert b.admits(value), f"{a.describe()} within {b.describe()} but admits {value!r} and b does not"
+
+
+def test_type_tricks_examples_are_refused():
+    """The examples named in the module docstring, spelled out."""
+    policy = single_rule_policy("lora.rank", FieldRule.model_validate({"fixed": 16}))
+    for trick in ("16", 16.0, True, [16], {"value": 16}):
+        with pytest.raises(PermissionDenied) as err:
+            policy.apply("training", {"lora": {"rank": trick}})
+        assert err.value.param == "lora.rank"
+    for body in ({"lora.rank": 64}, {"lora.rank": 16}, {"lora": 5}, {"lora": [{"rank": 16}]}):
+        with pytest.raises(PermissionDenied):
+            policy.apply("training", body)
+    assert policy.apply("training", {}) == {"lora": {"rank": 16}}
