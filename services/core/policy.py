@@ -40,7 +40,8 @@ def canonical(value: Any) -> str | None:
 
 
 def _is_number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    # Ints are always finite; math.isfinite would raise OverflowError on ints beyond float range.
+    return type(value) is int or (type(value) is float and math.isfinite(value))
 
 
 class FieldRule(RootModel[Any]):
@@ -149,6 +150,10 @@ class Policy(BaseModel):
         out = copy.deepcopy(body)
         for path, rule in rules.fields.items():
             _apply_rule(out, path, rule, service)
+        # A later fill can land inside a field an earlier rule already passed ({"lora": ...} and
+        # lora.rank): check every rule again on the filled body (this pass fills nothing new).
+        for path, rule in rules.fields.items():
+            _apply_rule(out, path, rule, service)
         if model_field is not None and model_field in out and not rules.allows_model(out[model_field]):
             raise PermissionDenied(
                 f"model {out[model_field]!r} is not in this key's {service} model allowlist", param=model_field
@@ -180,6 +185,18 @@ class Policy(BaseModel):
                     raise PermissionDenied(
                         f"child rule for {path} is wider than the parent's ({rule.describe()})", param=path
                     )
+            # A child's fixed fill above or below a parent's rule path would change what that rule
+            # sees after the parent has checked it ({"lora": {"fixed": {"rank": 64}}} vs lora.rank).
+            for path, rule in child.fields.items():
+                if rule.kind != "fixed":
+                    continue
+                for theirs in granted.fields:
+                    a, b = path.split("."), theirs.split(".")
+                    if a != b and (a[: len(b)] == b or b[: len(a)] == a):
+                        raise PermissionDenied(
+                            f"child fixed rule on {path} overlaps the parent's rule on {theirs}; constrain {theirs} itself",
+                            param=path,
+                        )
 
 
 def apply_chain(policies: list[Policy], service: str, body: dict[str, Any], *, model_field: str | None = "model") -> dict[str, Any]:

@@ -1,0 +1,27 @@
+# RSIGym — two set-up commands: `make demo` and `make test`. Both work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(or $(lastword $(sort $(wildcard /root/.pyenv/versions/3.12.*/bin/python3.12))),$(shell command -v python3.12))
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test clean
+
+$(STAMP): pyproject.toml sdk/pyproject.toml
+	@test -n "$(PYTHON)" || { echo "Python 3.12 is required (python3.12 not found)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/rsigym demo
+
+test: install
+	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .demo

@@ -1,0 +1,218 @@
+"""``rsigym``: the operator CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway.cli.admin_client import AdminClient, AdminError
+from services.core.settings import GymSettings
+
+app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
+keys_app = typer.Typer(help="Run keys: create, inspect, fund, pause, revoke.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+console = Console()
+err_console = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="Gym data directory.")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="Gateway URL (default RSIGYM_URL).")]
+
+
+def _settings(data_dir: Path | None = None, config: Path | None = None) -> GymSettings:
+    overrides: dict[str, Any] = {}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    if config is not None:
+        overrides["config"] = config
+    return GymSettings(**overrides)
+
+
+def _call(method: str, path: str, data_dir: Path | None, url: str | None, **kwargs: Any) -> Any:
+    try:
+        return AdminClient(_settings(data_dir), url).request(method, path, **kwargs)
+    except AdminError as err:
+        rid = f" (request {err.request_id})" if err.request_id else ""
+        err_console.print(f"[red]error[/red]: {err.type}: {err.message}{rid}")
+        raise typer.Exit(1) from None
+
+
+def _key_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("id", "name", "track", "status", "budget", "spent", "reserved", "remaining", "parent")
+    for r in rows:
+        money = [f"{r[k]:.6f}" if r.get(k) is not None else "-" for k in ("budget_usd", "spent_usd", "reserved_usd", "remaining_usd")]
+        table.add_row(r["id"], r.get("name") or "", r.get("track") or "", r["status"], *money, r.get("parent_id") or "")
+    return table
+
+
+def _emit(data: Any, as_json: bool, rows: list[dict[str, Any]] | None = None) -> None:
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        console.print(_key_table(rows if rows is not None else [data]))
+
+
+@app.command()
+def up(
+    config: Annotated[Path | None, typer.Option("--config", help="Gym config TOML.")] = None,
+    data_dir: DataDirOpt = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8700,
+) -> None:
+    """Run the embedded gym: gateway and every service in one process on one port."""
+    import uvicorn
+
+    from gateway.builder import build_embedded
+
+    settings = _settings(data_dir, config)
+    gym = build_embedded(settings)
+    token_note = "RSIGYM_ADMIN_TOKEN" if settings.admin_token else str(Path(settings.data_dir) / "admin-token")
+    err_console.print(f"RSIGym embedded gym on http://{host}:{port}  (admin token: {token_note})")
+    uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False)
+
+
+@app.command()
+def serve(
+    part: Annotated[str, typer.Argument(help="gateway, or a service name (rollout, …)")],
+    service: Annotated[list[str] | None, typer.Option("--service", help="For the gateway: NAME=URL of a service.")] = None,
+    config: Annotated[Path | None, typer.Option("--config")] = None,
+    data_dir: DataDirOpt = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8700,
+) -> None:
+    """Distributed mode: run the gateway or one service as its own server."""
+    import uvicorn
+
+    from gateway.builder import build_gateway, build_service
+    from services.core.settings import StoreSettings
+
+    settings = _settings(data_dir, config)
+    if part == "gateway":
+        urls = dict(item.split("=", 1) for item in service or [])
+        asgi = build_gateway(settings, StoreSettings(), urls).app
+    else:
+        asgi = build_service(part, settings)
+    uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False)
+
+
+@app.command()
+def standin(
+    port: Annotated[int, typer.Option("--port")] = 8799,
+    api_key_env: Annotated[str, typer.Option("--api-key-env", help="Env var holding the key it accepts.")] = "STANDIN_API_KEY",
+) -> None:
+    """Run the offline stand-in for a frontier-model API (see services/rollout/standin.py)."""
+    import uvicorn
+
+    from services.core.settings import ProviderSecrets
+    from services.rollout.standin import create_standin_app
+
+    key = ProviderSecrets().get(api_key_env)
+    if not key:
+        raise SystemExit(f"set {api_key_env} to the key the stand-in should accept")
+    uvicorn.run(create_standin_app(key), host="127.0.0.1", port=port, log_level="warning")
+
+
+@keys_app.command("create")
+def keys_create(
+    budget: Annotated[float, typer.Option("--budget", help="Budget in USD.")],
+    track: Annotated[str | None, typer.Option("--track", help="data, harness, joint or offline")] = None,
+    policy_file: Annotated[Path | None, typer.Option("--policy-file", help="A policy (TOML or JSON).")] = None,
+    name: Annotated[str | None, typer.Option("--name")] = None,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Create a run key. The key is printed once; only its hash is stored."""
+    from services.core.presets import policy_from_file
+
+    if (track is None) == (policy_file is None):
+        err_console.print("[red]error[/red]: give exactly one of --track or --policy-file")
+        raise typer.Exit(2)
+    body: dict[str, Any] = {"budget_usd": budget, "name": name}
+    if track:
+        body["track"] = track
+    else:
+        body["policy"] = policy_from_file(policy_file).model_dump(mode="json")  # type: ignore[arg-type]
+    created = _call("POST", "/admin/v1/keys", data_dir, url, json=body)
+    if as_json:
+        typer.echo(json.dumps({"id": created["id"], "key": created["key"], "track": created["track"],
+                               "budget_usd": created["budget_usd"]}))
+    else:
+        console.print(_key_table([created]))
+        console.print(f"key (shown once): [bold]{created['key']}[/bold]")
+
+
+@keys_app.command("list")
+def keys_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """All keys, children included."""
+    rows = _call("GET", "/admin/v1/keys", data_dir, url)["data"]
+    _emit({"data": rows}, as_json, rows)
+
+
+@keys_app.command("show")
+def keys_show(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    _emit(_call("GET", f"/admin/v1/keys/{key_id}", data_dir, url), as_json)
+
+
+@keys_app.command("topup")
+def keys_topup(key_id: str, usd: float, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Add USD to a key's budget."""
+    _emit(_call("POST", f"/admin/v1/keys/{key_id}/topup", data_dir, url, json={"amount_usd": usd}), as_json)
+
+
+def _status_command(action: str) -> None:
+    def command(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+        _emit(_call("POST", f"/admin/v1/keys/{key_id}/{action}", data_dir, url), as_json)
+
+    command.__doc__ = f"{action.capitalize()} a key (and with it every child key)."
+    keys_app.command(action)(command)
+
+
+for _action in ("pause", "resume", "revoke"):
+    _status_command(_action)
+
+
+@keys_app.command("policy")
+def keys_policy(key_id: str, policy_file: Path, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Replace a key's policy with one from a file."""
+    from services.core.presets import policy_from_file
+
+    policy = policy_from_file(policy_file).model_dump(mode="json")
+    _emit(_call("PATCH", f"/admin/v1/keys/{key_id}", data_dir, url, json={"policy": policy}), as_json)
+
+
+@app.command()
+def ledger(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """The itemized ledger of a key and its children."""
+    rows = _call("GET", f"/admin/v1/keys/{key_id}/ledger", data_dir, url)["data"]
+    if as_json:
+        typer.echo(json.dumps({"data": rows}, indent=2))
+        return
+    table = Table("time", "key", "service", "operation", "status", "estimate", "actual")
+    for r in rows:
+        actual = "-" if r["actual_usd"] is None else f"{r['actual_usd']:.9f}"
+        table.add_row(r["created_at"][:19], r["key_id"], r["service"], r["operation"], r["status"],
+                      f"{r['estimate_usd']:.9f}", actual)
+    console.print(table)
+    total = sum(r["actual_usd"] or 0 for r in rows)
+    console.print(f"{len(rows)} rows, {total:.9f} USD charged")
+
+
+@app.command()
+def demo(
+    data_dir: DataDirOpt = None,
+    port: Annotated[int, typer.Option("--port")] = 8700,
+) -> None:
+    """Start a throw-away embedded gym and run the main job against it end to end."""
+    from gateway.demo import run_demo
+
+    raise typer.Exit(run_demo(data_dir=data_dir, port=port))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,146 @@
+"""Shared fixtures: real stores (SQLite file, PostgreSQL schema), the stand-in provider on
+loopback, and embedded gyms built exactly as ``rsigym up`` builds them."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from gateway.builder import Gym, build_embedded
+from services.core.config import GymConfig
+from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.store import Store, sqlite_url
+from services.rollout.standin import create_standin_app
+from tests.fakes.servers import serve
+
+PG_URL = os.environ.get("RSIGYM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TEACHER_ENV = "RSIGYM_TEST_TEACHER_KEY"
+ADMIN_TOKEN = "rsa-test-admin-token"
+
+
+def _pg_reachable() -> bool:
+    try:
+        engine = create_engine(PG_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    ok = _pg_reachable()
+    if not ok and IN_CI:
+        pytest.fail(f"PostgreSQL is required in CI but {PG_URL} is unreachable")
+    return ok
+
+
+@pytest.fixture
+def pg_schema(pg_available: bool) -> Iterator[str]:
+    """A fresh, empty PostgreSQL schema for one test; dropped afterwards."""
+    if not pg_available:
+        pytest.skip("PostgreSQL not reachable (set CI=true to make this a failure)")
+    schema = f"t_{secrets.token_hex(6)}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A migrated store, once per backend."""
+    if request.param == "sqlite":
+        s = Store(sqlite_url(tmp_path), StoreSettings())
+    else:
+        schema = request.getfixturevalue("pg_schema")
+        s = Store(PG_URL, StoreSettings(), schema=schema)
+    s.migrate()
+    yield s
+    s.dispose()
+
+
+@pytest.fixture(scope="session")
+def teacher_secret() -> str:
+    return "sk-teacher-" + secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def standin(teacher_secret: str) -> Iterator[tuple[str, Any]]:
+    """The stand-in provider on loopback: (base URL with /v1, its app)."""
+    app = create_standin_app(teacher_secret)
+    with serve(app) as url:
+        yield url + "/v1", app
+
+
+def gym_config(api_base: str, **rollout: Any) -> GymConfig:
+    return GymConfig.model_validate(
+        {
+            "rollout": {
+                "models": [
+                    {"name": "teacher", "litellm_model": "openai/teacher", "api_base": api_base,
+                     "api_key_env": TEACHER_ENV, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0},
+                    {"name": "judge", "litellm_model": "openai/judge", "api_base": api_base,
+                     "api_key_env": TEACHER_ENV, "input_usd_per_mtok": 3.0, "output_usd_per_mtok": 15.0},
+                ],
+                **rollout,
+            }
+        }
+    )
+
+
+@pytest.fixture
+def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> Iterator[Callable[..., Gym]]:
+    """Build embedded gyms on a given store (default: SQLite in tmp_path)."""
+    built: list[Gym] = []
+
+    def make(store: Store | None = None, config: GymConfig | None = None, secrets_: dict[str, str] | None = None) -> Gym:
+        settings = GymSettings(data_dir=tmp_path / f"gym{len(built)}", admin_token=ADMIN_TOKEN)
+        if store is None:
+            store = Store(sqlite_url(settings.data_dir), StoreSettings())
+            store.migrate()
+        gym = build_embedded(
+            settings,
+            config=config or gym_config(standin[0]),
+            store=store,
+            provider_secrets=ProviderSecrets(secrets_ if secrets_ is not None else {TEACHER_ENV: teacher_secret}),
+            run_reaper=False,
+        )
+        built.append(gym)
+        return gym
+
+    yield make
+
+
+@pytest.fixture
+def gym(make_gym: Callable[..., Gym]) -> Gym:
+    return make_gym()
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def create_key(client: httpx.Client, budget_usd: float = 1.0, track: str = "joint", **extra: Any) -> dict[str, Any]:
+    response = client.post("/admin/v1/keys", json={"track": track, "budget_usd": budget_usd, **extra}, headers=admin_headers())
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
