@@ -144,3 +144,10 @@ def create_key(client: httpx.Client, budget_usd: float = 1.0, track: str = "join
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+def client_for(gym: Gym) -> Any:
+    """A synchronous client on the real app, in-process (FastAPI's TestClient)."""
+    from fastapi.testclient import TestClient
+
+    return TestClient(gym.app, base_url="http://gym")

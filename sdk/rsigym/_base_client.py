@@ -79,7 +79,9 @@ class BaseClient:
             "User-Agent": f"rsigym-sdk/{__version__}",
         }
 
-    def _build_request(self, http: httpx.Client | httpx.AsyncClient, call: APICall[Any], *, stream: bool) -> httpx.Request:
+    def _build_request(
+        self, http: httpx.Client | httpx.AsyncClient, call: APICall[Any], *, stream: bool
+    ) -> httpx.Request:
         # The gym's own timeout applies even to an injected http_client.
         return http.build_request(
             call.method,
@@ -155,7 +157,9 @@ class SyncAPIClient(BaseClient):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

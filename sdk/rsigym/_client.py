@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import httpx
 
-from ._base_client import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT, AsyncAPIClient, SyncAPIClient
+from ._base_client import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    AsyncAPIClient,
+    SyncAPIClient,
+)
 from .resources import AsyncKeys, AsyncRollout, Keys, Rollout
 from .resources.account import balance_call
 from .types import Balance

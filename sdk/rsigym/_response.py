@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 import pydantic
@@ -68,13 +68,16 @@ class HasRequestMeta:
     pydantic does not mistake it for a field.
     """
 
+    if TYPE_CHECKING:
+        _meta: ResponseMeta
+
     @property
     def request_id(self) -> str | None:
-        return self._meta.request_id  # type: ignore[attr-defined]
+        return self._meta.request_id
 
     @property
     def cost_usd(self) -> float | None:
-        return self._meta.cost_usd  # type: ignore[attr-defined]
+        return self._meta.cost_usd
 
 
 class HasMeta(HasRequestMeta):
@@ -82,7 +85,7 @@ class HasMeta(HasRequestMeta):
 
     @property
     def remaining_usd(self) -> float | None:
-        return self._meta.remaining_usd  # type: ignore[attr-defined]
+        return self._meta.remaining_usd
 
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ import email.utils
 import random
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 
@@ -69,8 +69,8 @@ def parse_retry_after(headers: httpx.Headers) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max((when - datetime.now(timezone.utc)).total_seconds(), 0.0)
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class RetryPolicy:
     max_retries: int = 2
 
     def backoff(self, retries_done: int) -> float:
-        base = min(INITIAL_DELAY * 2**retries_done, MAX_DELAY)
+        base = min(INITIAL_DELAY * 2.0**retries_done, MAX_DELAY)
         return base * (1.0 - 0.25 * random.random())
 
     def delay_after_status(self, response: httpx.Response, retries_done: int) -> float | None:

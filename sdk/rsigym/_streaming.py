@@ -83,8 +83,11 @@ class SSEDecoder:
         return [event for event in events if event is not None]
 
     def _line(self, line: str) -> ServerSentEvent | None:
-        if not line:
-            return self._dispatch() if self._data else self._reset()
+        if not line:  # blank line: end of an event (one without data is dropped)
+            if self._data:
+                return self._dispatch()
+            self._reset()
+            return None
         if line.startswith(":"):
             return None
         name, _, value = line.partition(":")
@@ -141,7 +144,9 @@ class _ChunkParser(Generic[T]):
         try:
             payload = json.loads(event.data)
         except ValueError as exc:
-            raise APIResponseValidationError(f"stream event is not JSON: {event.data[:200]!r}", response=self._response) from exc
+            raise APIResponseValidationError(
+                f"stream event is not JSON: {event.data[:200]!r}", response=self._response
+            ) from exc
         is_error = event.event == "error" or (
             isinstance(payload, dict) and (payload.get("type") == "error" or "error" in payload)
         )
@@ -212,7 +217,9 @@ class Stream(_StreamBase[T]):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -158,12 +158,14 @@ def _keys_mint(gym: Gym, args: argparse.Namespace) -> None:
     if args.json:
         _print_json(_key_dict(key))
         return
-    _table([
-        ["id", key.id],
-        ["name", key.name or "-"],
-        ["budget", format_usd(key.budget_usd) if key.budget_usd is not None else "parent's"],
-        ["key", key.key or "-"],
-    ])
+    _table(
+        [
+            ["id", key.id],
+            ["name", key.name or "-"],
+            ["budget", format_usd(key.budget_usd) if key.budget_usd is not None else "parent's"],
+            ["key", key.key or "-"],
+        ]
+    )
     if key.key:
         _err("the key is shown only once: store it now")
 

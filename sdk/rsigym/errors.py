@@ -30,7 +30,7 @@ class's ``default_type``.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import httpx
 
@@ -110,7 +110,7 @@ class APIStatusError(RSIGymError):
     def __init__(
         self,
         status_code: int,
-        type: str,  # noqa: A002 - mirrors the error body's field name
+        type: str,  # mirrors the error body's field name
         message: str,
         param: str | None = None,
         request_id: str | None = None,

@@ -33,7 +33,7 @@ def chat_call(
     body: dict[str, Any] = {
         "model": model,
         "messages": [m.model_dump(exclude_none=True) if isinstance(m, BaseModel) else dict(m) for m in messages],
-        **dict(params),
+        **drop_none(dict(params)),
     }
     if stream:
         body["stream"] = True

@@ -20,8 +20,8 @@ import pytest
 if importlib.util.find_spec("rsigym") is None:  # not installed and PYTHONPATH unset
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "sdk"))
 
-import rsigym  # noqa: E402
-from rsigym import _retry  # noqa: E402
+import rsigym
+from rsigym import _retry
 
 API_KEY = "rsg_test_key"
 BASE_URL = "http://gym.test"
@@ -63,8 +63,14 @@ class FakeGateway:
 
     # -- building answers -----------------------------------------------------------
     @staticmethod
-    def ok(body: Any, *, request_id: str = "req_ok", cost: str | None = None, remaining: str | None = None,
-           status: int = 200) -> httpx.Response:
+    def ok(
+        body: Any,
+        *,
+        request_id: str = "req_ok",
+        cost: str | None = None,
+        remaining: str | None = None,
+        status: int = 200,
+    ) -> httpx.Response:
         headers = {"X-Request-Id": request_id}
         if cost is not None:
             headers["X-RSIGym-Cost-USD"] = cost
@@ -73,14 +79,27 @@ class FakeGateway:
         return httpx.Response(status, json=body, headers=headers)
 
     @staticmethod
-    def error(status: int, type_: str, message: str, *, param: str | None = None, request_id: str = "req_err",
-              headers: dict[str, str] | None = None) -> httpx.Response:
+    def error(
+        status: int,
+        type_: str,
+        message: str,
+        *,
+        param: str | None = None,
+        request_id: str = "req_err",
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
         body = {"type": "error", "error": {"type": type_, "message": message, "param": param}, "request_id": request_id}
         return httpx.Response(status, json=body, headers={"X-Request-Id": request_id, **(headers or {})})
 
     @staticmethod
-    def sse(chunks: Iterable[bytes], *, request_id: str = "req_stream", cost: str | None = None,
-            remaining: str | None = None, stream: ChunkedStream | None = None) -> httpx.Response:
+    def sse(
+        chunks: Iterable[bytes],
+        *,
+        request_id: str = "req_stream",
+        cost: str | None = None,
+        remaining: str | None = None,
+        stream: ChunkedStream | None = None,
+    ) -> httpx.Response:
         headers = {"X-Request-Id": request_id, "Content-Type": "text/event-stream"}
         if cost is not None:
             headers["X-RSIGym-Cost-USD"] = cost
@@ -96,8 +115,10 @@ class FakeGateway:
     @staticmethod
     def _as_handler(answer: httpx.Response | Handler | Exception) -> Handler:
         if isinstance(answer, Exception):
+
             def raise_it(request: httpx.Request) -> httpx.Response:
                 raise answer
+
             return raise_it
         if isinstance(answer, httpx.Response):
             if isinstance(answer.stream, ChunkedStream):  # a stream can be answered once
@@ -179,18 +200,30 @@ COMPLETION = {
 MODELS = {
     "object": "list",
     "data": [
-        {"id": "teacher", "object": "model", "owned_by": "rsigym",
-         "pricing": {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}},
+        {
+            "id": "teacher",
+            "object": "model",
+            "owned_by": "rsigym",
+            "pricing": {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0},
+        },
         {"id": "tiny-local", "object": "model", "owned_by": "rsigym"},
     ],
 }
 
 
-def chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None,
-          usage: dict[str, Any] | None = None) -> dict[str, Any]:
+def chunk(
+    content: str | None = None,
+    *,
+    role: str | None = None,
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
     body: dict[str, Any] = {
-        "id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "teacher",
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "teacher",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if usage is None else [],
     }
     if usage is not None:

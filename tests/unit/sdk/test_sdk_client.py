@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 import rsigym
 from rsigym._config import DEFAULT_BASE_URL, resolve_config
 
@@ -67,7 +66,12 @@ def test_balance_and_its_metadata(gateway, canned):
     with gateway.gym() as gym:
         balance = gym.balance()
     assert isinstance(balance, rsigym.Balance)
-    assert (balance.budget_usd, balance.spent_usd, balance.reserved_usd, balance.remaining_usd) == (5.0, 1.7, 0.09, 3.21)
+    assert (balance.budget_usd, balance.spent_usd, balance.reserved_usd, balance.remaining_usd) == (
+        5.0,
+        1.7,
+        0.09,
+        3.21,
+    )
     assert (balance.request_id, balance.cost_usd) == ("req_b", 0.0)
     assert balance.model_dump() == canned["balance"]  # metadata is not data
     assert gateway.requests[0].headers["User-Agent"].startswith("rsigym-sdk/")
@@ -85,8 +89,11 @@ def test_models_list(gateway, canned):
 
 
 def test_chat_sends_openai_body_and_exposes_cost(gateway, canned):
-    gateway.route("POST", "/rollout/v1/chat/completions",
-                  gateway.ok(canned["completion"], request_id="req_c", cost="0.000123", remaining="4.87"))
+    gateway.route(
+        "POST",
+        "/rollout/v1/chat/completions",
+        gateway.ok(canned["completion"], request_id="req_c", cost="0.000123", remaining="4.87"),
+    )
     with gateway.gym() as gym:
         completion = gym.rollout.chat(model="teacher", messages=HI, max_tokens=32, temperature=None, stop=["\n"])
     assert gateway.json_sent() == {"model": "teacher", "messages": HI, "max_tokens": 32, "stop": ["\n"]}
@@ -113,16 +120,30 @@ def test_unparsable_cost_header_is_none(gateway, canned):
 
 
 def test_keys_mint_sends_only_what_was_given_and_returns_the_secret(gateway):
-    minted = {"id": "ck_1", "key": "rsg_child_secret", "name": "harness", "parent_id": "run_1", "status": "active",
-              "budget_usd": 1.5, "policy": {"services": ["inference"]}, "spent_usd": 0.0, "reserved_usd": 0.0,
-              "created_at": "2025-01-02T03:04:05Z"}
+    minted = {
+        "id": "ck_1",
+        "key": "rsg_child_secret",
+        "name": "harness",
+        "parent_id": "run_1",
+        "status": "active",
+        "budget_usd": 1.5,
+        "policy": {"services": ["inference"]},
+        "spent_usd": 0.0,
+        "reserved_usd": 0.0,
+        "created_at": "2025-01-02T03:04:05Z",
+    }
     gateway.route("POST", "/v1/keys", gateway.ok(minted, status=201, request_id="req_k"))
     with gateway.gym() as gym:
         key = gym.keys.mint(name="harness", budget_usd=1.5, policy={"services": ["inference"]})
     assert gateway.json_sent() == {"name": "harness", "budget_usd": 1.5, "policy": {"services": ["inference"]}}
     assert isinstance(key, rsigym.ChildKey)
     assert (key.id, key.key, key.parent_id, key.status, key.request_id) == (
-        "ck_1", "rsg_child_secret", "run_1", "active", "req_k")
+        "ck_1",
+        "rsg_child_secret",
+        "run_1",
+        "active",
+        "req_k",
+    )
     assert key.created_at.year == 2025
     assert "rsg_child_secret" not in repr(key)
 
@@ -135,10 +156,19 @@ def test_keys_mint_with_nothing_sends_an_empty_object(gateway):
 
 
 def test_keys_list_and_revoke(gateway):
-    gateway.route("GET", "/v1/keys", gateway.ok({"object": "list", "data": [
-        {"id": "ck_1", "name": "a", "parent_id": "run_1", "status": "active"},
-        {"id": "ck_2", "name": None, "parent_id": "run_1", "status": "revoked"},
-    ]}))
+    gateway.route(
+        "GET",
+        "/v1/keys",
+        gateway.ok(
+            {
+                "object": "list",
+                "data": [
+                    {"id": "ck_1", "name": "a", "parent_id": "run_1", "status": "active"},
+                    {"id": "ck_2", "name": None, "parent_id": "run_1", "status": "revoked"},
+                ],
+            }
+        ),
+    )
     gateway.route("POST", "/v1/keys/ck_1/revoke", gateway.ok({"id": "ck_1", "parent_id": "run_1", "status": "revoked"}))
     with gateway.gym() as gym:
         keys = gym.keys.list()
@@ -208,8 +238,13 @@ async def test_async_surface_matches_sync(gateway, canned):
         assert [k.id for k in await gym.keys.list()] == ["ck_9"]
         assert (await gym.keys.revoke("ck_9")).status == "revoked"
     assert [(r.method, r.url.path) for r in gateway.requests] == [
-        ("GET", "/v1/balance"), ("GET", "/rollout/v1/models"), ("POST", "/rollout/v1/chat/completions"),
-        ("POST", "/v1/keys"), ("GET", "/v1/keys"), ("POST", "/v1/keys/ck_9/revoke")]
+        ("GET", "/v1/balance"),
+        ("GET", "/rollout/v1/models"),
+        ("POST", "/rollout/v1/chat/completions"),
+        ("POST", "/v1/keys"),
+        ("GET", "/v1/keys"),
+        ("POST", "/v1/keys/ck_9/revoke"),
+    ]
 
 
 @pytest.mark.asyncio

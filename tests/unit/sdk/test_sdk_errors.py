@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 import rsigym
 from rsigym import errors
 
@@ -25,15 +24,23 @@ STATUS_CLASSES = [
 
 @pytest.mark.parametrize(("status", "cls", "type_"), STATUS_CLASSES)
 def test_each_status_raises_its_class_with_the_body_fields(gateway, status, cls, type_):
-    gateway.route("GET", "/v1/balance", gateway.error(status, type_, f"msg {status}", param="budget_usd",
-                                                      request_id=f"req_{status}"))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        gateway.error(status, type_, f"msg {status}", param="budget_usd", request_id=f"req_{status}"),
+    )
     with gateway.gym(max_retries=0) as gym, pytest.raises(cls) as info:
         gym.balance()
     err = info.value
     assert type(err) is cls
     assert isinstance(err, rsigym.APIStatusError) and isinstance(err, rsigym.RSIGymError)
     assert (err.status_code, err.type, err.message, err.param, err.request_id) == (
-        status, type_, f"msg {status}", "budget_usd", f"req_{status}")
+        status,
+        type_,
+        f"msg {status}",
+        "budget_usd",
+        f"req_{status}",
+    )
     assert err.response is not None and err.response.status_code == status
 
 
@@ -45,8 +52,11 @@ def test_str_names_status_type_message_and_request_id(gateway):
 
 
 def test_request_id_falls_back_to_the_body_when_the_header_is_missing(gateway):
-    body = {"type": "error", "error": {"type": "not_found", "message": "no such key", "param": None},
-            "request_id": "req_body"}
+    body = {
+        "type": "error",
+        "error": {"type": "not_found", "message": "no such key", "param": None},
+        "request_id": "req_body",
+    }
     gateway.route("POST", "/v1/keys/k1/revoke", httpx.Response(404, json=body))
     with gateway.gym() as gym, pytest.raises(rsigym.NotFoundError) as info:
         gym.keys.revoke("k1")
@@ -56,8 +66,11 @@ def test_request_id_falls_back_to_the_body_when_the_header_is_missing(gateway):
 
 def test_non_json_body_still_gives_a_typed_error_with_the_text(gateway):
     html = "<html><body>502 Bad Gateway</body></html>"
-    gateway.route("GET", "/v1/balance",
-                  httpx.Response(502, text=html, headers={"Content-Type": "text/html", "X-Request-Id": "req_px"}))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        httpx.Response(502, text=html, headers={"Content-Type": "text/html", "X-Request-Id": "req_px"}),
+    )
     with gateway.gym() as gym, pytest.raises(rsigym.InternalServerError) as info:
         gym.balance()
     err = info.value

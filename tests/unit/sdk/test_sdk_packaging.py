@@ -39,11 +39,13 @@ def test_sources_import_only_stdlib_httpx_and_pydantic():
 def test_import_from_a_foreign_directory_pulls_in_no_server_package(tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import rsigym, rsigym.cli; "
-        "bad = [m for m in ('fastapi', 'starlette', 'sqlalchemy', 'gateway', 'services', 'typer') if m in sys.modules]; "
+        "server = ('fastapi', 'starlette', 'sqlalchemy', 'gateway', 'services', 'typer'); "
+        "bad = [m for m in server if m in sys.modules]; "
         "print(rsigym.__file__); print(bad)"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(SDK_DIR)], cwd=tmp_path, capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(SDK_DIR)], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     file_line, bad_line = result.stdout.splitlines()
     assert Path(file_line).is_relative_to(PACKAGE_DIR)
     assert bad_line == "[]"

@@ -7,15 +7,17 @@ import time
 
 import httpx
 import pytest
-
 import rsigym
 from rsigym import _retry
 
 
 def test_429_waits_retry_after_then_succeeds(gateway, sleeps, canned):
-    gateway.route("GET", "/v1/balance",
-                  gateway.error(429, "rate_limited", "slow down", headers={"Retry-After": "2"}),
-                  gateway.ok(canned["balance"]))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        gateway.error(429, "rate_limited", "slow down", headers={"Retry-After": "2"}),
+        gateway.ok(canned["balance"]),
+    )
     with gateway.gym() as gym:
         balance = gym.balance()
     assert balance.remaining_usd == 3.21
@@ -24,9 +26,12 @@ def test_429_waits_retry_after_then_succeeds(gateway, sleeps, canned):
 
 
 def test_post_refused_with_503_is_retried_because_no_work_was_done(gateway, sleeps, canned):
-    gateway.route("POST", "/rollout/v1/chat/completions",
-                  gateway.error(503, "store_unavailable", "ledger down", headers={"Retry-After": "1"}),
-                  gateway.ok(canned["completion"]))
+    gateway.route(
+        "POST",
+        "/rollout/v1/chat/completions",
+        gateway.error(503, "store_unavailable", "ledger down", headers={"Retry-After": "1"}),
+        gateway.ok(canned["completion"]),
+    )
     with gateway.gym() as gym:
         completion = gym.rollout.chat(model="teacher", messages=[{"role": "user", "content": "hi"}])
     assert completion.text == "Hello there."
@@ -73,8 +78,9 @@ def test_connection_error_then_success(gateway, sleeps, canned):
     assert len(sleeps) == 1
 
 
-@pytest.mark.parametrize("exc", [httpx.ReadTimeout("slow"), httpx.ReadError("reset"),
-                                 httpx.RemoteProtocolError("closed")])
+@pytest.mark.parametrize(
+    "exc", [httpx.ReadTimeout("slow"), httpx.ReadError("reset"), httpx.RemoteProtocolError("closed")]
+)
 def test_post_that_may_have_run_upstream_is_not_retried(gateway, sleeps, exc):
     gateway.route("POST", "/rollout/v1/chat/completions", exc)
     with gateway.gym(max_retries=3) as gym, pytest.raises(rsigym.APIConnectionError):
@@ -92,16 +98,21 @@ def test_get_after_read_timeout_is_retried(gateway, sleeps, canned):
 
 def test_retry_after_as_http_date(gateway, sleeps, canned):
     when = email.utils.formatdate(time.time() + 30, usegmt=True)
-    gateway.route("GET", "/v1/balance", gateway.error(429, "rate_limited", "later", headers={"Retry-After": when}),
-                  gateway.ok(canned["balance"]))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        gateway.error(429, "rate_limited", "later", headers={"Retry-After": when}),
+        gateway.ok(canned["balance"]),
+    )
     with gateway.gym() as gym:
         gym.balance()
     assert len(sleeps) == 1 and 25 <= sleeps[0] <= 30
 
 
 def test_retry_after_longer_than_the_cap_raises_instead_of_waiting(gateway, sleeps):
-    gateway.route("GET", "/v1/balance", gateway.error(429, "rate_limited", "come back tomorrow",
-                                                      headers={"Retry-After": "86400"}))
+    gateway.route(
+        "GET", "/v1/balance", gateway.error(429, "rate_limited", "come back tomorrow", headers={"Retry-After": "86400"})
+    )
     with gateway.gym() as gym, pytest.raises(rsigym.RateLimitError) as info:
         gym.balance()
     assert info.value.response.headers["Retry-After"] == "86400"
@@ -110,28 +121,39 @@ def test_retry_after_longer_than_the_cap_raises_instead_of_waiting(gateway, slee
 
 
 def test_every_attempt_is_a_fresh_authenticated_request(gateway, canned):
-    gateway.route("GET", "/v1/balance", gateway.error(429, "rate_limited", "x", headers={"Retry-After": "0"}),
-                  gateway.ok(canned["balance"]))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        gateway.error(429, "rate_limited", "x", headers={"Retry-After": "0"}),
+        gateway.ok(canned["balance"]),
+    )
     with gateway.gym() as gym:
         gym.balance()
     assert [r.headers["Authorization"] for r in gateway.requests] == ["Bearer rsg_test_key"] * 2
 
 
-@pytest.mark.parametrize(("headers", "expected"), [
-    ({"Retry-After": "1.5"}, 1.5),
-    ({"Retry-After": "0"}, 0.0),
-    ({"retry-after-ms": "250"}, 0.25),
-    ({"Retry-After": "soon"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Retry-After": "1.5"}, 1.5),
+        ({"Retry-After": "0"}, 0.0),
+        ({"retry-after-ms": "250"}, 0.25),
+        ({"Retry-After": "soon"}, None),
+        ({}, None),
+    ],
+)
 def test_parse_retry_after(headers, expected):
     assert _retry.parse_retry_after(httpx.Headers(headers)) == expected
 
 
 @pytest.mark.asyncio
 async def test_async_429_retry_then_success(gateway, sleeps, canned):
-    gateway.route("GET", "/v1/balance", gateway.error(429, "rate_limited", "x", headers={"Retry-After": "3"}),
-                  gateway.ok(canned["balance"], request_id="req_2"))
+    gateway.route(
+        "GET",
+        "/v1/balance",
+        gateway.error(429, "rate_limited", "x", headers={"Retry-After": "3"}),
+        gateway.ok(canned["balance"], request_id="req_2"),
+    )
     async with gateway.async_gym() as gym:
         balance = await gym.balance()
     assert balance.request_id == "req_2"

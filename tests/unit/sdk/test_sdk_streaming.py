@@ -6,7 +6,6 @@ import json
 
 import httpx
 import pytest
-
 import rsigym
 from rsigym._streaming import ServerSentEvent, SSEDecoder
 
@@ -23,7 +22,7 @@ def _decode_all(raw: bytes, piece: int) -> list[ServerSentEvent]:
 
 RAW = (
     b": keep-alive comment\n\n"
-    b"data: {\"a\": 1}\n\n"
+    b'data: {"a": 1}\n\n'
     b"event: progress\r\nid: 7\r\ndata: line one\r\ndata: line two \xc3\xa9\r\n\r\n"
     b":another comment\n"
     b"data:no-space\n\n"
@@ -71,8 +70,11 @@ def _split_badly(data: bytes) -> list[bytes]:
 
 def test_stream_yields_chunks_and_exposes_headers(gateway, canned):
     body = b": ping\n\n" + b"".join(_chunk_bytes(canned, "Hel", "lo", " wörld")) + b"data: [DONE]\n\n"
-    gateway.route("POST", "/rollout/v1/chat/completions",
-                  gateway.sse(_split_badly(body), request_id="req_s1", cost="0.0004", remaining="4.5"))
+    gateway.route(
+        "POST",
+        "/rollout/v1/chat/completions",
+        gateway.sse(_split_badly(body), request_id="req_s1", cost="0.0004", remaining="4.5"),
+    )
     with gateway.gym() as gym:
         stream = gym.rollout.chat(model="teacher", messages=HI, stream=True, max_tokens=16)
         assert isinstance(stream, rsigym.Stream)
@@ -107,8 +109,11 @@ def test_cost_falls_back_to_the_final_usage_when_no_header(gateway, canned):
 
 
 def test_error_before_the_stream_starts_raises_from_chat(gateway):
-    gateway.route("POST", "/rollout/v1/chat/completions",
-                  gateway.error(402, "budget_exhausted", "Budget exhausted", request_id="req_402"))
+    gateway.route(
+        "POST",
+        "/rollout/v1/chat/completions",
+        gateway.error(402, "budget_exhausted", "Budget exhausted", request_id="req_402"),
+    )
     with gateway.gym() as gym, pytest.raises(rsigym.BudgetExhaustedError) as info:
         gym.rollout.chat(model="teacher", messages=HI, stream=True)
     assert info.value.request_id == "req_402"
@@ -116,8 +121,11 @@ def test_error_before_the_stream_starts_raises_from_chat(gateway):
 
 
 def test_error_event_mid_stream_raises_after_the_earlier_chunks(gateway, canned):
-    err = {"type": "error", "error": {"type": "budget_exhausted", "message": "ran out mid-answer", "param": None},
-           "request_id": "req_mid"}
+    err = {
+        "type": "error",
+        "error": {"type": "budget_exhausted", "message": "ran out mid-answer", "param": None},
+        "request_id": "req_mid",
+    }
     body = canned["sse_event"](canned["chunk"]("partial")) + canned["sse_event"](err)
     gateway.route("POST", "/rollout/v1/chat/completions", gateway.sse([body]))
     received = []
@@ -172,8 +180,11 @@ def test_connection_lost_mid_stream_is_a_connection_error(gateway, canned, chunk
 @pytest.mark.asyncio
 async def test_async_stream(gateway, canned, chunked_stream):
     body = chunked_stream(_split_badly(b"".join(_chunk_bytes(canned, "as", "ync")) + b": ping\n\ndata: [DONE]\n\n"))
-    gateway.route("POST", "/rollout/v1/chat/completions",
-                  gateway.sse([], stream=body, request_id="req_as", cost="0.001", remaining="2"))
+    gateway.route(
+        "POST",
+        "/rollout/v1/chat/completions",
+        gateway.sse([], stream=body, request_id="req_as", cost="0.001", remaining="2"),
+    )
     async with gateway.async_gym() as gym:
         stream = await gym.rollout.chat(model="teacher", messages=HI, stream=True)
         assert isinstance(stream, rsigym.AsyncStream)
@@ -199,19 +210,22 @@ async def test_async_gym_over_asgi_transport():
     async def app(scope, receive, send):
         assert scope["type"] == "http"
         request = json.loads((await receive())["body"])
-        headers = [(b"content-type", b"text/event-stream"), (b"x-request-id", b"req_asgi"),
-                   (b"x-rsigym-cost-usd", b"0.5")]
+        headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"x-request-id", b"req_asgi"),
+            (b"x-rsigym-cost-usd", b"0.5"),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         for word in request["messages"][0]["content"].split():
             event = {"id": "c", "model": request["model"], "choices": [{"index": 0, "delta": {"content": word}}]}
-            await send({"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(),
-                        "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True}
+            )
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
     async with rsigym.AsyncGym(base_url="http://asgi", api_key="k", http_client=http) as gym:
-        stream = await gym.rollout.chat(model="m", messages=[{"role": "user", "content": "one two three"}],
-                                        stream=True)
+        stream = await gym.rollout.chat(model="m", messages=[{"role": "user", "content": "one two three"}], stream=True)
         words = [chunk.text async for chunk in stream]
     await http.aclose()
     assert words == ["one", "two", "three"]

@@ -1,0 +1,86 @@
+"""Acceptance: with the store unreachable, metered calls get 503 and the upstream model
+receives nothing; when the store returns, nothing was leaked."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import httpx
+import pytest
+
+from services.core.settings import StoreSettings
+from services.core.store import Store, sqlite_url
+from tests.conftest import PG_URL, bearer, client_for, create_key
+from tests.fakes.tcp_proxy import TcpProxy
+
+CHAT = {"model": "teacher", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def _assert_refused(client: httpx.Client, key: str, standin: Any) -> None:
+    before = len(standin[1].state.requests)
+    for body in (CHAT, {**CHAT, "stream": True}):
+        r = client.post("/rollout/v1/chat/completions", json=body, headers=bearer(key))
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["type"] == "store_unavailable"
+        assert r.headers["X-Request-Id"].startswith("req_")
+    assert client.get("/v1/balance", headers=bearer(key)).status_code == 503
+    assert client.get("/healthz").status_code == 503
+    assert len(standin[1].state.requests) == before, "the provider was called while the store was down"
+
+
+def test_postgres_unreachable_refuses_and_recovers(make_gym: Any, standin: Any, pg_schema: str) -> None:
+    proxy = TcpProxy(("127.0.0.1", 5432)).start()
+    url = PG_URL.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    store = Store(url, StoreSettings(connect_timeout_s=2, pool_timeout_s=2), schema=pg_schema)
+    store.migrate()
+    gym = make_gym(store)
+    client = client_for(gym)
+    try:
+        key = create_key(client, 1.0)["key"]
+        assert client.post("/rollout/v1/chat/completions", json=CHAT, headers=bearer(key)).status_code == 200
+        proxy.stop()
+        _assert_refused(client, key, standin)
+        proxy = TcpProxy(("127.0.0.1", 5432), port=proxy.port).start()
+        assert client.post("/rollout/v1/chat/completions", json=CHAT, headers=bearer(key)).status_code == 200
+        balance = client.get("/v1/balance", headers=bearer(key)).json()
+        assert balance["reserved_usd"] == 0
+    finally:
+        proxy.stop()
+        store.dispose()
+
+
+def test_sqlite_locked_store_refuses(make_gym: Any, standin: Any, tmp_path: Any) -> None:
+    data = tmp_path / "locked"
+    store = Store(sqlite_url(data), StoreSettings(sqlite_busy_timeout_ms=200))
+    store.migrate()
+    gym = make_gym(store)
+    client = client_for(gym)
+    key = create_key(client, 1.0)["key"]
+    holder = sqlite3.connect(data / "gym.sqlite3", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the database: the store cannot answer
+    try:
+        _assert_refused(client, key, standin)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert client.post("/rollout/v1/chat/completions", json=CHAT, headers=bearer(key)).status_code == 200
+    store.dispose()
+
+
+@pytest.mark.parametrize("path", ["/admin/v1/keys"])
+def test_admin_routes_fail_closed_too(make_gym: Any, path: str, tmp_path: Any) -> None:
+    data = tmp_path / "locked-admin"
+    store = Store(sqlite_url(data), StoreSettings(sqlite_busy_timeout_ms=200))
+    store.migrate()
+    gym = make_gym(store)
+    client = client_for(gym)
+    holder = sqlite3.connect(data / "gym.sqlite3", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        r = client.post(path, json={"track": "joint", "budget_usd": 1}, headers={"Authorization": "Bearer rsa-test-admin-token"})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "store_unavailable"
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store.dispose()
