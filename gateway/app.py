@@ -15,7 +15,7 @@ from gateway import admin, agent_routes
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import forward
 from services.core.errors import GymError, StoreUnavailable
-from services.core.http import install_error_handlers
+from services.core.http import RequestIdMiddleware, install_error_handlers
 
 log = logging.getLogger("rsigym.gateway")
 
@@ -54,6 +54,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
     app.state.gw = gw
+    app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app, on_error=lambda err: gw.metrics.refusals.labels(err.type).inc())
 
     @app.get("/healthz", include_in_schema=False)

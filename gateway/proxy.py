@@ -215,6 +215,9 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
             for line in lines:
                 if line.startswith(COST_TRAILER_PREFIX):
                     cost = int(line[len(COST_TRAILER_PREFIX):].strip() or b"0")
+                    # Settle before the client sees the end of the stream, so a balance read
+                    # right after [DONE] already shows the exact charge.
+                    await call.close(cost)
                     skip_blank = True
                     continue
                 if skip_blank and not line.strip():

@@ -29,6 +29,7 @@ __all__ = ["ResponseMeta", "ObjectList", "HasMeta", "HasRequestMeta", "parse_obj
 REQUEST_ID_HEADER = "x-request-id"
 COST_HEADER = "x-rsigym-cost-usd"
 REMAINING_HEADER = "x-rsigym-remaining-usd"
+COST_KIND_HEADER = "x-rsigym-cost-kind"  # "reserved-upper-bound" on streams: the exact cost comes at the end
 
 
 def _header_float(headers: httpx.Headers, name: str) -> float | None:
@@ -47,6 +48,7 @@ class ResponseMeta:
     request_id: str | None = None
     cost_usd: float | None = None
     remaining_usd: float | None = None
+    cost_kind: str | None = None
     status_code: int | None = None
 
     @classmethod
@@ -56,6 +58,7 @@ class ResponseMeta:
             request_id=headers.get(REQUEST_ID_HEADER),
             cost_usd=_header_float(headers, COST_HEADER),
             remaining_usd=_header_float(headers, REMAINING_HEADER),
+            cost_kind=headers.get(COST_KIND_HEADER),
             status_code=response.status_code,
         )
 

@@ -162,10 +162,12 @@ class _ChunkParser(Generic[T]):
 class _StreamBase(HasMeta, Generic[T]):
     """Metadata shared by both streams.
 
-    ``request_id``, ``cost_usd`` and ``remaining_usd`` come from the response headers,
-    which are sent before the first chunk. The real cost of a streamed call is only
-    known at its end, so when the gateway sends no cost header, ``cost_usd`` falls back
-    to the ``usage.cost_usd`` of the last chunk that reported usage (after iteration).
+    The headers arrive before the first chunk, when the call has only been *reserved*:
+    for a stream the gateway sends its worst-case cost in ``X-RSIGym-Cost-USD`` (marked
+    ``X-RSIGym-Cost-Kind: reserved-upper-bound``) and the remaining budget after that
+    hold. The exact cost comes in the final chunk's ``usage.cost_usd`` when the request
+    asked for it with ``stream_options={"include_usage": True}``; once that chunk has
+    been read, ``cost_usd`` returns it and ``cost_is_upper_bound`` turns False.
     """
 
     def __init__(self, response: httpx.Response, item_type: type[T]) -> None:
@@ -179,10 +181,20 @@ class _StreamBase(HasMeta, Generic[T]):
         return self._parser.last_usage
 
     @property
+    def _usage_cost(self) -> float | None:
+        cost = getattr(self._parser.last_usage, "cost_usd", None)
+        return cost if isinstance(cost, int | float) else None
+
+    @property
     def cost_usd(self) -> float | None:
-        if self._meta.cost_usd is not None:
-            return self._meta.cost_usd
-        return getattr(self._parser.last_usage, "cost_usd", None)
+        """Exact cost from the stream's usage once seen, else the cost header."""
+        usage_cost = self._usage_cost
+        return usage_cost if usage_cost is not None else self._meta.cost_usd
+
+    @property
+    def cost_is_upper_bound(self) -> bool:
+        """True while ``cost_usd`` is only the gateway's reservation for this stream."""
+        return self._usage_cost is None and self._meta.cost_kind == "reserved-upper-bound"
 
 
 class Stream(_StreamBase[T]):

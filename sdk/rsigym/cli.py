@@ -70,7 +70,10 @@ def _meta(obj: Any) -> dict[str, Any]:
 
 
 def _cost_line(obj: Any) -> str:
-    parts = [f"cost {format_usd(obj.cost_usd)}", f"remaining {format_usd(obj.remaining_usd)}"]
+    cost = f"cost {format_usd(obj.cost_usd)}"
+    if getattr(obj, "cost_is_upper_bound", False):
+        cost = f"cost <= {format_usd(obj.cost_usd)} (reserved)"
+    parts = [cost, f"remaining {format_usd(obj.remaining_usd)}"]
     if obj.request_id:
         parts.append(f"request_id {obj.request_id}")
     return "[" + " | ".join(parts) + "]"
@@ -133,7 +136,12 @@ def _rollout_chat(gym: Gym, args: argparse.Namespace) -> None:
 
 
 def _stream_chat(gym: Gym, args: argparse.Namespace, messages: list[dict[str, str]], params: dict[str, Any]) -> None:
-    """Plain: the text as it arrives. JSON: one chunk per line, then ``{"rsigym": meta}``."""
+    """Plain: the text as it arrives. JSON: one chunk per line, then ``{"rsigym": meta}``.
+
+    Usage is requested so the final chunk carries the exact cost (the headers of a
+    stream only know the reserved upper bound).
+    """
+    params = {**params, "stream_options": {"include_usage": True}}
     with gym.rollout.chat(model=args.model, messages=messages, stream=True, **params) as stream:
         chunk: ChatCompletionChunk
         for chunk in stream:

@@ -142,7 +142,7 @@ class APIStatusError(RSIGymError):
 
 class BadRequestError(APIStatusError):
     status = 400
-    default_type = "invalid_request"
+    default_type = "invalid_request_error"
 
 
 class AuthenticationError(APIStatusError):
@@ -172,7 +172,7 @@ class ConflictError(APIStatusError):
 
 class UnprocessableEntityError(APIStatusError):
     status = 422
-    default_type = "validation_error"
+    default_type = "invalid_request_error"
 
 
 class RateLimitError(APIStatusError):
@@ -204,8 +204,25 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
     )
     if cls.status is not None
 }
-# Used only for errors that arrive inside a 200 stream, where no status tells the kind.
-_BY_TYPE: dict[str, type[APIStatusError]] = {cls.default_type: cls for cls in _BY_STATUS.values()}
+# For errors that arrive inside a 200 stream, where no status tells the kind: the
+# gateway's error vocabulary (services/core/errors.py) and the status each type has.
+_BY_TYPE: dict[str, tuple[type[APIStatusError], int]] = {
+    "invalid_request_error": (BadRequestError, 400),
+    "authentication_error": (AuthenticationError, 401),
+    "key_revoked": (AuthenticationError, 401),
+    "budget_exhausted": (BudgetExhaustedError, 402),
+    "permission_denied": (PermissionDeniedError, 403),
+    "key_paused": (PermissionDeniedError, 403),
+    "not_found": (NotFoundError, 404),
+    "conflict": (ConflictError, 409),
+    "rate_limited": (RateLimitError, 429),
+    "concurrency_limit": (RateLimitError, 429),
+    "internal_error": (InternalServerError, 500),
+    "upstream_error": (InternalServerError, 502),
+    "store_unavailable": (ServiceUnavailableError, 503),
+    "service_unavailable": (ServiceUnavailableError, 503),
+    "upstream_timeout": (InternalServerError, 504),
+}
 
 
 def _class_for_status(status_code: int) -> type[APIStatusError]:
@@ -282,17 +299,18 @@ def error_from_response(response: httpx.Response) -> APIStatusError:
 def error_from_body(body: object, response: httpx.Response) -> APIStatusError:
     """Build the typed exception for an error event sent inside a successful stream.
 
-    The HTTP status is already 200 by then, so the class is chosen by the error's
-    ``type`` (``budget_exhausted`` → :class:`BudgetExhaustedError`, …) or by a
-    ``status_code`` field when the server sends one.
+    The HTTP status is already 200 by then, so the class and ``status_code`` are those
+    of the error's ``type`` (``budget_exhausted`` → :class:`BudgetExhaustedError`, 402;
+    ``upstream_error`` → :class:`InternalServerError`, 502; …), or follow a
+    ``status_code`` field when the server sends one; an unknown type gives a plain
+    :class:`APIStatusError` with the response's status.
     """
     type_, message, param, body_request_id = _fields_from_body(body)
     status = body.get("status_code") if isinstance(body, dict) else None
     if isinstance(status, int) and status >= 400:
         cls = _class_for_status(status)
     else:
-        cls = _BY_TYPE.get(type_ or "", APIStatusError)
-        status = cls.status or response.status_code
+        cls, status = _BY_TYPE.get(type_ or "", (APIStatusError, response.status_code))
     return cls(
         status_code=status,
         type=type_ or cls.default_type,

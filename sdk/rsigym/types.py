@@ -3,11 +3,13 @@
 Models accept unknown fields (``extra="allow"``) so a newer server never breaks an
 older SDK; extra fields are reachable as attributes and appear in ``model_dump()``.
 
-Top-level answers (:class:`Balance`, :class:`ChatCompletion`, :class:`Model`,
-:class:`ChildKey`) also expose the HTTP response's ``request_id``, ``cost_usd`` and
-``remaining_usd`` as read-only properties. They are stored in a pydantic
-``PrivateAttr``, so they are not fields: ``model_dump()`` and ``model_dump_json()``
-give exactly the server's data. Objects you build yourself have all three as ``None``.
+Top-level answers (:class:`ChatCompletion`, :class:`Model`) also expose the HTTP
+response's ``request_id``, ``cost_usd`` and ``remaining_usd`` as read-only properties.
+They are stored in a pydantic ``PrivateAttr``, so they are not fields: ``model_dump()``
+and ``model_dump_json()`` give exactly the server's data. Objects you build yourself
+have them as ``None``. :class:`Balance` and :class:`ChildKey` have a ``remaining_usd``
+*field* of their own (from the body), so only ``request_id`` and ``cost_usd`` come from
+the headers there.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class ChatMessage(_Base):
 
 class Choice(_Base):
     index: int = 0
-    message: ChatMessage
+    message: ChatMessage = Field(default_factory=lambda: ChatMessage(role="assistant"))
     finish_reason: str | None = None
 
 
@@ -78,9 +80,9 @@ class Usage(_Base):
 
 
 class ChatCompletion(GymObject):
-    id: str
+    id: str | None = None  # providers behind the gateway may omit id / created
     object: str = "chat.completion"
-    created: int = 0
+    created: int | None = None
     model: str
     choices: list[Choice]
     usage: Usage | None = None
@@ -103,11 +105,15 @@ class ChunkChoice(_Base):
 
 
 class ChatCompletionChunk(_Base):
-    """One ``data:`` event of a streamed chat completion (metadata lives on the stream)."""
+    """One ``data:`` event of a streamed chat completion (metadata lives on the stream).
 
-    id: str
+    With ``stream_options={"include_usage": True}`` the last chunk has no choices and
+    carries ``usage`` (with ``cost_usd``) instead.
+    """
+
+    id: str | None = None
     object: str = "chat.completion.chunk"
-    created: int = 0
+    created: int | None = None
     model: str
     choices: list[ChunkChoice] = Field(default_factory=list)
     usage: Usage | None = None
@@ -129,20 +135,26 @@ class Model(GymObject):
 # ---- keys ------------------------------------------------------------------------
 
 
-class ChildKey(GymObject):
+class ChildKey(HasRequestMeta, _WithMeta):
     """A key minted from the run's key, with its own (sub-)budget and policy.
 
     ``key`` holds the plaintext secret only in the answer to ``keys.mint()``; the
     gateway stores it hashed and never shows it again. It is kept out of ``repr()``.
+    ``remaining_usd`` is the key's own remaining budget when the gateway reports it
+    (a field, like :class:`Balance`'s, not the response header).
     """
 
     id: str
     key: str | None = Field(default=None, repr=False)
     name: str | None = None
+    prefix: str | None = None
     parent_id: str | None = None
+    run_id: str | None = None
+    track: str | None = None
     status: str | None = None
     budget_usd: float | None = None
     policy: dict[str, Any] | None = None
     spent_usd: float | None = None
     reserved_usd: float | None = None
+    remaining_usd: float | None = None
     created_at: datetime | None = None

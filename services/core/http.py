@@ -9,7 +9,9 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.core.errors import (
     GymError,
@@ -24,6 +26,30 @@ from services.core.ids import new_request_id
 log = logging.getLogger("rsigym.http")
 
 _STATUS_ERRORS: dict[int, type[GymError]] = {404: NotFound, 405: InvalidRequest, 400: InvalidRequest}
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (``request.state.request_id``) and every response the
+    ``X-Request-Id`` header. Pure ASGI, so streamed responses pass through untouched."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        rid = state.setdefault("request_id", new_request_id())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if "x-request-id" not in headers:
+                    headers["X-Request-Id"] = state.get("request_id", rid)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def request_id_of(request: Request) -> str:

@@ -11,6 +11,7 @@ Run it with ``rsigym standin --port 8799``; it refuses requests without its bear
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -73,7 +74,8 @@ def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
     return PASSAGE, None
 
 
-def create_standin_app(api_key: str) -> FastAPI:
+def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
+    """``token_delay_s`` paces streamed tokens like a real provider (0 = as fast as possible)."""
     app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.requests = []
 
@@ -113,6 +115,8 @@ def create_standin_app(api_key: str) -> FastAPI:
             if calls:
                 yield chunk({"tool_calls": [{"index": 0, **calls[0]}]})
             for token in tokens:
+                if token_delay_s:
+                    await asyncio.sleep(token_delay_s)
                 yield chunk({"content": _decode([token])})
             yield chunk({}, finish)
             if include_usage:

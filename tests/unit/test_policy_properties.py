@@ -20,6 +20,7 @@ Paths are drawn from a tiny alphabet of segments so that rules, bodies and alias
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from typing import Any
@@ -31,9 +32,14 @@ from hypothesis import strategies as st
 from services.core.errors import PermissionDenied
 from services.core.policy import FieldRule, Policy, ServicePolicy, apply_chain, canonical
 
-# A few hundred examples per property keeps the whole file well under 20 s on two cores.
-FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-THOROUGH = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Strategy factories are cached (functools.cache): building a recursive strategy afresh on every
+# draw makes hypothesis re-validate it each time, which costs far more than the tests themselves.
+# Budget: the whole file in well under 20 s on two cores. Single-rule properties are cheap and get
+# many examples; whole-policy properties (random policies, bodies, chains) get fewer.
+TARGETED = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+WHOLE_POLICY = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 
 SEGMENTS = ("lora", "rank", "alpha")
 """Path segments of constrained fields; small on purpose so paths overlap and collide."""
@@ -47,6 +53,7 @@ MISSING = object()
 # -- JSON values ---------------------------------------------------------------------------
 
 
+@functools.cache
 def finite_floats() -> st.SearchStrategy[float]:
     """Finite floats, biased towards the ones that look like ints (16.0) and to -0.0."""
     return st.one_of(
@@ -55,11 +62,13 @@ def finite_floats() -> st.SearchStrategy[float]:
     )
 
 
+@functools.cache
 def json_ints() -> st.SearchStrategy[int]:
     """Ints, including the famous ones (0, 1, 16) and ones beyond 64 bits."""
     return st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([0, 1, -1, 16, 64]))
 
 
+@functools.cache
 def json_scalars() -> st.SearchStrategy[Any]:
     """null, booleans, ints, finite floats (incl. -0.0) and short strings (incl. numeric ones)."""
     return st.one_of(
@@ -72,11 +81,13 @@ def json_scalars() -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def json_keys() -> st.SearchStrategy[str]:
     """Object keys for random JSON: path segments, dotted aliases and a few neutral names."""
     return st.sampled_from(SEGMENTS + ("value", "v", "lora.rank", "rank.alpha"))
 
 
+@functools.cache
 def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     """Arbitrary plain JSON: scalars, lists and nested objects."""
     return st.recursive(
@@ -89,16 +100,19 @@ def json_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def hostile_values() -> st.SearchStrategy[Any]:
     """Values JSON parsers can produce that plain JSON comparison struggles with: NaN, inf, huge ints."""
     return st.sampled_from([math.nan, math.inf, -math.inf, 10**400, -(10**400)])
 
 
+@functools.cache
 def any_values() -> st.SearchStrategy[Any]:
     """Plain JSON most of the time, hostile values some of the time."""
     return st.one_of(json_values(), hostile_values())
 
 
+@functools.cache
 def non_objects() -> st.SearchStrategy[Any]:
     """Any JSON value that is not an object: scalars and lists (even lists of objects)."""
     return st.one_of(json_scalars(), st.lists(json_values(max_leaves=3), max_size=3))
@@ -142,11 +156,13 @@ def type_trick_variants(value: Any) -> list[Any]:
 # -- paths and rules -----------------------------------------------------------------------
 
 
+@functools.cache
 def field_paths(min_segments: int = 1) -> st.SearchStrategy[str]:
     """Dotted field paths of 1..3 segments, e.g. ``lora.rank``."""
     return st.lists(st.sampled_from(SEGMENTS), min_size=min_segments, max_size=3).map(".".join)
 
 
+@functools.cache
 def range_bounds() -> st.SearchStrategy[int | float]:
     """Numbers usable as range bounds (finite ints and floats, never bools)."""
     return st.one_of(
@@ -167,11 +183,13 @@ def range_rules(draw: st.DrawFn) -> FieldRule:
     return FieldRule.model_validate({"range": [lo, hi]})
 
 
+@functools.cache
 def fixed_rules() -> st.SearchStrategy[FieldRule]:
     """``{"fixed": v}`` for any plain JSON v."""
     return json_values().map(lambda v: FieldRule.model_validate({"fixed": v}))
 
 
+@functools.cache
 def allowed_rules() -> st.SearchStrategy[FieldRule]:
     """``{"allowed": [v, ...]}`` with 1..4 plain JSON values."""
     return st.lists(json_values(max_leaves=4), min_size=1, max_size=4).map(
@@ -179,6 +197,7 @@ def allowed_rules() -> st.SearchStrategy[FieldRule]:
     )
 
 
+@functools.cache
 def field_rules() -> st.SearchStrategy[FieldRule]:
     """Any of the four rule forms: open, fixed, allowed, range."""
     return st.one_of(st.just(FieldRule.model_validate("open")), fixed_rules(), allowed_rules(), range_rules())
@@ -238,11 +257,13 @@ def narrowed_rules(draw: st.DrawFn, parent: FieldRule) -> FieldRule:
 # -- policies and bodies -------------------------------------------------------------------
 
 
+@functools.cache
 def model_lists() -> st.SearchStrategy[Any]:
     """A model allowlist: ``"*"`` or a list of model names."""
     return st.one_of(st.just("*"), st.lists(st.sampled_from(MODELS), unique=True, max_size=3))
 
 
+@functools.cache
 def service_policies() -> st.SearchStrategy[dict[str, Any]]:
     """The JSON of one service's policy: a model allowlist and up to four field rules."""
     return st.fixed_dictionaries(
@@ -253,6 +274,7 @@ def service_policies() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+@functools.cache
 def policies() -> st.SearchStrategy[Policy]:
     """A policy granting 1..3 services, each with its own rules."""
     return st.dictionaries(st.sampled_from(SERVICES), service_policies(), min_size=1, max_size=3).map(
@@ -302,16 +324,33 @@ def clear_of_rules(at: tuple[str, ...], paths: list[str]) -> bool:
     return not any(at[: len(p.split("."))] == tuple(p.split(".")) for p in paths)
 
 
-def add_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> dict[str, Any]:
-    """A copy of ``body`` with extra keys added to objects that no rule constrains."""
-    out = copy.deepcopy(body)
-    nodes = [(at, node) for at, node in object_nodes(out) if clear_of_rules(at, paths)]
+def place_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> list[tuple[tuple[str, ...], str, Any]]:
+    """Where the extra fields go: (object's key path, extra key, value), only in objects no rule constrains."""
+    nodes = [at for at, _ in object_nodes(body) if clear_of_rules(at, paths)]
+    placed: dict[tuple[tuple[str, ...], str], Any] = {}
     for index, key, value in extras:
-        _, node = nodes[index % len(nodes)]
+        at = nodes[index % len(nodes)]
+        placed.setdefault((at, key), value)
+    return [(at, key, value) for (at, key), value in placed.items()]
+
+
+def put_extras(body: dict[str, Any], placements: list[tuple[tuple[str, ...], str, Any]]) -> dict[str, Any]:
+    """A copy of ``body`` with the placed extra fields added (an existing key is left alone)."""
+    out = copy.deepcopy(body)
+    for at, key, value in placements:
+        node = out
+        for part in at:
+            node = node[part]
         node.setdefault(key, copy.deepcopy(value))
     return out
 
 
+def add_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> dict[str, Any]:
+    """A copy of ``body`` with extra keys added to objects that no rule constrains."""
+    return put_extras(body, place_extras(body, paths, extras))
+
+
+@functools.cache
 def extras_lists() -> st.SearchStrategy[list[tuple[int, str, Any]]]:
     """Extra fields to add: (which free object, which extra key, what value)."""
     return st.lists(
@@ -402,7 +441,7 @@ def is_admissible_number(value: Any, lo: Any, hi: Any) -> bool:
 # -- 1. fixed fields -----------------------------------------------------------------------
 
 
-@FAST
+@TARGETED
 @given(
     path=field_paths(),
     fixed=json_values(),
@@ -432,13 +471,14 @@ def test_fixed_field_cannot_be_overridden(path, fixed, offered, extras):
         assert result == path
 
 
-@THOROUGH
+@WHOLE_POLICY
 @given(case=policy_service_body())
 def test_accepted_bodies_satisfy_every_rule_of_random_policies(case):
     """Whatever a random policy accepts holds every fixed value and passes every rule and the allowlist."""
     policy, service, body = case
     verdict, result = outcome(policy.apply, service, body)
-    assume(verdict == "ok")
+    if verdict != "ok":
+        return
     rules = policy.services[service]
     for path, rule in rules.fields.items():
         got = get_path(result, path)
@@ -453,7 +493,7 @@ def test_accepted_bodies_satisfy_every_rule_of_random_policies(case):
 # -- 2. allowed values ---------------------------------------------------------------------
 
 
-@FAST
+@TARGETED
 @given(path=field_paths(), allowed=st.lists(json_values(max_leaves=4), min_size=1, max_size=4), data=st.data())
 def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, data):
     """Only values canonically in the list pass; "16", 16.0, true, [16], {"value": 16} do not pass for 16."""
@@ -477,7 +517,7 @@ def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, data):
 # -- 3. ranges -----------------------------------------------------------------------------
 
 
-@FAST
+@TARGETED
 @given(
     path=field_paths(),
     rule=range_rules(),
@@ -513,13 +553,14 @@ def test_range_admits_only_finite_non_bool_numbers_within_bounds(path, rule, val
 # -- 4. extra fields and dotted aliases ----------------------------------------------------
 
 
-@THOROUGH
+@WHOLE_POLICY
 @given(case=policy_service_body(), extras=extras_lists())
 def test_extra_fields_never_change_the_verdict(case, extras):
     """Extra keys outside every constrained value leave the verdict and constrained values alone."""
     policy, service, body = case
     paths = list(policy.services[service].fields)
-    padded = add_extras(body, paths, extras)
+    placements = place_extras(body, paths, extras)
+    padded = put_extras(body, placements)
 
     plain_verdict, plain = outcome(policy.apply, service, body)
     padded_verdict, padded_result = outcome(policy.apply, service, padded)
@@ -529,12 +570,12 @@ def test_extra_fields_never_change_the_verdict(case, extras):
         assert padded_result == plain, "a different rule refused once extras were added"
     else:
         # The padded result is exactly the plain result plus the same extras.
-        assert same_json(padded_result, add_extras(plain, paths, extras))
+        assert same_json(padded_result, put_extras(plain, placements))
         for path in paths:
             assert same_json(get_path(padded_result, path), get_path(plain, path))
 
 
-@FAST
+@TARGETED
 @given(path=field_paths(min_segments=2), rule=field_rules(), data=st.data())
 def test_dotted_alias_keys_are_refused(path, rule, data):
     """{"lora.rank": v} at the top, or {"lora": {"rank.alpha": v}} part way, is refused for any v."""
@@ -565,7 +606,7 @@ def test_dotted_alias_keys_are_refused(path, rule, data):
 # -- 5. non-objects on a constrained path ------------------------------------------------
 
 
-@FAST
+@TARGETED
 @given(path=field_paths(min_segments=2), rule=field_rules(), blocker=non_objects(), data=st.data())
 def test_non_object_on_a_constrained_path_is_refused(path, rule, blocker, data):
     """{"lora": 5} or {"lora": [..]} under a rule on lora.rank is refused, never silently ignored."""
@@ -583,7 +624,7 @@ def test_non_object_on_a_constrained_path_is_refused(path, rule, blocker, data):
 # -- 6. no mutation ------------------------------------------------------------------------
 
 
-@THOROUGH
+@WHOLE_POLICY
 @given(case=policy_service_body())
 def test_apply_never_mutates_its_input(case):
     """apply works on a copy: the body is unchanged and shares no container with the result."""
@@ -610,7 +651,7 @@ def chain_cases(draw: st.DrawFn) -> tuple[Policy, Policy, str, dict[str, Any]]:
     return parent, child, service, draw(bodies_for(rules))
 
 
-@FAST
+@TARGETED
 @given(case=chain_cases())
 def test_chain_accepts_only_what_each_policy_accepts_in_sequence(case):
     """apply_chain([parent, child]) == parent.apply then child.apply on the parent's output."""
@@ -665,15 +706,17 @@ def within_cases(draw: st.DrawFn) -> tuple[Policy, Policy, str, dict[str, Any]]:
     return parent, child, service, draw(bodies_for(rules))
 
 
-@THOROUGH
+@WHOLE_POLICY
 @given(case=within_cases())
 def test_child_within_parent_never_accepts_what_the_parent_refuses(case):
     """If child.assert_within(parent), whatever the child accepts after the parent's fills, the parent accepts."""
     parent, child, service, body = case
     verdict, after_parent = outcome(parent.apply, service, body)
-    assume(verdict == "ok")
+    if verdict != "ok":
+        return
     verdict, after_child = outcome(child.apply, service, after_parent)
-    assume(verdict == "ok")
+    if verdict != "ok":
+        return
 
     recheck_verdict, recheck = outcome(parent.apply, service, after_child)
 
@@ -686,7 +729,7 @@ def test_child_within_parent_never_accepts_what_the_parent_refuses(case):
 # -- 8. model allowlist --------------------------------------------------------------------
 
 
-@FAST
+@TARGETED
 @given(
     models=st.lists(st.sampled_from(MODELS), unique=True, max_size=3),
     model=st.one_of(st.sampled_from(MODELS), json_values(max_leaves=3), st.lists(st.sampled_from(MODELS), max_size=2)),
@@ -718,7 +761,7 @@ def rule_pairs() -> st.SearchStrategy[tuple[FieldRule, FieldRule]]:
     )
 
 
-@THOROUGH
+@WHOLE_POLICY
 @given(pair=rule_pairs(), data=st.data())
 def test_within_implies_admits_inclusion(pair, data):
     """a.within(b) implies: for every value v, a.admits(v) implies b.admits(v)."""

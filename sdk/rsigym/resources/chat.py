@@ -21,6 +21,20 @@ from ._resource import AsyncResource, SyncResource, drop_none
 Message = Mapping[str, Any] | BaseModel
 
 
+def _message_dicts(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    if isinstance(messages, str | bytes | Mapping):
+        raise TypeError('messages must be a list of messages, e.g. [{"role": "user", "content": "hi"}]')
+    out = []
+    for message in messages:
+        if isinstance(message, BaseModel):
+            out.append(message.model_dump(exclude_none=True))
+        elif isinstance(message, Mapping):
+            out.append(dict(message))
+        else:
+            raise TypeError(f"each message must be a dict or a pydantic model, got {type(message).__name__}")
+    return out
+
+
 def models_call(prefix: str) -> APICall[ObjectList[Model]]:
     return APICall("GET", f"{prefix}/models", parse_list(Model))
 
@@ -30,11 +44,7 @@ def chat_call(
 ) -> APICall[ChatCompletion]:
     """``params`` are passed through as OpenAI parameters (``max_tokens``, ``temperature``,
     ``stop``, …); those set to ``None`` are left out."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [m.model_dump(exclude_none=True) if isinstance(m, BaseModel) else dict(m) for m in messages],
-        **drop_none(dict(params)),
-    }
+    body: dict[str, Any] = {"model": model, "messages": _message_dicts(messages), **drop_none(dict(params))}
     if stream:
         body["stream"] = True
     return APICall("POST", f"{prefix}/chat/completions", parse_object(ChatCompletion), json=body)

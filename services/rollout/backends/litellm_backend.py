@@ -7,7 +7,6 @@ are mapped to gym errors with scrubbed messages.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,9 +15,6 @@ from services.core.errors import GymError, Unprocessable, UpstreamError, Upstrea
 from services.core.redact import redact
 from services.core.settings import ProviderSecrets
 from services.rollout.schemas import ChatRequest
-
-# LiteLLM fetches a price map from the internet at import unless told not to.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def _litellm() -> Any:

@@ -100,9 +100,11 @@ class FakeGateway:
         remaining: str | None = None,
         stream: ChunkedStream | None = None,
     ) -> httpx.Response:
+        """A stream as the gateway relays it: the cost header is the reserved upper bound."""
         headers = {"X-Request-Id": request_id, "Content-Type": "text/event-stream"}
         if cost is not None:
             headers["X-RSIGym-Cost-USD"] = cost
+            headers["X-RSIGym-Cost-Kind"] = "reserved-upper-bound"
         if remaining is not None:
             headers["X-RSIGym-Remaining-USD"] = remaining
         return httpx.Response(200, headers=headers, stream=stream or ChunkedStream(chunks))
@@ -218,17 +220,17 @@ def chunk(
     finish: str | None = None,
     usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A chunk as the rollout service relays it; the usage chunk has no id / created."""
+    if usage is not None:
+        return {"object": "chat.completion.chunk", "model": "teacher", "choices": [], "usage": usage}
     delta = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
-    body: dict[str, Any] = {
+    return {
         "id": "chatcmpl-s",
         "object": "chat.completion.chunk",
         "created": 1_700_000_000,
         "model": "teacher",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if usage is None else [],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     }
-    if usage is not None:
-        body["usage"] = usage
-    return body
 
 
 def sse_event(payload: Any) -> bytes:

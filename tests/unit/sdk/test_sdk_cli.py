@@ -82,12 +82,16 @@ def test_chat_prompt_dash_reads_stdin(gateway, run, canned, monkeypatch):
     assert gateway.json_sent()["messages"] == [{"role": "user", "content": "from a pipe"}]
 
 
-def _stream_body(canned):
+def _stream_body(canned, usage_cost: float | None = 0.0015):
     chunk, event = canned["chunk"], canned["sse_event"]
-    return [event(chunk(role="assistant")), event(chunk("Hel")), event(chunk("lo")), b"data: [DONE]\n\n"]
+    body = [event(chunk(role="assistant")), event(chunk("Hel")), event(chunk("lo"))]
+    if usage_cost is not None:
+        usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4, "cost_usd": usage_cost}
+        body.append(event(chunk(usage=usage)))
+    return [*body, b"data: [DONE]\n\n"]
 
 
-def test_chat_stream_plain(gateway, run, canned):
+def test_chat_stream_plain_reports_the_exact_cost(gateway, run, canned):
     gateway.route(
         "POST",
         "/rollout/v1/chat/completions",
@@ -96,8 +100,18 @@ def test_chat_stream_plain(gateway, run, canned):
     code, out, err = run(*CHAT, "--stream", "hi")
     assert code == 0
     assert out == "Hello\n"
-    assert err == "[cost $0.002 | remaining $3.00 | request_id req_s]\n"
-    assert gateway.json_sent()["stream"] is True
+    assert err == "[cost $0.0015 | remaining $3.00 | request_id req_s]\n"
+    sent = gateway.json_sent()
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+def test_chat_stream_without_usage_says_the_cost_is_a_reservation(gateway, run, canned):
+    gateway.route(
+        "POST", "/rollout/v1/chat/completions", gateway.sse(_stream_body(canned, None), cost="0.002", remaining="3")
+    )
+    code, out, err = run(*CHAT, "--stream", "hi")
+    assert (code, out) == (0, "Hello\n")
+    assert err.startswith("[cost <= $0.002 (reserved) | remaining $3.00")
 
 
 def test_chat_stream_json_is_one_object_per_line(gateway, run, canned):
@@ -108,9 +122,10 @@ def test_chat_stream_json_is_one_object_per_line(gateway, run, canned):
     )
     code, out, _ = run(*CHAT, "--stream", "--json", "hi")
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and len(lines) == 4
-    assert [line["object"] for line in lines[:3]] == ["chat.completion.chunk"] * 3
-    assert lines[-1] == {"rsigym": {"request_id": "req_s", "cost_usd": 0.002, "remaining_usd": 3.0}}
+    assert code == 0 and len(lines) == 5
+    assert [line["object"] for line in lines[:4]] == ["chat.completion.chunk"] * 4
+    assert lines[3]["usage"]["cost_usd"] == 0.0015
+    assert lines[-1] == {"rsigym": {"request_id": "req_s", "cost_usd": 0.0015, "remaining_usd": 3.0}}
 
 
 def test_keys_mint_with_policy_file(gateway, run, tmp_path):

@@ -106,11 +106,25 @@ def test_chat_sends_openai_body_and_exposes_cost(gateway, canned):
     assert (completion.request_id, completion.cost_usd, completion.remaining_usd) == ("req_c", 0.000123, 4.87)
 
 
+def test_chat_without_id_or_created_still_parses(gateway, canned):
+    body = {**canned["completion"], "id": None, "created": None}  # a provider may leave them out
+    gateway.route("POST", "/rollout/v1/chat/completions", gateway.ok(body))
+    with gateway.gym() as gym:
+        assert gym.rollout.chat(model="teacher", messages=HI).text == "Hello there."
+
+
 def test_chat_accepts_pydantic_messages(gateway, canned):
     gateway.route("POST", "/rollout/v1/chat/completions", gateway.ok(canned["completion"]))
     with gateway.gym() as gym:
         gym.rollout.chat(model="teacher", messages=[rsigym.ChatMessage(role="user", content="hi")])
     assert gateway.json_sent()["messages"] == HI
+
+
+@pytest.mark.parametrize("messages", ["hi", {"role": "user", "content": "hi"}, [("user", "hi")]])
+def test_malformed_messages_fail_before_any_request(gateway, messages):
+    with gateway.gym() as gym, pytest.raises(TypeError, match="message"):
+        gym.rollout.chat(model="teacher", messages=messages)
+    assert gateway.requests == []
 
 
 def test_unparsable_cost_header_is_none(gateway, canned):
@@ -120,17 +134,21 @@ def test_unparsable_cost_header_is_none(gateway, canned):
 
 
 def test_keys_mint_sends_only_what_was_given_and_returns_the_secret(gateway):
-    minted = {
+    minted = {  # the gateway's key_view plus the one-time plaintext
         "id": "ck_1",
         "key": "rsg_child_secret",
         "name": "harness",
+        "prefix": "rsg_chi",
         "parent_id": "run_1",
+        "run_id": "run_1",
+        "track": "joint",
         "status": "active",
         "budget_usd": 1.5,
         "policy": {"services": ["inference"]},
         "spent_usd": 0.0,
         "reserved_usd": 0.0,
-        "created_at": "2025-01-02T03:04:05Z",
+        "created_at": "2025-01-02T03:04:05+00:00",
+        "remaining_usd": 1.5,
     }
     gateway.route("POST", "/v1/keys", gateway.ok(minted, status=201, request_id="req_k"))
     with gateway.gym() as gym:
@@ -145,6 +163,7 @@ def test_keys_mint_sends_only_what_was_given_and_returns_the_secret(gateway):
         "req_k",
     )
     assert key.created_at.year == 2025
+    assert (key.track, key.remaining_usd) == ("joint", 1.5)  # the key's own budget left, from the body
     assert "rsg_child_secret" not in repr(key)
 
 

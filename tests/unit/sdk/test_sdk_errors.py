@@ -7,18 +7,23 @@ import pytest
 import rsigym
 from rsigym import errors
 
+# The gateway's error vocabulary (services/core/errors.py): several types share a status.
 STATUS_CLASSES = [
-    (400, rsigym.BadRequestError, "invalid_request"),
-    (401, rsigym.AuthenticationError, "invalid_api_key"),
+    (400, rsigym.BadRequestError, "invalid_request_error"),
+    (401, rsigym.AuthenticationError, "authentication_error"),
+    (401, rsigym.AuthenticationError, "key_revoked"),
     (402, rsigym.BudgetExhaustedError, "budget_exhausted"),
     (403, rsigym.PermissionDeniedError, "permission_denied"),
+    (403, rsigym.PermissionDeniedError, "key_paused"),
     (404, rsigym.NotFoundError, "not_found"),
     (409, rsigym.ConflictError, "conflict"),
-    (422, rsigym.UnprocessableEntityError, "validation_error"),
+    (422, rsigym.UnprocessableEntityError, "invalid_request_error"),
+    (429, rsigym.RateLimitError, "concurrency_limit"),
     (429, rsigym.RateLimitError, "rate_limited"),
     (503, rsigym.ServiceUnavailableError, "store_unavailable"),
     (500, rsigym.InternalServerError, "internal_error"),
-    (502, rsigym.InternalServerError, "bad_gateway"),
+    (502, rsigym.InternalServerError, "upstream_error"),
+    (504, rsigym.InternalServerError, "upstream_timeout"),
 ]
 
 
@@ -122,12 +127,21 @@ def test_timeout_is_a_connection_error_subclass(gateway):
     assert "POST http://gym.test/v1/keys" in info.value.message
 
 
-def test_stream_error_body_without_status_is_classed_by_type():
+@pytest.mark.parametrize(
+    ("type_", "cls", "status"),
+    [
+        ("budget_exhausted", rsigym.BudgetExhaustedError, 402),
+        ("upstream_error", rsigym.InternalServerError, 502),
+        ("rate_limited", rsigym.RateLimitError, 429),
+        ("something_new", rsigym.APIStatusError, 200),
+    ],
+)
+def test_stream_error_body_without_status_is_classed_by_type(type_, cls, status):
     response = httpx.Response(200, headers={"X-Request-Id": "req_s"})
-    body = {"type": "error", "error": {"type": "budget_exhausted", "message": "out of money", "param": None}}
+    body = {"error": {"type": type_, "message": "went wrong", "param": None}}  # the rollout service's shape
     err = errors.error_from_body(body, response)
-    assert isinstance(err, rsigym.BudgetExhaustedError)
-    assert (err.status_code, err.message, err.request_id) == (402, "out of money", "req_s")
+    assert type(err) is cls
+    assert (err.status_code, err.type, err.message, err.request_id) == (status, type_, "went wrong", "req_s")
 
 
 def test_error_hierarchy_is_catchable_at_every_level():

@@ -96,16 +96,31 @@ def test_nothing_after_done_is_parsed(gateway, canned):
         assert [c.text for c in gym.rollout.chat(model="teacher", messages=HI, stream=True)] == ["x"]
 
 
-def test_cost_falls_back_to_the_final_usage_when_no_header(gateway, canned):
+def test_exact_cost_from_usage_replaces_the_reserved_upper_bound(gateway, canned):
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "cost_usd": 0.00042}
-    body = _chunk_bytes(canned, "ok") + [canned["sse_event"](canned["chunk"](usage=usage)), b"data: [DONE]\n\n"]
-    gateway.route("POST", "/rollout/v1/chat/completions", gateway.sse(body))
+    body = [
+        *_chunk_bytes(canned, "ok"),
+        canned["sse_event"](canned["chunk"](usage=usage)),  # no id, no created: as the server sends it
+        b"data: [DONE]\n\n",
+    ]
+    gateway.route("POST", "/rollout/v1/chat/completions", gateway.sse(body, cost="0.002000000", remaining="3.5"))
+    with gateway.gym() as gym:
+        stream = gym.rollout.chat(model="teacher", messages=HI, stream=True, stream_options={"include_usage": True})
+        assert (stream.cost_usd, stream.cost_is_upper_bound) == (0.002, True)  # only the hold is known yet
+        chunks = list(stream)
+    assert (stream.cost_usd, stream.cost_is_upper_bound) == (0.00042, False)
+    assert stream.usage.total_tokens == 5
+    assert chunks[-1].choices == [] and chunks[-1].id is None and chunks[-1].text == ""
+    assert gateway.json_sent()["stream_options"] == {"include_usage": True}
+
+
+def test_without_usage_the_cost_stays_the_upper_bound(gateway, canned):
+    body = [*_chunk_bytes(canned, "ok"), b"data: [DONE]\n\n"]
+    gateway.route("POST", "/rollout/v1/chat/completions", gateway.sse(body, cost="0.002"))
     with gateway.gym() as gym:
         stream = gym.rollout.chat(model="teacher", messages=HI, stream=True)
-        assert stream.cost_usd is None  # not known before the end
         list(stream)
-    assert stream.cost_usd == 0.00042
-    assert stream.usage.total_tokens == 5
+    assert (stream.cost_usd, stream.cost_is_upper_bound, stream.usage) == (0.002, True, None)
 
 
 def test_error_before_the_stream_starts_raises_from_chat(gateway):
@@ -134,6 +149,15 @@ def test_error_event_mid_stream_raises_after_the_earlier_chunks(gateway, canned)
             received.append(chunk.text)
     assert received == ["partial"]
     assert (info.value.message, info.value.request_id) == ("ran out mid-answer", "req_mid")
+
+
+def test_upstream_failure_mid_stream_in_the_services_shape(gateway, canned):
+    err = {"error": {"type": "upstream_error", "message": "provider closed the stream", "param": None}}
+    body = canned["sse_event"](canned["chunk"]("par")) + canned["sse_event"](err) + b"data: [DONE]\n\n"
+    gateway.route("POST", "/rollout/v1/chat/completions", gateway.sse([body], request_id="req_up"))
+    with gateway.gym() as gym, pytest.raises(rsigym.InternalServerError) as info:
+        list(gym.rollout.chat(model="teacher", messages=HI, stream=True))
+    assert (info.value.status_code, info.value.type, info.value.request_id) == (502, "upstream_error", "req_up")
 
 
 def test_event_named_error_is_raised(gateway):
