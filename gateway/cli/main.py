@@ -50,11 +50,22 @@ def _key_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _key_details(row: dict[str, Any]) -> Table:
+    table = Table(show_header=False, box=None)
+    for field in ("id", "name", "track", "status", "budget_usd", "spent_usd", "reserved_usd", "remaining_usd",
+                  "parent_id", "run_id", "created_at"):
+        if row.get(field) is not None:
+            table.add_row(field, str(row[field]))
+    return table
+
+
 def _emit(data: Any, as_json: bool, rows: list[dict[str, Any]] | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(data, indent=2))
+    elif rows is not None:
+        console.print(_key_table(rows))
     else:
-        console.print(_key_table(rows if rows is not None else [data]))
+        console.print(_key_details(data))
 
 
 @app.command()
@@ -143,7 +154,7 @@ def keys_create(
         typer.echo(json.dumps({"id": created["id"], "key": created["key"], "track": created["track"],
                                "budget_usd": created["budget_usd"]}))
     else:
-        console.print(_key_table([created]))
+        console.print(_key_details(created))
         console.print(f"key (shown once): [bold]{created['key']}[/bold]")
 
 

@@ -184,9 +184,19 @@ def range_rules(draw: st.DrawFn) -> FieldRule:
 
 
 @functools.cache
+def segment_objects() -> st.SearchStrategy[dict[str, Any]]:
+    """Objects keyed by path segments ({"rank": 64}), so a fixed object lands on other rules' paths."""
+    return st.recursive(
+        st.dictionaries(st.sampled_from(SEGMENTS), json_scalars(), min_size=1, max_size=2),
+        lambda inner: st.dictionaries(st.sampled_from(SEGMENTS), st.one_of(json_scalars(), inner), min_size=1, max_size=2),
+        max_leaves=4,
+    )
+
+
+@functools.cache
 def fixed_rules() -> st.SearchStrategy[FieldRule]:
-    """``{"fixed": v}`` for any plain JSON v."""
-    return json_values().map(lambda v: FieldRule.model_validate({"fixed": v}))
+    """``{"fixed": v}`` for any plain JSON v (often an object keyed by path segments)."""
+    return st.one_of(json_values(), segment_objects()).map(lambda v: FieldRule.model_validate({"fixed": v}))
 
 
 @functools.cache
@@ -263,15 +273,38 @@ def model_lists() -> st.SearchStrategy[Any]:
     return st.one_of(st.just("*"), st.lists(st.sampled_from(MODELS), unique=True, max_size=3))
 
 
+@st.composite
+def related_paths(draw: st.DrawFn, paths: list[str]) -> str:
+    """A path near one of ``paths`` (a prefix, an extension or a sibling of it), or any path."""
+    if not paths or draw(st.booleans()):
+        return draw(field_paths())
+    parts = draw(st.sampled_from(paths)).split(".")
+    how = draw(st.sampled_from(["prefix", "extension", "sibling"]))
+    if how == "prefix" and len(parts) > 1:
+        parts = parts[: draw(st.integers(min_value=1, max_value=len(parts) - 1))]
+    elif how == "extension" and len(parts) < 3:
+        parts = parts + [draw(st.sampled_from(SEGMENTS))]
+    else:
+        parts = parts[:-1] + [draw(st.sampled_from(SEGMENTS))]
+    return ".".join(parts)
+
+
+@st.composite
+def field_maps(draw: st.DrawFn, rules: st.SearchStrategy[FieldRule], max_size: int = 4, near: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Up to ``max_size`` rules (as JSON) on paths that often nest in one another or in ``near``.
+
+    Overlapping paths (``lora`` and ``lora.rank``) are where fills and checks can interfere.
+    """
+    fields: dict[str, Any] = {}
+    for _ in range(draw(st.integers(min_value=0, max_value=max_size))):
+        fields[draw(related_paths(list(near) + list(fields)))] = draw(rules).root
+    return fields
+
+
 @functools.cache
 def service_policies() -> st.SearchStrategy[dict[str, Any]]:
     """The JSON of one service's policy: a model allowlist and up to four field rules."""
-    return st.fixed_dictionaries(
-        {
-            "models": model_lists(),
-            "fields": st.dictionaries(field_paths(), field_rules().map(lambda r: r.root), max_size=4),
-        }
-    )
+    return st.fixed_dictionaries({"models": model_lists(), "fields": field_maps(field_rules())})
 
 
 @functools.cache
@@ -517,23 +550,34 @@ def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, data):
 # -- 3. ranges -----------------------------------------------------------------------------
 
 
+def near_bounds(lo: Any, hi: Any) -> list[Any]:
+    """Numbers on and just around the bounds of a range (the off-by-one zone)."""
+    out: list[Any] = []
+    for b in (lo, hi):
+        if b is not None:
+            out += [b, b - 1, b + 1, b - 0.5, b + 0.5, math.nextafter(b, -math.inf), math.nextafter(b, math.inf)]
+            out += [float(b), -b, str(b), [b], {"value": b}]
+    return out
+
+
 @TARGETED
-@given(
-    path=field_paths(),
-    rule=range_rules(),
-    value=st.one_of(
-        range_bounds(),
-        json_ints(),
-        finite_floats(),
-        hostile_values(),
-        st.booleans(),
-        st.sampled_from(["0", "1", "0.5", "nan", "inf"]),
-        json_values(max_leaves=3),
-    ),
-)
-def test_range_admits_only_finite_non_bool_numbers_within_bounds(path, rule, value):
+@given(path=field_paths(), rule=range_rules(), data=st.data())
+def test_range_admits_only_finite_non_bool_numbers_within_bounds(path, rule, data):
     """Accepted values are finite ints/floats within bounds; NaN, inf, strings, bools, lists are refused."""
     lo, hi = rule.arg
+    value = data.draw(
+        st.one_of(
+            st.sampled_from(near_bounds(lo, hi) or [0]),
+            range_bounds(),
+            json_ints(),
+            finite_floats(),
+            hostile_values(),
+            st.booleans(),
+            st.sampled_from(["0", "1", "0.5", "nan", "inf"]),
+            json_values(max_leaves=3),
+        ),
+        label="value",
+    )
     policy = single_rule_policy(path, rule)
     body: dict[str, Any] = {}
     set_path(body, path, value)
@@ -685,9 +729,11 @@ def narrowed_policies(draw: st.DrawFn, parent: Policy) -> Policy:
         for path, rule in granted.fields.items():
             if draw(st.booleans()):
                 fields[path] = draw(narrowed_rules(rule)).root
-        for path, rule in draw(st.dictionaries(field_paths(), field_rules(), max_size=3)).items():
+        # Rules of the child's own, often fixed, often on paths nesting with the parent's.
+        own = draw(field_maps(st.one_of(fixed_rules(), field_rules()), max_size=3, near=tuple(granted.fields)))
+        for path, rule in own.items():
             if path not in granted.fields:
-                fields[path] = rule.root
+                fields[path] = rule
         services[name] = {"models": models, "fields": fields}
     return Policy.model_validate({"services": services})
 
@@ -761,7 +807,7 @@ def rule_pairs() -> st.SearchStrategy[tuple[FieldRule, FieldRule]]:
     )
 
 
-@WHOLE_POLICY
+@TARGETED
 @given(pair=rule_pairs(), data=st.data())
 def test_within_implies_admits_inclusion(pair, data):
     """a.within(b) implies: for every value v, a.admits(v) implies b.admits(v)."""

@@ -1,0 +1,40 @@
+"""Distributed mode: the same gateway code in front of a rollout service run as its own
+server, over real HTTP; the service refuses anyone but the gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.builder import build_gateway, build_service
+from services.core.settings import GymSettings, StoreSettings
+from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, admin_headers, bearer, gym_config
+from tests.fakes.servers import serve
+
+
+def test_gateway_and_service_as_separate_servers(tmp_path: Path, standin: Any, teacher_secret: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TEACHER_ENV, teacher_secret)
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret")
+    config = gym_config(standin[0])
+    with serve(build_service("rollout", settings, config)) as rollout_url:
+        gym = build_gateway(settings, StoreSettings(), {"rollout": rollout_url}, config)
+        with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+            created = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1}, headers=admin_headers()).json()
+            body = {"model": "teacher", "messages": [{"role": "user", "content": "What is 9 + 9?"}], "max_tokens": 4}
+            r = client.post("/rollout/v1/chat/completions", json=body, headers=bearer(created["key"]))
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "18"
+            with client.stream("POST", "/rollout/v1/chat/completions", json={**body, "stream": True},
+                               headers=bearer(created["key"])) as s:
+                text = s.read().decode()
+            assert "data: [DONE]" in text and "rsigym-cost" not in text
+            rows = client.get(f"/admin/v1/keys/{created['id']}/ledger", headers=admin_headers()).json()["data"]
+            assert [row["status"] for row in rows] == ["settled", "settled"]
+            # Straight to the service, even with a valid run key, is refused.
+            direct = httpx.post(f"{rollout_url}/v1/chat/completions", json=body, headers=bearer(created["key"]))
+            assert direct.status_code == 401
+    with pytest.raises(SystemExit):
+        build_service("rollout", GymSettings(data_dir=tmp_path), config)
