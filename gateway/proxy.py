@@ -23,7 +23,7 @@ from services.core.errors import GymError, InvalidRequest, NotFound, ServiceUnav
 from services.core.http import request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
 from services.core.keys import Principal
-from services.core.ledger import Reservation
+from services.core.ledger import Balance, Reservation
 from services.core.money import format_usd, nusd_to_usd
 from services.core.policy import apply_chain
 from services.core.spec import Operation
@@ -76,6 +76,7 @@ class _Call:
                         operation=self.op.name,
                         estimate_nusd=estimate,
                         request_id=self.request_id,
+                        chain_ids=self.principal.chain_ids,
                     )
                 )
             except BaseException:
@@ -83,12 +84,15 @@ class _Call:
                 raise
             gw.metrics.reservations.labels(self.service, "reserved").inc()
 
-    async def close(self, actual_nusd: int | None) -> int:
-        """Settle (``actual_nusd``) or release (None) and give back the slot. Idempotent, shielded."""
+    async def close(self, actual_nusd: int | None) -> tuple[int, Balance | None]:
+        """Settle (``actual_nusd``) or release (None) and give back the slot. Idempotent, shielded.
+
+        Returns what was charged and the balance after it (None when released or unmetered).
+        """
         if self.closed:
-            return 0
+            return 0, None
         self.closed = True
-        gw, charged = self.gw, 0
+        gw, charged, balance = self.gw, 0, None
         with anyio.CancelScope(shield=True):
             try:
                 if self.reservation is not None:
@@ -96,12 +100,15 @@ class _Call:
                         await gw.store.call(gw.ledger.release, self.reservation.id)
                         gw.metrics.reservations.labels(self.service, "released").inc()
                     else:
-                        charged = await gw.store.call(gw.ledger.settle, self.reservation.id, actual_nusd)
+                        charged, balance = await gw.store.call(
+                            gw.ledger.settle_with_balance, self.reservation.id, actual_nusd
+                        )
                         gw.metrics.reservations.labels(self.service, "settled").inc()
                         gw.metrics.spend.labels(self.service).inc(nusd_to_usd(charged))
             finally:
-                await gw.store.call(gw.slots.release, self.lease)
-        return charged
+                if self.lease is not None:
+                    await gw.store.call(gw.slots.release, self.lease)
+        return charged, balance
 
 
 async def forward(request: Request, service: str, path: str) -> Response:
@@ -137,11 +144,10 @@ async def forward(request: Request, service: str, path: str) -> Response:
     headers["X-Request-Id"] = request_id
 
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
-        if call.reservation is not None:
-            balance = await gw.store.call(gw.ledger.balance, principal.key_id)
+        if call.reservation is not None and call.reservation.balance is not None:
             headers[COST_RESPONSE] = format_usd(estimate)  # upper bound; exact cost in the stream's usage
             headers["X-RSIGym-Cost-Kind"] = "reserved-upper-bound"
-            headers[REMAINING_RESPONSE] = balance.remaining_header
+            headers[REMAINING_RESPONSE] = call.reservation.balance.remaining_header
         return StreamingResponse(_relay(call, upstream, estimate), status_code=upstream.status_code, headers=headers)
 
     try:
@@ -154,13 +160,14 @@ async def forward(request: Request, service: str, path: str) -> Response:
         await upstream.aclose()
     reported = upstream.headers.get(COST_HEADER)
     if reported is not None:
-        charged = await call.close(int(reported))
+        charged, balance = await call.close(int(reported))
     elif upstream.status_code >= 400:
-        charged = await call.close(None)
+        charged, balance = await call.close(None)
     else:  # a success that reported no cost is billed its reservation, never free
-        charged = await call.close(estimate)
+        charged, balance = await call.close(estimate)
     if call.reservation is not None:
-        balance = await gw.store.call(gw.ledger.balance, principal.key_id)
+        if balance is None:  # released: read the balance as it stands
+            balance = await gw.store.call(gw.ledger.balance, principal.key_id)
         headers[COST_RESPONSE] = format_usd(charged)
         headers[REMAINING_RESPONSE] = balance.remaining_header
     return Response(content, status_code=upstream.status_code, headers=headers)

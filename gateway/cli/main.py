@@ -227,3 +227,7 @@ def demo(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from services.core.config import LedgerConfig
@@ -40,6 +40,8 @@ class Reservation:
     estimate_nusd: int
     service: str
     operation: str
+    balance: Balance | None = None
+    """The key's balance right after the hold was taken."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +78,21 @@ def chain_of(session: Session, key_id: str) -> list[ApiKey]:
     return chain
 
 
+Figures = tuple[int | None, int, int]
+"""(budget, spent, reserved) of one key."""
+
+
 def balance_of(chain: list[ApiKey]) -> Balance:
+    return balance_from([(k.budget_nusd, k.spent_nusd, k.reserved_nusd) for k in chain])
+
+
+def balance_from(chain: list[Figures]) -> Balance:
     """Figures of the binding account: the nearest key (self, then up) that has a budget;
-    remaining is the least remaining over the whole chain."""
-    budgeted = [k for k in chain if k.budget_nusd is not None]
-    account = budgeted[-1]
-    remaining = min(k.budget_nusd - k.spent_nusd - k.reserved_nusd for k in budgeted)  # type: ignore[operator]
-    return Balance(account.budget_nusd or 0, account.spent_nusd, account.reserved_nusd, max(remaining, 0))
+    remaining is the least remaining over the whole chain (root first)."""
+    budgeted = [f for f in chain if f[0] is not None]
+    budget, spent, reserved = budgeted[-1]
+    remaining = min(b - s - r for b, s, r in budgeted)  # type: ignore[operator]
+    return Balance(budget or 0, spent, reserved, max(remaining, 0))
 
 
 class Ledger:
@@ -104,31 +114,40 @@ class Ledger:
         ref_id: str | None = None,
         request_id: str | None = None,
         ttl_s: float | None = None,
+        chain_ids: tuple[str, ...] | list[str] | None = None,
     ) -> Reservation:
+        """Hold ``estimate_nusd`` on the key and every ancestor, or raise BudgetExhausted.
+
+        ``chain_ids`` (root first) may be passed by a caller that has just authenticated the
+        key; parent links never change, so it saves reading the chain again.
+        """
         if estimate_nusd < 0:
             raise ValueError("estimate must be >= 0")
         ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
         with self.store.transaction() as s:
-            chain = chain_of(s, key_id)
-            for key in chain:  # root first: one lock order for every caller
-                hold = s.execute(
+            ids = list(chain_ids) if chain_ids else [k.id for k in chain_of(s, key_id)]
+            figures: list[Figures] = []
+            for kid in ids:  # root first: one lock order for every caller
+                held = s.execute(
                     update(ApiKey)
                     .where(
-                        ApiKey.id == key.id,
+                        ApiKey.id == kid,
                         ApiKey.status == "active",
                         (ApiKey.budget_nusd.is_(None))
                         | (ApiKey.budget_nusd - ApiKey.spent_nusd - ApiKey.reserved_nusd >= estimate_nusd),
                     )
                     .values(reserved_nusd=ApiKey.reserved_nusd + estimate_nusd)
+                    .returning(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
                     .execution_options(synchronize_session=False)
-                )
-                if hold.rowcount != 1:
-                    self._refuse(s, key, estimate_nusd)
+                ).first()
+                if held is None:
+                    self._refuse(s, kid, estimate_nusd)
+                figures.append(tuple(held))  # type: ignore[arg-type]
             now = utcnow()
             entry = LedgerEntry(
                 id=new_id("res"),
                 key_id=key_id,
-                run_id=chain[0].id,
+                run_id=ids[0],
                 service=service,
                 operation=operation,
                 ref_id=ref_id,
@@ -139,11 +158,13 @@ class Ledger:
                 expires_at=now + ttl,
             )
             s.add(entry)
-        return Reservation(entry.id, key_id, chain[0].id, estimate_nusd, service, operation)
+        return Reservation(entry.id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
     @staticmethod
-    def _refuse(s: Session, key: ApiKey, estimate_nusd: int) -> None:
-        s.refresh(key)
+    def _refuse(s: Session, key_id: str, estimate_nusd: int) -> None:
+        key = s.get(ApiKey, key_id, populate_existing=True)
+        if key is None:
+            raise NotFound(f"key {key_id} not found")
         if key.status == "revoked":
             raise KeyRevoked("this key has been revoked")
         if key.status == "paused":
@@ -161,7 +182,13 @@ class Ledger:
         Returns what was charged; 0 if the reservation was already closed (a second settle,
         or the reaper got there first) — nothing is ever charged twice.
         """
-        return self._close(reservation_id, "settled", actual_nusd) or 0
+        closed = self._close(reservation_id, "settled", actual_nusd)
+        return 0 if closed is None else closed[0]
+
+    def settle_with_balance(self, reservation_id: str, actual_nusd: int) -> tuple[int, Balance | None]:
+        """:meth:`settle`, also returning the key's balance after it (None if already closed)."""
+        closed = self._close(reservation_id, "settled", actual_nusd)
+        return (0, None) if closed is None else closed
 
     def release(self, reservation_id: str) -> None:
         """Give the hold back: the work did not happen."""
@@ -169,38 +196,44 @@ class Ledger:
 
     def _close(
         self, reservation_id: str, status: str, actual_nusd: int, *, expired_only: bool = False
-    ) -> int | None:
-        """Close an open reservation; None when it was not open (nothing moves)."""
+    ) -> tuple[int, Balance] | None:
+        """Close an open reservation: (charged, balance after); None when it was not open."""
         with self.store.transaction() as s:
             stmt = update(LedgerEntry).where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
             if expired_only:
                 stmt = stmt.where(LedgerEntry.expires_at < utcnow())
+            charge = max(0, actual_nusd)
             closed = s.execute(
-                stmt.values(status=status, settled_at=utcnow())
-                .returning(LedgerEntry.key_id, LedgerEntry.estimate_nusd)
+                stmt.values(
+                    status=status,
+                    settled_at=utcnow(),
+                    # Never above the reservation: the hold is the most a call can cost.
+                    actual_nusd=case((LedgerEntry.estimate_nusd < charge, LedgerEntry.estimate_nusd), else_=charge),
+                )
+                .returning(LedgerEntry.key_id, LedgerEntry.run_id, LedgerEntry.estimate_nusd, LedgerEntry.actual_nusd)
                 .execution_options(synchronize_session=False)
             ).first()
             if closed is None:
                 return None
-            key_id, estimate = closed
-            charge = max(0, min(actual_nusd, estimate))
-            s.execute(
-                update(LedgerEntry)
-                .where(LedgerEntry.id == reservation_id)
-                .values(actual_nusd=charge)
-                .execution_options(synchronize_session=False)
-            )
-            for key in chain_of(s, key_id):
-                s.execute(
-                    update(ApiKey)
-                    .where(ApiKey.id == key.id)
-                    .values(
-                        reserved_nusd=ApiKey.reserved_nusd - estimate,
-                        spent_nusd=ApiKey.spent_nusd + charge,
+            key_id, run_id, estimate, charged = closed
+            ids = [key_id] if key_id == run_id else [k.id for k in chain_of(s, key_id)]
+            figures: list[Figures] = []
+            for kid in ids:
+                figures.append(
+                    tuple(  # type: ignore[arg-type]
+                        s.execute(
+                            update(ApiKey)
+                            .where(ApiKey.id == kid)
+                            .values(
+                                reserved_nusd=ApiKey.reserved_nusd - estimate,
+                                spent_nusd=ApiKey.spent_nusd + charged,
+                            )
+                            .returning(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
+                            .execution_options(synchronize_session=False)
+                        ).one()
                     )
-                    .execution_options(synchronize_session=False)
                 )
-            return charge
+            return charged, balance_from(figures)
 
     def extend(self, reservation_id: str, ttl_s: float | None = None) -> bool:
         """A live holder renews its lease so the reaper leaves it alone."""

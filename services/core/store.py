@@ -54,6 +54,8 @@ def _make_engine(url: str, settings: StoreSettings, schema: str | None) -> Engin
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: never corrupts; a power cut may lose the last commits, not reorder them.
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()

@@ -1,0 +1,103 @@
+"""Gateway overhead: the latency the gateway adds to a rollout call.
+
+Runs the stand-in provider in its own process and, in this one, the rollout service app on its own port
+(called directly with a valid gateway signature) and the embedded gym on another port,
+then alternates identical chat completions through both. Prints p50 / p99 of each, the
+gateway's added latency (difference) and the ratio. Store: SQLite (default) or PostgreSQL
+(``--store postgres``, needs 127.0.0.1:5432 db test).
+
+    .venv/bin/python bench/gateway_overhead.py [--calls 300] [--store sqlite|postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from _common import pct, serve, standin_process, summary
+
+import httpx
+
+from gateway.builder import build_embedded
+from services.core.config import GymConfig
+from services.core.identity import Identity, sign
+from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.store import Store
+
+BODY = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    args = parser.parse_args()
+
+    provider_key = "sk-bench-" + secrets.token_hex(8)
+    with standin_process(provider_key) as provider:
+        config = GymConfig.model_validate({"rollout": {"models": [{
+            "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider + "/v1",
+            "api_key_env": "BENCH_TEACHER_KEY", "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}]}})
+        data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
+        settings = GymSettings(data_dir=data, admin_token="bench-admin", internal_secret=secrets.token_hex(16))
+        store = None
+        if args.store == "postgres":
+            from sqlalchemy import create_engine, text
+
+            schema = f"bench_{secrets.token_hex(4)}"
+            url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+            with create_engine(url, isolation_level="AUTOCOMMIT").connect() as conn:
+                conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+            store = Store(url, StoreSettings(), schema=schema)
+            store.migrate()
+        gym = build_embedded(settings, config=config, store=store,
+                             provider_secrets=ProviderSecrets({"BENCH_TEACHER_KEY": provider_key}), run_reaper=False)
+        with serve(gym.app) as gateway_url, serve(gym.service_apps["rollout"]) as service_url, \
+                httpx.Client(timeout=60) as client:
+            key = client.post(f"{gateway_url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
+                              headers={"Authorization": "Bearer bench-admin"}).json()["key"]
+            raw = json.dumps(BODY).encode()
+
+            def direct() -> float:
+                identity = Identity(request_id="req_bench", key_id="k", run_id="k", service="rollout",
+                                    operation="chat.completions", policies=[{"models": "*"}], issued_at=time.time())
+                headers = {"content-type": "application/json",
+                           **sign(identity, settings.internal_secret or "", "POST", "/v1/chat/completions", raw)}
+                t0 = time.perf_counter()
+                r = client.post(f"{service_url}/v1/chat/completions", content=raw, headers=headers)
+                elapsed = time.perf_counter() - t0
+                assert r.status_code == 200, r.text
+                return elapsed
+
+            def through_gateway() -> float:
+                t0 = time.perf_counter()
+                r = client.post(f"{gateway_url}/rollout/v1/chat/completions", json=BODY,
+                                headers={"Authorization": f"Bearer {key}"})
+                elapsed = time.perf_counter() - t0
+                assert r.status_code == 200, r.text
+                return elapsed
+
+            for _ in range(20):  # warm up imports, pools, tokenizers
+                direct(), through_gateway()
+            direct_times, gateway_times = [], []
+            for _ in range(args.calls):
+                direct_times.append(direct())
+                gateway_times.append(through_gateway())
+        if store is not None:
+            store.dispose()
+
+    added = [g - d for g, d in zip(gateway_times, direct_times, strict=True)]
+    print(f"gateway overhead, {args.calls} sequential chat completions each, store={args.store}")
+    print(f"  direct to service : {summary(direct_times)}")
+    print(f"  through gateway   : {summary(gateway_times)}")
+    print(f"  added (paired)    : p50 {pct(added, 50) * 1000:7.2f} ms  p99 {pct(added, 99) * 1000:7.2f} ms")
+    print(f"  ratio gateway/direct: p50 {pct(gateway_times, 50) / pct(direct_times, 50):.2f}x  "
+          f"p99 {pct(gateway_times, 99) / pct(direct_times, 99):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
