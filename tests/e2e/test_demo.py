@@ -1,0 +1,23 @@
+"""`make demo` runs `rsigym demo`: it must pass on a fresh data dir and leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from gateway.demo import run_demo
+from tests.fakes.servers import free_port
+
+
+def _children() -> set[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(os.getpid())], capture_output=True, text=True, check=False)
+    return {int(p) for p in out.stdout.split()}
+
+
+def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
+    before = _children()
+    assert run_demo(data_dir=tmp_path / "demo", port=free_port()) == 0
+    assert (tmp_path / "demo" / "admin-token").stat().st_mode & 0o077 == 0
+    leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
+    assert not leftover
