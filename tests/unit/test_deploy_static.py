@@ -408,7 +408,7 @@ def test_server_dockerfile_installs_the_project_with_optional_extras() -> None:
     assert health and "/healthz" in health[0] and "python" in health[0] and "curl" not in health[0]
     # The project's packages are what it copies: pyproject.toml finds gateway*, services* and sdk/rsigym*.
     copied = {s.rstrip("/") for w, a in steps if w == "COPY" for s in copy_sources(a) or []}
-    assert {"pyproject.toml", "gateway", "services", "sdk"} <= copied
+    assert {"pyproject.toml", "README.md", "gateway", "services", "sdk"} <= copied
 
 
 def test_agent_dockerfile_ships_the_sdk_only() -> None:
@@ -483,7 +483,7 @@ def _templates() -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted((CHART / "templates").iterdir()) if p.is_file()}
 
 
-def test_chart_metadata_and_values_parse(chart_values: dict[str, Any]) -> None:
+def test_chart_metadata_and_values_parse(chart_values: dict[str, Any], tmp_path: Path) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["name"] == "rsigym" and chart["version"]
     for key in ("image", "store", "internalSecret", "providers", "gateway", "rollout"):
@@ -492,7 +492,7 @@ def test_chart_metadata_and_values_parse(chart_values: dict[str, Any]) -> None:
     assert chart_values["gateway"]["resources"] and chart_values["rollout"]["resources"]
     for ref in ("store", "internalSecret", "adminToken", "providers"):
         assert chart_values[ref]["secretName"], f"{ref} must reference a Secret"
-    config_path = Path(pytest.importorskip("tempfile").mkdtemp()) / "gym.toml"
+    config_path = tmp_path / "gym.toml"
     config_path.write_text(chart_values["config"]["gymToml"])
     load_config(config_path)
 
@@ -529,8 +529,9 @@ def test_chart_wires_the_gateway_to_the_rollout_service() -> None:
 def test_networkpolicy_confines_agent_pods_to_the_gateway(chart_values: dict[str, Any]) -> None:
     text = _templates()["networkpolicy.yaml"]
     assert "kind: NetworkPolicy" in text and "rsigym/role" in text
-    assert chart_values["networkPolicy"]["agentRole"] == "agent" or "rsigym/role: agent" in text
-    agent_policy = text.split("---")[0]
+    agent_policy = text.split("---")[0].replace("{{ .Values.networkPolicy.agentRole }}", chart_values["networkPolicy"]["agentRole"])
+    assert re.search(r"^spec:\n  podSelector:\n    matchLabels:\n      rsigym/role: agent\n", agent_policy, re.M), \
+        "the first policy must select the agent pods by rsigym/role: agent"
     assert "policyTypes: [Egress]" in agent_policy
     assert '"role" "gateway"' in agent_policy, "agent egress must target the gateway pods"
     assert '"role" "rollout"' not in agent_policy and "ipBlock" not in agent_policy
