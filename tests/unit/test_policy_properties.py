@@ -36,9 +36,9 @@ from services.core.policy import FieldRule, Policy, ServicePolicy, apply_chain, 
 # draw makes hypothesis re-validate it each time, which costs far more than the tests themselves.
 # Budget: the whole file in well under 20 s on two cores. Single-rule properties are cheap and get
 # many examples; whole-policy properties (random policies, bodies, chains) get fewer.
-TARGETED = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TARGETED = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 WHOLE_POLICY = settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )
 
 SEGMENTS = ("lora", "rank", "alpha")
@@ -150,7 +150,27 @@ def type_trick_variants(value: Any) -> list[Any]:
         out += [{**value, "x_extra": 1}, {}, list(value.values())]
         for k, v in value.items():
             out.append({**value, k: [v]})
+    if isinstance(value, (dict, list)):
+        out.append(retyped(value))
     return out
+
+
+def retyped(value: Any) -> Any:
+    """``value`` with every number and bool swapped for its look-alike (1 -> 1.0, 2.0 -> 2, True -> 1).
+
+    Python's ``==`` calls the result equal to ``value``; canonical JSON does not.
+    """
+    if isinstance(value, dict):
+        return {k: retyped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [retyped(v) for v in value]
+    if type(value) is bool:
+        return int(value)
+    if type(value) is int and abs(value) < 2**53:
+        return float(value)
+    if type(value) is float and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
 
 
 # -- paths and rules -----------------------------------------------------------------------
@@ -188,7 +208,9 @@ def segment_objects() -> st.SearchStrategy[dict[str, Any]]:
     """Objects keyed by path segments ({"rank": 64}), so a fixed object lands on other rules' paths."""
     return st.recursive(
         st.dictionaries(st.sampled_from(SEGMENTS), json_scalars(), min_size=1, max_size=2),
-        lambda inner: st.dictionaries(st.sampled_from(SEGMENTS), st.one_of(json_scalars(), inner), min_size=1, max_size=2),
+        lambda inner: st.dictionaries(
+            st.sampled_from(SEGMENTS), st.one_of(json_scalars(), inner), min_size=1, max_size=2
+        ),
         max_leaves=4,
     )
 
@@ -290,7 +312,9 @@ def related_paths(draw: st.DrawFn, paths: list[str]) -> str:
 
 
 @st.composite
-def field_maps(draw: st.DrawFn, rules: st.SearchStrategy[FieldRule], max_size: int = 4, near: tuple[str, ...] = ()) -> dict[str, Any]:
+def field_maps(
+    draw: st.DrawFn, rules: st.SearchStrategy[FieldRule], max_size: int = 4, near: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Up to ``max_size`` rules (as JSON) on paths that often nest in one another or in ``near``.
 
     Overlapping paths (``lora`` and ``lora.rank``) are where fills and checks can interfere.
@@ -320,15 +344,22 @@ def single_rule_policy(path: str, rule: FieldRule, service: str = "training") ->
     return Policy.model_validate({"services": {service: {"fields": {path: rule.root}}}})
 
 
-def set_path(body: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``value`` at dotted ``path``, creating (or replacing non-object) containers on the way."""
-    parts = path.split(".")
+def set_keys(body: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``value`` under nested ``keys``, creating (or replacing non-object) containers on the way.
+
+    Keys are taken literally, so a key may itself contain dots (a dotted alias).
+    """
     container = body
-    for part in parts[:-1]:
-        if not isinstance(container.get(part), dict):
-            container[part] = {}
-        container = container[part]
-    container[parts[-1]] = value
+    for key in keys[:-1]:
+        if not isinstance(container.get(key), dict):
+            container[key] = {}
+        container = container[key]
+    container[keys[-1]] = value
+
+
+def set_path(body: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``value`` at dotted ``path`` (``lora.rank`` -> body["lora"]["rank"])."""
+    set_keys(body, path.split("."), value)
 
 
 def get_path(body: dict[str, Any], path: str) -> Any:
@@ -357,7 +388,11 @@ def clear_of_rules(at: tuple[str, ...], paths: list[str]) -> bool:
     return not any(at[: len(p.split("."))] == tuple(p.split(".")) for p in paths)
 
 
-def place_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> list[tuple[tuple[str, ...], str, Any]]:
+Placement = tuple[tuple[str, ...], str, Any]
+"""An extra field: the key path of the object it goes into, its key and its value."""
+
+
+def place_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int, str, Any]]) -> list[Placement]:
     """Where the extra fields go: (object's key path, extra key, value), only in objects no rule constrains."""
     nodes = [at for at, _ in object_nodes(body) if clear_of_rules(at, paths)]
     placed: dict[tuple[tuple[str, ...], str], Any] = {}
@@ -367,7 +402,7 @@ def place_extras(body: dict[str, Any], paths: list[str], extras: list[tuple[int,
     return [(at, key, value) for (at, key), value in placed.items()]
 
 
-def put_extras(body: dict[str, Any], placements: list[tuple[tuple[str, ...], str, Any]]) -> dict[str, Any]:
+def put_extras(body: dict[str, Any], placements: list[Placement]) -> dict[str, Any]:
     """A copy of ``body`` with the placed extra fields added (an existing key is left alone)."""
     out = copy.deepcopy(body)
     for at, key, value in placements:
@@ -403,7 +438,7 @@ def bodies_for(draw: st.DrawFn, rules: dict[str, FieldRule]) -> dict[str, Any]:
     body: dict[str, Any] = draw(st.dictionaries(json_keys(), json_values(max_leaves=3), max_size=2))
     for path, rule in rules.items():
         parts = path.split(".")
-        action = draw(st.sampled_from(["absent", "value", "value", "value", "non-object", "alias"]))
+        action = draw(st.sampled_from(["absent", "absent", "value", "value", "non-object", "alias"]))
         if action == "value":
             set_path(body, path, draw(values_for([rule])))
         elif action == "non-object" and len(parts) > 1:
@@ -411,11 +446,8 @@ def bodies_for(draw: st.DrawFn, rules: dict[str, FieldRule]) -> dict[str, Any]:
             set_path(body, ".".join(parts[:cut]), draw(non_objects()))
         elif action == "alias" and len(parts) > 1:
             cut = draw(st.integers(min_value=0, max_value=len(parts) - 2))
-            alias = ".".join(parts[cut:])
-            if cut:
-                set_path(body, ".".join(parts[:cut] + [alias]), draw(values_for([rule])))
-            else:
-                body[alias] = draw(values_for([rule]))
+            # e.g. {"lora.rank": v} (cut 0) or {"lora": {"rank.alpha": v}} (cut 1)
+            set_keys(body, parts[:cut] + [".".join(parts[cut:])], draw(values_for([rule])))
     if draw(st.booleans()):
         body["model"] = draw(st.one_of(st.sampled_from(MODELS), json_values(max_leaves=3)))
     return add_extras(body, list(rules), draw(extras_lists()))
@@ -474,34 +506,43 @@ def is_admissible_number(value: Any, lo: Any, hi: Any) -> bool:
 # -- 1. fixed fields -----------------------------------------------------------------------
 
 
+def candidates(rule: FieldRule, drawn: list[Any]) -> list[Any]:
+    """Values to offer against ``rule``: the ones it names, every type-trick variant of those, and ``drawn``."""
+    named = rule_values(rule)
+    return named + [t for v in named for t in type_trick_variants(v)] + drawn
+
+
 @TARGETED
 @given(
     path=field_paths(),
-    fixed=json_values(),
-    offered=st.data(),
+    fixed=st.one_of(json_scalars(), json_values(), segment_objects()),
+    drawn=st.lists(any_values(), max_size=3),
     extras=extras_lists(),
 )
-def test_fixed_field_cannot_be_overridden(path, fixed, offered, extras):
-    """A fixed field is filled in when absent, kept when canonically equal, refused otherwise."""
+def test_fixed_field_cannot_be_overridden(path, fixed, drawn, extras):
+    """A fixed field is filled in when absent, kept when canonically equal, refused otherwise.
+
+    Every type-trick variant of the fixed value is offered ("16", 16.0, true, [16], {"value": 16}, ...).
+    """
     rule = FieldRule.model_validate({"fixed": fixed})
     policy = single_rule_policy(path, rule)
-    value = offered.draw(st.one_of(st.just(MISSING), values_for([rule])), label="offered")
-    body: dict[str, Any] = {}
-    if value is not MISSING:
-        set_path(body, path, value)
-    body = add_extras(body, [path], extras)
+    for value in [MISSING] + candidates(rule, drawn):
+        body: dict[str, Any] = {}
+        if value is not MISSING:
+            set_path(body, path, value)
+        body = add_extras(body, [path], extras)
 
-    verdict, result = outcome(policy.apply, "training", body)
+        verdict, result = outcome(policy.apply, "training", body)
 
-    if value is MISSING or canonical(value) == canonical(fixed):
-        assert verdict == "ok", f"{body!r} refused at {result!r}"
-        got = get_path(result, path)
-        assert canonical(got) == canonical(fixed)
-        if isinstance(fixed, (dict, list)) and value is MISSING:
-            assert got is not rule.arg, "the filled value aliases the policy's own value"
-    else:
-        assert verdict == "refused", f"{value!r} overrode fixed {fixed!r}: {result!r}"
-        assert result == path
+        if value is MISSING or canonical(value) == canonical(fixed):
+            assert verdict == "ok", f"{body!r} refused at {result!r}"
+            got = get_path(result, path)
+            assert canonical(got) == canonical(fixed)
+            if isinstance(fixed, (dict, list)) and value is MISSING:
+                assert got is not rule.arg, "the filled value aliases the policy's own value"
+        else:
+            assert verdict == "refused", f"{value!r} overrode fixed {fixed!r}: {result!r}"
+            assert result == path
 
 
 @WHOLE_POLICY
@@ -523,28 +564,73 @@ def test_accepted_bodies_satisfy_every_rule_of_random_policies(case):
         assert rules.allows_model(result["model"])
 
 
+@st.composite
+def overlapping_rule_pairs(draw: st.DrawFn) -> list[tuple[str, FieldRule]]:
+    """Two rules on nesting paths (``lora`` and ``lora.rank``), at least one fixed, in random order."""
+    outer = draw(field_paths().filter(lambda p: p.count(".") < 2))
+    inner = outer + "." + ".".join(draw(st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=2 - outer.count("."))))
+    fixed_path = draw(st.sampled_from([outer, inner]))
+    other_path = inner if fixed_path == outer else outer
+    fixed = draw(fixed_rules())
+    if fixed_path == outer and draw(st.booleans()):
+        # A fixed object that reaches down to the inner path.
+        value: Any = draw(json_values(max_leaves=3))
+        for part in reversed(inner.split(".")[outer.count(".") + 1 :]):
+            value = {part: value}
+        fixed = FieldRule.model_validate({"fixed": value})
+    pairs = [(fixed_path, fixed), (other_path, draw(field_rules()))]
+    return pairs if draw(st.booleans()) else pairs[::-1]
+
+
+@TARGETED
+@given(pairs=overlapping_rule_pairs(), data=st.data())
+def test_fills_never_break_another_rule_of_the_same_policy(pairs, data):
+    """A fixed fill on lora (or lora.rank) cannot slip a value past a rule on lora.rank (or lora)."""
+    policy = Policy.model_validate({"services": {"training": {"fields": {p: r.root for p, r in pairs}}}})
+    rules = dict(pairs)
+    for body in ({}, data.draw(bodies_for(rules), label="body")):
+        verdict, result = outcome(policy.apply, "training", body)
+        if verdict != "ok":
+            continue
+        for path, rule in rules.items():
+            got = get_path(result, path)
+            if rule.kind == "fixed":
+                assert got is not MISSING and canonical(got) == canonical(rule.arg), (path, got, result)
+            if got is not MISSING:
+                assert rule.admits(got), f"{path} = {got!r} escapes {rule.describe()} in {result!r}"
+
+
 # -- 2. allowed values ---------------------------------------------------------------------
 
 
 @TARGETED
-@given(path=field_paths(), allowed=st.lists(json_values(max_leaves=4), min_size=1, max_size=4), data=st.data())
-def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, data):
-    """Only values canonically in the list pass; "16", 16.0, true, [16], {"value": 16} do not pass for 16."""
+@given(
+    path=field_paths(),
+    allowed=st.lists(st.one_of(json_scalars(), json_values(max_leaves=4)), min_size=1, max_size=4),
+    drawn=st.lists(any_values(), max_size=3),
+    extras=extras_lists(),
+)
+def test_allowed_values_cannot_be_escaped_by_type_tricks(path, allowed, drawn, extras):
+    """Only values canonically in the list pass; "16", 16.0, true, [16], {"value": 16} do not pass for 16.
+
+    Every type-trick variant of every allowed value is offered; a variant passes only if it is
+    itself canonically in the list.
+    """
     rule = FieldRule.model_validate({"allowed": allowed})
     policy = single_rule_policy(path, rule)
     texts = {canonical(v) for v in allowed}
-    value = data.draw(values_for([rule]), label="offered")
-    body = add_extras({}, [path], data.draw(extras_lists(), label="extras"))
-    set_path(body, path, value)
+    for value in candidates(rule, drawn):
+        body = add_extras({}, [path], extras)
+        set_path(body, path, value)
 
-    verdict, result = outcome(policy.apply, "training", body)
+        verdict, result = outcome(policy.apply, "training", body)
 
-    if canonical(value) is not None and canonical(value) in texts:
-        assert verdict == "ok", f"allowed value {value!r} refused"
-        assert canonical(get_path(result, path)) in texts
-    else:
-        assert verdict == "refused", f"{value!r} escaped allowed {allowed!r}"
-        assert result == path
+        if canonical(value) is not None and canonical(value) in texts:
+            assert verdict == "ok", f"allowed value {value!r} refused"
+            assert canonical(get_path(result, path)) in texts
+        else:
+            assert verdict == "refused", f"{value!r} escaped allowed {allowed!r}"
+            assert result == path
 
 
 # -- 3. ranges -----------------------------------------------------------------------------
@@ -695,7 +781,7 @@ def chain_cases(draw: st.DrawFn) -> tuple[Policy, Policy, str, dict[str, Any]]:
     return parent, child, service, draw(bodies_for(rules))
 
 
-@TARGETED
+@WHOLE_POLICY
 @given(case=chain_cases())
 def test_chain_accepts_only_what_each_policy_accepts_in_sequence(case):
     """apply_chain([parent, child]) == parent.apply then child.apply on the parent's output."""
@@ -772,6 +858,42 @@ def test_child_within_parent_never_accepts_what_the_parent_refuses(case):
     assert chain_verdict == "ok" and same_json(chained, after_child)
 
 
+@st.composite
+def overlapping_parent_child(draw: st.DrawFn) -> tuple[Policy, Policy]:
+    """A parent with one rule and a child with a fixed rule on a nesting path (above or below it)."""
+    outer = draw(field_paths().filter(lambda p: p.count(".") < 2))
+    inner = outer + "." + draw(st.sampled_from(SEGMENTS))
+    parent_path, child_path = draw(st.sampled_from([(outer, inner), (inner, outer)]))
+    parent_rule = draw(field_rules())
+    child_fixed: Any = draw(st.one_of(json_values(max_leaves=3), segment_objects()))
+    if child_path == outer and draw(st.booleans()):
+        child_fixed = {inner.rsplit(".", 1)[1]: child_fixed}
+    parent = Policy.model_validate({"services": {"training": {"fields": {parent_path: parent_rule.root}}}})
+    child = Policy.model_validate({"services": {"training": {"fields": {child_path: {"fixed": child_fixed}}}}})
+    return parent, child
+
+
+@TARGETED
+@given(pair=overlapping_parent_child(), data=st.data())
+def test_child_fixed_fill_cannot_reshape_a_parent_rule(pair, data):
+    """A child fixed on lora = {"rank": 64} (or on lora.rank) must not get past a parent rule on lora.rank (or lora)."""
+    parent, child = pair
+    try:
+        child.assert_within(parent)
+    except PermissionDenied:
+        return
+    rules = {**parent.services["training"].fields, **child.services["training"].fields}
+    for body in ({}, data.draw(bodies_for(rules), label="body")):
+        verdict, after_parent = outcome(parent.apply, "training", body)
+        if verdict != "ok":
+            continue
+        verdict, after_child = outcome(child.apply, "training", after_parent)
+        if verdict != "ok":
+            continue
+        recheck_verdict, recheck = outcome(parent.apply, "training", after_child)
+        assert recheck_verdict == "ok", f"child made {after_child!r}, which the parent refuses at {recheck!r}"
+
+
 # -- 8. model allowlist --------------------------------------------------------------------
 
 
@@ -799,12 +921,12 @@ def test_model_allowlist_refuses_non_string_models(models, model, extras):
 # -- 9. FieldRule.within -------------------------------------------------------------------
 
 
-def rule_pairs() -> st.SearchStrategy[tuple[FieldRule, FieldRule]]:
-    """(a, b) pairs: independent rules, or a rule narrowed from b (so that a.within(b) often holds)."""
-    return st.one_of(
-        st.tuples(field_rules(), field_rules()),
-        field_rules().flatmap(lambda b: narrowed_rules(b).map(lambda a: (a, b))),
-    )
+@st.composite
+def rule_pairs(draw: st.DrawFn) -> tuple[FieldRule, FieldRule]:
+    """(a, b) pairs: half independent rules, half a rule narrowed from b (so a.within(b) often holds)."""
+    b = draw(field_rules())
+    a = draw(narrowed_rules(b)) if draw(st.booleans()) else draw(field_rules())
+    return a, b
 
 
 @TARGETED
@@ -813,8 +935,10 @@ def test_within_implies_admits_inclusion(pair, data):
     """a.within(b) implies: for every value v, a.admits(v) implies b.admits(v)."""
     a, b = pair
     assume(a.within(b))
-    values = data.draw(st.lists(values_for([a, b]), min_size=1, max_size=10), label="values")
-    for value in values:
+    drawn = data.draw(st.lists(values_for([a, b]), max_size=5), label="values")
+    range_edges = [x for r in (a, b) if r.kind == "range" for x in near_bounds(*r.arg)]
+    hostile = [math.nan, math.inf, -math.inf, 10**400, -(10**400)]
+    for value in candidates(a, []) + candidates(b, drawn) + range_edges + hostile:
         if a.admits(value):
             assert b.admits(value), f"{a.describe()} within {b.describe()} but admits {value!r} and b does not"
 
@@ -830,3 +954,24 @@ def test_type_tricks_examples_are_refused():
         with pytest.raises(PermissionDenied):
             policy.apply("training", body)
     assert policy.apply("training", {}) == {"lora": {"rank": 16}}
+
+
+def test_regressions_found_by_this_harness():
+    """The three holes these properties found in the matcher, pinned as plain examples."""
+    # 1. An int beyond float range raised OverflowError (a 500) instead of being judged.
+    ranged = single_rule_policy("lora.rank", FieldRule.model_validate({"range": [0, 64]}))
+    with pytest.raises(PermissionDenied):
+        ranged.apply("training", {"lora": {"rank": 10**400}})
+    assert single_rule_policy("n", FieldRule.model_validate({"range": [0, None]})).apply("training", {"n": 10**400})
+    # 2. A fixed fill on lora slipped rank 64 past an earlier rule on lora.rank of the same policy.
+    same = Policy.model_validate(
+        {"services": {"training": {"fields": {"lora.rank": {"allowed": [8, 16]}, "lora": {"fixed": {"rank": 64}}}}}}
+    )
+    with pytest.raises(PermissionDenied):
+        same.apply("training", {})
+    # 3. A child fixed on lora = {"rank": 64} passed assert_within under a parent allowing lora.rank 8 or 16.
+    parent = Policy.model_validate({"services": {"training": {"fields": {"lora.rank": {"allowed": [8, 16]}}}}})
+    for fields in ({"lora": {"fixed": {"rank": 64}}}, {"lora.rank.x": {"fixed": 1}}):
+        child = Policy.model_validate({"services": {"training": {"fields": fields}}})
+        with pytest.raises(PermissionDenied):
+            child.assert_within(parent)
