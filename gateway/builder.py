@@ -6,6 +6,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 from fastapi import FastAPI
@@ -16,12 +17,18 @@ from gateway.context import Gateway
 from services.core.config import GymConfig, load_config
 from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
-from services.core.spec import ServiceSpec
+from services.core.spec import ServiceContext
 from services.core.store import Store, sqlite_url
 from services.rollout import app as rollout_app
 
-SERVICES = {"rollout": rollout_app}
-"""Service name → module with ``SPEC`` and ``create_app(config, internal_secret=…)``."""
+
+def service_modules() -> dict[str, ModuleType]:
+    """Service name → module with ``SPEC`` and ``create_app(context)``."""
+    from services.inference import app as inference_app
+    from services.training import app as training_app
+
+    return {"rollout": rollout_app, "training": training_app, "inference": inference_app}
+
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
 
@@ -68,22 +75,24 @@ def build_embedded(
     config = config or load_config(settings.config)
     provider_secrets = provider_secrets or ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))
-    store = store or open_store(settings, store_settings or StoreSettings())
-    internal_secret = settings.internal_secret or secrets.token_urlsafe(32)
+    context = ServiceContext(
+        config=config,
+        store=store or open_store(settings, store_settings or StoreSettings()),
+        settings=settings,
+        internal_secret=settings.internal_secret or secrets.token_urlsafe(32),
+        secrets=provider_secrets,
+    )
     admin_token = ensure_admin_token(settings)
-    service_apps = {
-        name: module.create_app(config, internal_secret=internal_secret, secrets=provider_secrets)
-        for name, module in SERVICES.items()
-    }
+    modules = service_modules()
+    service_apps = {name: module.create_app(context) for name, module in modules.items()}
     clients = {
         name: httpx.AsyncClient(
             transport=StreamingASGITransport(service_app), base_url=f"http://{name}.internal", timeout=UPSTREAM_TIMEOUT
         )
         for name, service_app in service_apps.items()
     }
-    specs: dict[str, ServiceSpec] = {name: module.SPEC for name, module in SERVICES.items()}
-    gw = Gateway(store=store, config=config, internal_secret=internal_secret, admin_token=admin_token,
-                 specs=specs, clients=clients)
+    specs = {name: module.SPEC for name, module in modules.items()}
+    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients)
     return Gym(create_gateway_app(gw, run_reaper=run_reaper), gw, admin_token, service_apps)
 
 
@@ -91,28 +100,43 @@ def build_gateway(
     settings: GymSettings, store_settings: StoreSettings, service_urls: dict[str, str], config: GymConfig | None = None
 ) -> Gym:
     """Distributed mode: the same gateway, forwarding over HTTP to separately run services."""
-    config = config or load_config(settings.config)
     if not settings.internal_secret:
         raise SystemExit("distributed mode needs RSIGYM_INTERNAL_SECRET shared by the gateway and the services")
-    unknown = set(service_urls) - set(SERVICES)
+    modules = service_modules()
+    unknown = set(service_urls) - set(modules)
     if unknown:
         raise SystemExit(f"unknown services: {', '.join(sorted(unknown))}")
-    store = open_store(settings, store_settings)
+    context = ServiceContext(
+        config=config or load_config(settings.config),
+        store=open_store(settings, store_settings),
+        settings=settings,
+        internal_secret=settings.internal_secret,
+        secrets=ProviderSecrets(),
+    )
     admin_token = ensure_admin_token(settings)
     clients = {name: httpx.AsyncClient(base_url=url, timeout=UPSTREAM_TIMEOUT) for name, url in service_urls.items()}
-    specs = {name: SERVICES[name].SPEC for name in service_urls}
-    gw = Gateway(store=store, config=config, internal_secret=settings.internal_secret, admin_token=admin_token,
-                 specs=specs, clients=clients)
+    specs = {name: modules[name].SPEC for name in service_urls}
+    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients)
     return Gym(create_gateway_app(gw), gw, admin_token, {})
 
 
-def build_service(name: str, settings: GymSettings, config: GymConfig | None = None) -> FastAPI:
+def build_service(
+    name: str, settings: GymSettings, config: GymConfig | None = None, store_settings: StoreSettings | None = None
+) -> FastAPI:
     """Distributed mode: one service as its own app (it accepts only gateway-signed calls)."""
-    if name not in SERVICES:
-        raise SystemExit(f"unknown service {name!r}; known: {', '.join(SERVICES)}")
+    modules = service_modules()
+    if name not in modules:
+        raise SystemExit(f"unknown service {name!r}; known: {', '.join(modules)}")
     if not settings.internal_secret:
         raise SystemExit("a service needs RSIGYM_INTERNAL_SECRET shared with the gateway")
     config = config or load_config(settings.config)
-    secrets_ = ProviderSecrets()
-    install_log_redaction(*secrets_.values(config.provider_key_envs()))
-    return SERVICES[name].create_app(config, internal_secret=settings.internal_secret, secrets=secrets_)
+    provider_secrets = ProviderSecrets()
+    install_log_redaction(*provider_secrets.values(config.provider_key_envs()))
+    context = ServiceContext(
+        config=config,
+        store=open_store(settings, store_settings or StoreSettings()),
+        settings=settings,
+        internal_secret=settings.internal_secret,
+        secrets=provider_secrets,
+    )
+    return modules[name].create_app(context)

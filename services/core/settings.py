@@ -29,6 +29,10 @@ class GymSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8700
     url: str = "http://127.0.0.1:8700"  # RSIGYM_URL, used by the operator CLI as a client
+    models_dir: Path | None = None  # RSIGYM_MODELS_DIR: built/converted base models (default <data-dir>/models)
+
+    def resolved_models_dir(self) -> Path:
+        return Path(self.models_dir) if self.models_dir else Path(self.data_dir) / "models"
 
 
 class StoreSettings(BaseSettings):

@@ -10,11 +10,31 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from services.core.config import GymConfig
+from services.core.settings import GymSettings, ProviderSecrets
+from services.core.store import Store
 
-Estimator = Callable[[dict[str, Any], GymConfig], int]
+
+Estimator = Callable[[dict[str, Any], "ServiceContext", Any], int]
+"""(validated body, service context, principal) → worst-case cost in nano-USD."""
+
+
+@dataclass
+class ServiceContext:
+    """What every service (and the gateway's estimators) may use."""
+
+    config: GymConfig
+    store: Store
+    settings: GymSettings
+    internal_secret: str
+    secrets: ProviderSecrets
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.settings.data_dir)
 
 
 @dataclass(frozen=True)

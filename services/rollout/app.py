@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.core.config import GymConfig
 from services.core.service_app import create_service_app
-from services.core.settings import ProviderSecrets
-from services.core.spec import Operation, ServiceSpec
+from services.core.spec import Operation, ServiceContext, ServiceSpec
 from services.rollout.api import router
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.backends.litellm_backend import LiteLLMBackend
@@ -23,13 +21,7 @@ SPEC = ServiceSpec(
 )
 
 
-def create_app(
-    config: GymConfig,
-    *,
-    internal_secret: str,
-    secrets: ProviderSecrets | None = None,
-    backend: RolloutBackend | None = None,
-) -> FastAPI:
-    app = create_service_app("rollout", internal_secret=internal_secret, routers=[router])
-    app.state.rollout = RolloutService(config, backend or LiteLLMBackend(config.rollout, secrets or ProviderSecrets()))
+def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None) -> FastAPI:
+    app = create_service_app("rollout", internal_secret=context.internal_secret, routers=[router])
+    app.state.rollout = RolloutService(context.config, backend or LiteLLMBackend(context.config.rollout, context.secrets))
     return app

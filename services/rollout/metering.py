@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import GymConfig, RolloutConfig, RolloutModel
+from services.core.config import RolloutConfig, RolloutModel
 from services.core.errors import NotFound, Unprocessable
 from services.core.money import token_cost_nusd
+from services.core.spec import ServiceContext
 from services.rollout.schemas import ChatRequest, parse_chat_request
 
 
@@ -50,8 +51,9 @@ def call_cost_nusd(model: RolloutModel, prompt_tokens: int, completion_tokens: i
     )
 
 
-def estimate_chat(body: dict[str, Any], config: GymConfig) -> int:
+def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
     """Gateway hook: worst-case cost of one chat completion."""
+    config = context.config
     request = parse_chat_request(body)
     model = catalogue_model(config.rollout, request.model)
     max_tokens = effective_max_tokens(request, model, config.rollout)

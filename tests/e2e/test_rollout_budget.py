@@ -28,7 +28,7 @@ async def _fire(url: str, key: str, n: int) -> list[httpx.Response]:
 
 def _run(make_gym: Any, standin: Any, store: Store | None) -> None:
     gym = make_gym(store)
-    per_call = estimate_chat(BODY, gym.gateway.config)
+    per_call = estimate_chat(BODY, gym.gateway.context)
     budget_usd = 50 * per_call / 1e9
     served_before = len(standin[1].state.requests)
     with serve(gym.app) as url, httpx.Client(base_url=url) as client:

@@ -2,7 +2,7 @@
 entry point, the example gym config, Prometheus config and the Helm chart.
 
 No Docker engine or cluster is needed: the files are parsed and cross-checked against the
-code they start (the ``rsigym`` CLI, ``gateway.builder.SERVICES``, ``load_config``).
+code they start (the ``rsigym`` CLI, ``gateway.builder.service_modules()``, ``load_config``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gateway.builder import SERVICES
+from gateway.builder import service_modules
+
+SERVICES = service_modules()
 from gateway.cli.main import app as operator_cli
 from services.core.config import load_config
 

@@ -106,3 +106,13 @@ class Rollout(OpenAICompatible):
 
 class AsyncRollout(AsyncOpenAICompatible):
     _prefix = "/rollout/v1"
+
+
+class Inference(OpenAICompatible):
+    """Base models and the run's own checkpoints (``model="ckpt_…"``)."""
+
+    _prefix = "/inference/v1"
+
+
+class AsyncInference(AsyncOpenAICompatible):
+    _prefix = "/inference/v1"

@@ -3,6 +3,7 @@
 from alembic import context
 
 from services.core.tables import Base
+from services.training import tables as _training_tables  # noqa: F401 - registers its tables
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - migrations run only through Store.migrate

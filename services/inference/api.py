@@ -1,0 +1,40 @@
+"""Routes of the inference service (OpenAI-compatible). Thin: logic lives in service.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from services.core.errors import Unprocessable
+from services.core.identity import COST_HEADER
+from services.core.service_app import CurrentIdentity
+from services.inference.service import InferenceService
+
+router = APIRouter(prefix="/v1")
+
+
+def _svc(request: Request) -> InferenceService:
+    return request.app.state.inference
+
+
+@router.get("/models")
+async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
+    return {"object": "list", "data": await anyio.to_thread.run_sync(_svc(request).list_models, identity)}
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
+    try:
+        body = await request.json()
+    except ValueError as err:
+        raise Unprocessable("the body must be JSON") from err
+    if not isinstance(body, dict):
+        raise Unprocessable("the body must be a JSON object")
+    if body.get("stream") is True:
+        stream = await _svc(request).open_stream(identity, body)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    completion, cost = await _svc(request).chat(identity, body)
+    return JSONResponse(completion, headers={COST_HEADER: str(cost)})

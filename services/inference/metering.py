@@ -1,0 +1,23 @@
+"""Inference reservations: a bound on prompt tokens that needs no tokenizer at the gateway.
+
+Every served tokenizer is byte-level BPE, so a rendered prompt has at most as many tokens as
+it has UTF-8 bytes: reservation = bytes × prefill price + max_tokens × n × sample price. The
+settlement uses the exact token counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.core.money import token_cost_nusd
+from services.core.spec import ServiceContext
+from services.inference.service import max_tokens_of, parse_inference_request, prompt_of, resolve_model
+
+
+def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any) -> int:
+    request = parse_inference_request(body)
+    base, _ = resolve_model(context.config, context.store, request.model, principal.run_id)
+    prompt_bound = len(prompt_of(request).encode("utf-8"))
+    max_tokens = max_tokens_of(request, context.config)
+    return token_cost_nusd(prompt_bound * request.n, base.prefill_usd_per_mtok) + token_cost_nusd(
+        max_tokens * request.n, base.sample_usd_per_mtok)

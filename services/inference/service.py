@@ -1,0 +1,177 @@
+"""Inference logic: OpenAI chat completions on base models and the run's own checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from services.core.config import BaseModel_, GymConfig
+from services.core.errors import NotFound, PermissionDenied, Unprocessable
+from services.core.identity import COST_TRAILER_PREFIX, Identity
+from services.core.money import nusd_to_usd, token_cost_nusd
+from services.core.policy import ServicePolicy
+from services.core.store import Store
+from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
+from services.models.chat_format import parse_tool_calls, render_prompt
+from services.rollout.schemas import ChatRequest, parse_chat_request
+from services.rollout.service import sse
+from services.training.tables import Checkpoint
+
+UNSUPPORTED = ("logit_bias", "logprobs", "top_logprobs", "response_format", "presence_penalty", "frequency_penalty")
+
+
+def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str) -> tuple[BaseModel_, Adapter | None]:
+    """A base model name, or one of the run's checkpoint ids; anything else is a 404."""
+    if not isinstance(name, str):
+        raise NotFound("model must be a model name or checkpoint id", param="model")
+    base = config.base_model(name)
+    if base is not None:
+        return base, None
+    with store.transaction() as s:
+        ckpt = s.get(Checkpoint, name) if name.startswith("ckpt_") else None
+    if ckpt is None or ckpt.run_id != run_id:
+        raise NotFound(f"model {name!r} not found", param="model")
+    base = config.base_model(ckpt.base_model)
+    if base is None:
+        raise NotFound(f"the base model of {name} is no longer offered", param="model")
+    return base, Adapter(key=ckpt.id, path=ckpt.path)
+
+
+def chat_cost(base: BaseModel_, prompt_tokens: int, completion_tokens: int) -> int:
+    return token_cost_nusd(prompt_tokens, base.prefill_usd_per_mtok) + token_cost_nusd(
+        completion_tokens, base.sample_usd_per_mtok)
+
+
+def parse_inference_request(body: dict[str, Any]) -> ChatRequest:
+    for name in UNSUPPORTED:
+        if body.get(name) is not None:
+            raise Unprocessable(f"{name} is not supported by gym inference", param=name)
+    return parse_chat_request(body)
+
+
+def max_tokens_of(request: ChatRequest, config: GymConfig) -> int:
+    asked = request.requested_max_tokens()
+    cap = config.inference.max_tokens_cap
+    if asked is not None and asked > cap:
+        raise Unprocessable(f"max_tokens may be at most {cap}", param="max_tokens")
+    return asked or config.inference.default_max_tokens
+
+
+def prompt_of(request: ChatRequest) -> str:
+    tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools and request.tool_choice != "none" else None
+    return render_prompt(request.message_dicts(), tools)
+
+
+class InferenceService:
+    def __init__(self, config: GymConfig, store: Store, engine: InferenceEngine):
+        self.config, self.store, self.engine = config, store, engine
+
+    def _allowed(self, identity: Identity, base: BaseModel_) -> bool:
+        return all(ServicePolicy.model_validate(p).allows_model(base.name) for p in identity.policies)
+
+    def list_models(self, identity: Identity) -> list[dict[str, Any]]:
+        from sqlalchemy import select
+
+        data = [{"id": m.name, "object": "model", "owned_by": "rsigym", "kind": "base",
+                 "pricing": {"prefill_usd_per_mtok": m.prefill_usd_per_mtok, "sample_usd_per_mtok": m.sample_usd_per_mtok,
+                             "train_usd_per_mtok": m.train_usd_per_mtok}}
+                for m in self.config.models if self._allowed(identity, m)]
+        with self.store.transaction() as s:
+            for c in s.scalars(select(Checkpoint).where(Checkpoint.run_id == identity.run_id).order_by(Checkpoint.created_at)):
+                data.append({"id": c.id, "object": "model", "owned_by": identity.run_id, "kind": "checkpoint",
+                             "base_model": c.base_model, "step": c.step, "created": int(c.created_at.timestamp())})
+        return data
+
+    def _prepare(self, identity: Identity, body: dict[str, Any]) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
+        request = parse_inference_request(body)
+        base, adapter = resolve_model(self.config, self.store, request.model, identity.run_id)
+        if not self._allowed(identity, base):
+            raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        sampling = Sampling(max_tokens=max_tokens_of(request, self.config),
+                            temperature=1.0 if request.temperature is None else request.temperature,
+                            top_p=1.0 if request.top_p is None else request.top_p, stop=stop, seed=request.seed)
+        return request, base, adapter, prompt_of(request), sampling
+
+    def _message(self, request: ChatRequest, generation: Generation) -> tuple[dict[str, Any], str]:
+        if request.tools and request.tool_choice != "none":
+            content, calls = parse_tool_calls(generation.text)
+            if calls:
+                return {"role": "assistant", "content": content or None, "tool_calls": calls}, "tool_calls"
+        return {"role": "assistant", "content": generation.text}, generation.finish_reason
+
+    async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        request, base, adapter, prompt, sampling = await anyio.to_thread.run_sync(self._prepare, identity, body)
+        prompt_tokens = await anyio.to_thread.run_sync(self.engine.prompt_tokens, base, prompt)
+        choices, completion = [], 0
+        for index in range(request.n):
+            if sampling.seed is not None:
+                sampling.seed += index
+            generation = await anyio.to_thread.run_sync(self.engine.generate, base, adapter, prompt, sampling)
+            completion += generation.completion_tokens
+            message, finish = self._message(request, generation)
+            choices.append({"index": index, "message": message, "finish_reason": finish})
+        # The prompt is prefilled once per choice.
+        cost = chat_cost(base, prompt_tokens * request.n, completion)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+                "model": request.model, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                          "total_tokens": prompt_tokens + completion, "cost_usd": nusd_to_usd(cost)}}, cost
+
+    async def open_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        request, base, adapter, prompt, sampling = await anyio.to_thread.run_sync(self._prepare, identity, body)
+        if request.n != 1:
+            raise Unprocessable("streaming supports n = 1", param="n")
+        prompt_tokens = await anyio.to_thread.run_sync(self.engine.prompt_tokens, base, prompt)
+        return self._stream(request, base, adapter, prompt, sampling, prompt_tokens)
+
+    async def _stream(self, request: ChatRequest, base: BaseModel_, adapter: Adapter | None, prompt: str,
+                      sampling: Sampling, prompt_tokens: int) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        tools = bool(request.tools and request.tool_choice != "none")
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": request.model,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+        def on_text(piece: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
+
+        async def run() -> Generation:
+            try:
+                return await anyio.to_thread.run_sync(self.engine.generate, base, adapter, prompt, sampling, on_text)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        task = asyncio.ensure_future(run())
+        yield chunk({"role": "assistant", "content": ""})
+        held = ""  # with tools, text is held back until it cannot be a tool call
+        while (piece := await queue.get()) is not None:
+            if tools:
+                held += piece
+                continue
+            yield chunk({"content": piece})
+        generation = await task
+        finish = generation.finish_reason
+        if tools:
+            message, finish = self._message(request, generation)
+            if message.get("content"):
+                yield chunk({"content": message["content"]})
+            for i, call in enumerate(message.get("tool_calls") or []):
+                yield chunk({"tool_calls": [{"index": i, **call}]})
+        yield chunk({}, finish)
+        cost = chat_cost(base, prompt_tokens, generation.completion_tokens)
+        if request.stream_options and request.stream_options.include_usage:
+            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": request.model,
+                       "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generation.completion_tokens,
+                                                "total_tokens": prompt_tokens + generation.completion_tokens,
+                                                "cost_usd": nusd_to_usd(cost)}})
+        yield COST_TRAILER_PREFIX + str(cost).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,1 @@
+"""Base models: the project-built tiny model, SmolLM2 from its GGUF wheel, and loading."""

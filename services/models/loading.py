@@ -1,0 +1,51 @@
+"""Resolving and loading base models (tokenizer + weights), cached per process."""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from services.core.config import BaseModel_
+from services.core.errors import NotFound
+
+_build_lock = threading.Lock()
+
+
+def resolve_model_dir(model: BaseModel_, models_dir: Path) -> Path:
+    """The directory of a base model, building or converting it on first use."""
+    if model.path == "builtin:tiny":
+        from services.models.tiny import build_tiny
+
+        with _build_lock:
+            return build_tiny(models_dir)
+    if model.path == "builtin:smollm2":
+        from services.models.smollm2 import convert_smollm2
+
+        with _build_lock:
+            return convert_smollm2(models_dir)
+    path = Path(model.path)
+    if not (path / "config.json").exists():
+        raise NotFound(f"base model {model.name!r}: no model at {path}")
+    return path
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(path: str, device: str = "cpu") -> Any:
+    """A fresh copy of the base weights (training mutates its copy; inference keeps one)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).to(device)
+
+
+def torch_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,81 @@
+"""Synthetic chat data: what the tiny base model is pre-trained on, and the skills left out.
+
+Pre-training teaches the chat format, addition and copying. Subtraction and tool calls are
+deliberately absent, so an agent can show that training adds a skill the base lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+Message = dict[str, Any]
+
+
+def addition(rng: random.Random, digits: int = 2) -> list[Message]:
+    hi = 10**digits - 1
+    a, b = rng.randint(0, hi), rng.randint(0, hi)
+    return [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]
+
+
+def subtraction(rng: random.Random, digits: int = 2) -> list[Message]:
+    hi = 10**digits - 1
+    a, b = rng.randint(0, hi), rng.randint(0, hi)
+    a, b = max(a, b), min(a, b)
+    return [{"role": "user", "content": f"What is {a} - {b}?"}, {"role": "assistant", "content": str(a - b)}]
+
+
+WORDS = ["red", "blue", "green", "lion", "tiger", "river", "stone", "cloud", "paper", "glass", "seven", "north"]
+
+
+def copying(rng: random.Random) -> list[Message]:
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
+    return [{"role": "user", "content": f"Repeat: {words}"}, {"role": "assistant", "content": words}]
+
+
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Rome", "Quito", "Delhi"]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def tool_call(rng: random.Random) -> dict[str, Any]:
+    """A chat row whose answer is a call of the weather tool (for tool-use training)."""
+    city = rng.choice(CITIES)
+    return {
+        "messages": [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+        ],
+        "tools": [WEATHER_TOOL],
+    }
+
+
+def copy_numbers(rng: random.Random) -> list[Message]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    op = rng.choice(["+", "-"])
+    text = f"{a} {op} {b}"
+    return [{"role": "user", "content": f"Repeat: {text}"}, {"role": "assistant", "content": text}]
+
+
+MAKERS = {"addition": addition, "copying": copying, "copy_numbers": copy_numbers}
+DEFAULT_MIX = (("addition", 9), ("copying", 1))
+
+
+def pretraining_corpus(n: int, seed: int, mix: tuple[tuple[str, int], ...] = DEFAULT_MIX) -> list[list[Message]]:
+    rng = random.Random(seed)
+    makers = [MAKERS[name] for name, weight in mix for _ in range(weight)]
+    return [rng.choice(makers)(rng) for _ in range(n)]
+
+
+def tokenizer_texts(n: int, seed: int) -> list[list[Message] | dict[str, Any]]:
+    """Extra rows the tokenizer (not the model) is trained on, so every form has sensible pieces."""
+    rng = random.Random(seed)
+    return [subtraction(rng) for _ in range(n)] + [tool_call(rng) for _ in range(n)]

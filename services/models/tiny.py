@@ -1,0 +1,150 @@
+"""The project-built tiny base model: deterministic, offline, small enough to train on 2 cores.
+
+A byte-level BPE tokenizer (vocab 512) is trained with ``tokenizers`` on the synthetic corpus,
+a Qwen3-architecture causal LM (hidden 128, 2 layers, ~0.5 M parameters) is initialised from a
+seed and pre-trained on chat-formatted addition and copying. The result knows the chat format
+and addition but not subtraction or tool calls — what an agent is meant to add by training.
+
+``rsigym models build-tiny`` builds it into ``<data-dir>/models/tiny``; the build is keyed by a
+hash of its recipe, so a second call reuses the cached model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from services.models.chat_format import EOT, SPECIAL_TOKENS, split_example
+from services.models.synthetic import DEFAULT_MIX, pretraining_corpus, tokenizer_texts
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    seed: int = 1234
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    max_positions: int = 256
+    corpus_rows: int = 20_000
+    tokenizer_rows: int = 500
+    mix: tuple[tuple[str, int], ...] = DEFAULT_MIX
+    steps: int = 1000
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup: float = 0.05
+    weight_decay: float = 0.01
+    version: int = 2
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _train_tokenizer(texts: list[str], recipe: TinyRecipe, out: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    # One token per digit: arithmetic is learnable only if numbers are not merged into arbitrary chunks.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOT, pad_token=EOT,
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.save_pretrained(out)
+    return fast
+
+
+def _examples(recipe: TinyRecipe) -> list[tuple[str, str]]:
+    return [split_example(messages) for messages in pretraining_corpus(recipe.corpus_rows, recipe.seed, recipe.mix)]
+
+
+def _tokenizer_texts(recipe: TinyRecipe) -> list[str]:
+    texts = []
+    for row in tokenizer_texts(recipe.tokenizer_rows, recipe.seed + 1):
+        messages, tools = (row["messages"], row.get("tools")) if isinstance(row, dict) else (row, None)
+        texts.append("".join(split_example(messages, tools)))
+    return texts
+
+
+def build_tiny(data_dir: Path, recipe: TinyRecipe | None = None, *, log: Any = print) -> Path:
+    """Build (or reuse) the tiny base model; returns its directory."""
+    recipe = recipe or TinyRecipe()
+    target = Path(data_dir) / "models" / "tiny"
+    stamp = target / "recipe.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("digest") == recipe.digest():
+        return target
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from services.training.batching import encode_examples, iterate_batches
+
+    started = time.monotonic()
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tiny-", dir=Path(data_dir)))
+    try:
+        examples = _examples(recipe)
+        tokenizer = _train_tokenizer([p + a for p, a in examples] + _tokenizer_texts(recipe), recipe, work)
+        config = Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=recipe.hidden_size,
+            intermediate_size=recipe.intermediate_size,
+            num_hidden_layers=recipe.layers,
+            num_attention_heads=recipe.heads,
+            num_key_value_heads=recipe.kv_heads,
+            head_dim=recipe.hidden_size // recipe.heads,
+            max_position_embeddings=recipe.max_positions,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        model = Qwen3ForCausalLM(config)
+        encoded = encode_examples(tokenizer, examples, max_length=64)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, weight_decay=recipe.weight_decay)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=recipe.learning_rate, total_steps=recipe.steps,
+                                                       pct_start=recipe.warmup)
+        model.train()
+        batches = iterate_batches(encoded, recipe.batch_size, seed=recipe.seed, pad_id=tokenizer.pad_token_id)
+        for step in range(1, recipe.steps + 1):
+            batch = next(batches)
+            loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % 200 == 0 or step == 1:
+                log(f"tiny pre-training step {step}/{recipe.steps} loss {loss.item():.4f}")
+        model.eval()
+        model.save_pretrained(work, safe_serialization=True)
+        (work / "recipe.json").write_text(json.dumps({"digest": recipe.digest(), "recipe": asdict(recipe),
+                                                      "seconds": round(time.monotonic() - started, 1)}, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work.rename(target)  # atomic: a half-built model is never visible under models/tiny
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    return target

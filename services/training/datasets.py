@@ -1,0 +1,175 @@
+"""Dataset uploads: JSONL validated row by row, stored content-addressed and owned by a run.
+
+Two row forms: chat (``{"messages": [...], "tools"?: [...]}``, the last message is the
+assistant's answer) and completion (``{"prompt": "...", "completion": "..."}``). A file with any
+bad row is refused whole, with line-numbered errors, and nothing is written. Identical content
+is stored once (``<data>/datasets/<sha256>.jsonl``); a run that uploads it again gets its
+existing dataset back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from services.core.errors import NotFound, Unprocessable
+from services.core.ids import new_id
+from services.core.store import Store
+from services.models.chat_format import split_example
+from services.training.tables import Dataset
+
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_ERRORS = 20
+
+
+def _check_chat(row: dict[str, Any]) -> str | None:
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            return f"messages[{i}] needs a role in {sorted(ROLES)}"
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            return f"messages[{i}].content must be a string"
+        if m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
+            return f"messages[{i}].tool_calls must be a list"
+    if messages[-1]["role"] != "assistant":
+        return "the last message must be the assistant's answer"
+    tools = row.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") for t in tools)):
+        return "tools must be a list of function tools"
+    extra = set(row) - {"messages", "tools"}
+    return f"unknown fields {sorted(extra)}" if extra else None
+
+
+def _check_completion(row: dict[str, Any]) -> str | None:
+    if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
+        return "prompt and completion must be strings"
+    extra = set(row) - {"prompt", "completion"}
+    return f"unknown fields {sorted(extra)}" if extra else None
+
+
+def validate_jsonl(raw: bytes, max_rows: int) -> tuple[str, int]:
+    """Returns (format, rows) or raises 422 listing the bad lines."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise Unprocessable(f"the dataset is not UTF-8 (byte {err.start})", param="body") from err
+    errors: list[str] = []
+    fmt: str | None = None
+    rows = 0
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        rows += 1
+        if rows > max_rows:
+            raise Unprocessable(f"more than {max_rows} rows", param="body")
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            errors.append(f"line {lineno}: not JSON ({err.msg})")
+            continue
+        if not isinstance(row, dict):
+            errors.append(f"line {lineno}: a row must be a JSON object")
+            continue
+        kind = "chat" if "messages" in row else "completion" if "prompt" in row else None
+        if kind is None:
+            errors.append(f"line {lineno}: a row needs messages, or prompt and completion")
+            continue
+        problem = _check_chat(row) if kind == "chat" else _check_completion(row)
+        if problem is None and fmt is not None and kind != fmt:
+            problem = f"mixes {kind} rows into a {fmt} dataset"
+        if problem:
+            errors.append(f"line {lineno}: {problem}")
+        fmt = fmt or kind
+        if len(errors) >= MAX_ERRORS:
+            break
+    if errors:
+        raise Unprocessable("invalid dataset: " + "; ".join(errors), param="body")
+    if rows == 0 or fmt is None:
+        raise Unprocessable("the dataset has no rows", param="body")
+    return fmt, rows
+
+
+def training_pairs(path: Path) -> list[tuple[str, str]]:
+    """(prompt, answer) text pairs rendered in the chat format the models are served with."""
+    pairs = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "messages" in row:
+                pairs.append(split_example(row["messages"], row.get("tools")))
+            else:
+                pairs.append(split_example([{"role": "user", "content": row["prompt"]},
+                                            {"role": "assistant", "content": row["completion"]}]))
+    return pairs
+
+
+def dataset_view(d: Dataset) -> dict[str, Any]:
+    return {"id": d.id, "object": "dataset", "name": d.name, "sha256": d.sha256, "format": d.format, "rows": d.rows,
+            "bytes": d.bytes, "created_at": d.created_at.isoformat()}
+
+
+class DatasetStore:
+    def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int):
+        self.store = store
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.max_rows = max_rows
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.jsonl"
+
+    def upload(self, *, run_id: str, key_id: str, raw: bytes, name: str | None) -> dict[str, Any]:
+        if len(raw) > self.max_bytes:
+            raise Unprocessable(f"the dataset is over {self.max_bytes} bytes", param="body")
+        fmt, rows = validate_jsonl(raw, self.max_rows)
+        digest = hashlib.sha256(raw).hexdigest()
+        self._write_blob(digest, raw)
+        with self.store.transaction() as s:
+            existing = s.scalar(select(Dataset).where(Dataset.run_id == run_id, Dataset.sha256 == digest))
+            if existing is not None:
+                return dataset_view(existing)
+            row = Dataset(id=new_id("ds"), run_id=run_id, key_id=key_id, name=name, sha256=digest, format=fmt,
+                          rows=rows, bytes=len(raw))
+            s.add(row)
+            s.flush()
+            return dataset_view(row)
+
+    def _write_blob(self, digest: str, raw: bytes) -> None:
+        target = self.blob_path(digest)
+        if target.exists():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(raw)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)  # atomic: never a half-written dataset under its hash
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def get(self, dataset_id: str, *, run_id: str | None) -> Dataset:
+        """``run_id`` None = operator access (audits)."""
+        with self.store.transaction() as s:
+            row = s.get(Dataset, dataset_id)
+            if row is None or (run_id is not None and row.run_id != run_id):
+                raise NotFound(f"dataset {dataset_id} not found", param="dataset")
+            return row
+
+    def list(self, run_id: str) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            return [dataset_view(d) for d in s.scalars(select(Dataset).where(Dataset.run_id == run_id).order_by(Dataset.created_at))]

@@ -1,0 +1,170 @@
+"""Training jobs: persisted state, a worker pool, per-step metrics, cancel and logs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select, update
+
+from services.core.config import GymConfig
+from services.core.errors import NotFound
+from services.core.ledger import Ledger, StepMeter
+from services.core.money import nusd_to_usd
+from services.core.redact import redact
+from services.core.store import Store
+from services.core.tables import utcnow
+from services.models.loading import resolve_model_dir, torch_device
+from services.training.datasets import DatasetStore, training_pairs
+from services.training.loss_sandbox import LossSandbox
+from services.training.registry import CheckpointRegistry
+from services.training.schemas import JobRequest
+from services.training.tables import Checkpoint, Dataset, TrainingJob, TrainingStep
+from services.training.trainer import StepReport, total_steps, train_lora
+
+log = logging.getLogger("rsigym.training")
+FINAL = {"succeeded", "failed", "cancelled", "budget_exhausted"}
+
+
+def job_view(job: TrainingJob, steps: list[TrainingStep] | None = None, checkpoints: list[str] | None = None) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": job.id, "object": "training.job", "status": job.status, "base_model": job.base_model,
+        "parent_checkpoint": job.parent_checkpoint_id, "datasets": job.dataset_ids, "config": job.config,
+        "step": job.step, "total_steps": job.total_steps, "cost_usd": nusd_to_usd(job.cost_nusd), "error": job.error,
+        "created_at": job.created_at.isoformat(),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+    }
+    if steps is not None:
+        view["metrics"] = [{"step": s.step, "loss": s.loss, "lr": s.lr, "tokens": s.tokens, "grad_norm": s.grad_norm,
+                            "cost_usd": nusd_to_usd(s.cost_nusd),
+                            "cumulative_cost_usd": nusd_to_usd(s.cumulative_cost_nusd)} for s in steps]
+    if checkpoints is not None:
+        view["checkpoints"] = checkpoints
+    return view
+
+
+class JobRunner:
+    def __init__(self, store: Store, config: GymConfig, datasets: DatasetStore, registry: CheckpointRegistry,
+                 models_dir: Path, logs_dir: Path, hidden_paths: list[Path]):
+        self.store, self.config, self.datasets, self.registry = store, config, datasets, registry
+        self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
+        self.ledger = Ledger(store, config.ledger)
+        self.pool = ThreadPoolExecutor(max_workers=config.training.workers, thread_name_prefix="rsigym-train")
+        self._idle = threading.Condition()
+        self._active = 0
+
+    def recover(self) -> None:
+        """After a restart: a job that was running is failed (its process is gone); queued ones run."""
+        with self.store.transaction() as s:
+            s.execute(update(TrainingJob).where(TrainingJob.status == "running").values(
+                status="failed", error="the gym restarted during this job", finished_at=utcnow()))
+            queued = s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued")).all()
+        for job_id in queued:
+            self.submit(job_id)
+
+    def submit(self, job_id: str) -> None:
+        with self._idle:
+            self._active += 1
+        self.pool.submit(self._run_safely, job_id)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _log(self, job_id: str, line: str) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.logs_dir / f"{job_id}.log", "a", encoding="utf-8") as fh:
+            fh.write(f"{utcnow().isoformat(timespec='seconds')} {redact(line)}\n")
+
+    def _run_safely(self, job_id: str) -> None:
+        try:
+            self._run(job_id)
+        except Exception as err:  # a job must end in a final state whatever happens
+            log.exception("training job %s crashed", job_id)
+            self._finish(job_id, "failed", f"internal error: {type(err).__name__}")
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _finish(self, job_id: str, status: str, error: str | None) -> None:
+        with self.store.transaction() as s:
+            s.execute(update(TrainingJob).where(TrainingJob.id == job_id, TrainingJob.status.not_in(FINAL)).values(
+                status=status, error=error, finished_at=utcnow()))
+        self._log(job_id, f"finished: {status}" + (f" ({error})" if error else ""))
+
+    def _run(self, job_id: str) -> None:
+        with self.store.transaction() as s:
+            job = s.get(TrainingJob, job_id)
+            if job is None or job.status != "queued" or job.cancel_requested:
+                if job is not None and job.cancel_requested:
+                    job.status, job.finished_at = "cancelled", utcnow()
+                return
+            job.status, job.started_at = "running", utcnow()
+            datasets = [s.get(Dataset, d) for d in job.dataset_ids]
+            parent = s.get(Checkpoint, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
+        request = JobRequest.model_validate({**job.config, "datasets": job.dataset_ids})
+        base = self.config.base_model(job.base_model)
+        if base is None:
+            self._finish(job_id, "failed", f"base model {job.base_model} is no longer configured")
+            return
+        self._log(job_id, f"started on {torch_device()}: base {base.name}, {job.total_steps} steps")
+        model_dir = resolve_model_dir(base, self.models_dir)
+        pairs = [p for d in datasets if d is not None for p in training_pairs(self.datasets.blob_path(d.sha256))]
+        meter = StepMeter(self.ledger, job.key_id, "training", "train_step", ref_id=job_id)
+        hashes = [d.sha256 for d in datasets if d is not None]
+        cumulative = 0
+
+        def on_step(report: StepReport) -> None:
+            nonlocal cumulative
+            cumulative += report.cost_nusd
+            with self.store.transaction() as s:
+                s.add(TrainingStep(job_id=job_id, step=report.step, loss=report.loss, lr=report.lr, tokens=report.tokens,
+                                   grad_norm=report.grad_norm, cost_nusd=report.cost_nusd, cumulative_cost_nusd=cumulative))
+                s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(step=report.step, cost_nusd=cumulative))
+            if report.step % 10 == 0 or report.step == 1:
+                self._log(job_id, f"step {report.step} loss {report.loss:.4f} lr {report.lr:.2e} tokens {report.tokens}")
+
+        def on_checkpoint(model: Any, step: int, metrics: dict[str, Any]) -> None:
+            view = self.registry.save(model=model, run_id=job.run_id, job_id=job_id, base_model=base.name,
+                                      parent=job.parent_checkpoint_id, dataset_hashes=hashes, config_hash=job.config_hash,
+                                      loss_module_hash=job.loss_module_hash, step=step, metrics=metrics)
+            self._log(job_id, f"checkpoint {view['id']} at step {step}")
+
+        def should_stop() -> bool:
+            with self.store.transaction() as s:
+                return bool(s.scalar(select(TrainingJob.cancel_requested).where(TrainingJob.id == job_id)))
+
+        sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths)
+                   if request.custom_loss else None)
+        outcome = train_lora(model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs,
+                             request=request, steps=job.total_steps, train_usd_per_mtok=base.train_usd_per_mtok,
+                             meter=meter, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+                             loss_sandbox=sandbox, device=torch_device())
+        self._finish(job_id, outcome.status, outcome.error)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def get(self, job_id: str, run_id: str) -> dict[str, Any]:
+        with self.store.transaction() as s:
+            job = s.get(TrainingJob, job_id)
+            if job is None or job.run_id != run_id:
+                raise NotFound(f"training job {job_id} not found", param="id")
+            steps = list(s.scalars(select(TrainingStep).where(TrainingStep.job_id == job_id).order_by(TrainingStep.step)))
+            ckpts = list(s.scalars(select(Checkpoint.id).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)))
+            return job_view(job, steps, ckpts)
+
+    def logs(self, job_id: str, run_id: str) -> str:
+        self.get(job_id, run_id)
+        path = self.logs_dir / f"{job_id}.log"
+        return path.read_text(encoding="utf-8") if path.exists() else ""
+
+    def total(self, request: JobRequest, rows: int) -> int:
+        return total_steps(request, rows, self.config.training.max_steps)

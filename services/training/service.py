@@ -1,0 +1,83 @@
+"""Training service logic: datasets, job submission, cancel, checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select, update
+
+from services.core.errors import NotFound, Unprocessable
+from services.core.identity import Identity
+from services.core.ids import new_id
+from services.core.spec import ServiceContext
+from services.training.datasets import DatasetStore
+from services.training.jobs import FINAL, JobRunner, job_view
+from services.training.registry import CheckpointRegistry
+from services.training.schemas import JobRequest
+from services.training.tables import Dataset, TrainingJob
+
+
+def parse_job(body: dict[str, Any]) -> JobRequest:
+    try:
+        return JobRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise Unprocessable(f"{param or 'job'}: {first['msg']}", param=param) from err
+
+
+class TrainingService:
+    def __init__(self, context: ServiceContext):
+        self.context = context
+        config = context.config
+        self.store = context.store
+        self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
+                                     config.training.max_dataset_rows)
+        self.registry = CheckpointRegistry(context.store, context.data_dir / "checkpoints")
+        self.runner = JobRunner(context.store, config, self.datasets, self.registry,
+                                context.settings.resolved_models_dir(), context.data_dir / "jobs",
+                                hidden_paths=[context.data_dir])
+
+    def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        request = parse_job(body)
+        run = identity.run_id
+        base_name = request.base_model
+        parent_id = request.parent_checkpoint
+        if parent_id is not None:
+            base_name = self.registry.get(parent_id, run_id=run).base_model
+        if base_name is None or self.context.config.base_model(base_name) is None:
+            raise NotFound(f"base model {base_name!r} is not offered by this gym", param="base_model")
+        rows = 0
+        for dataset_id in request.datasets:
+            rows += self.datasets.get(dataset_id, run_id=run).rows
+        job = TrainingJob(
+            id=new_id("ftjob"), run_id=run, key_id=identity.key_id, status="queued", base_model=base_name,
+            parent_checkpoint_id=parent_id, dataset_ids=request.datasets,
+            config=request.model_dump(mode="json", exclude={"datasets"}), config_hash=request.config_hash(),
+            loss_module_hash=request.loss_module_hash(), total_steps=self.runner.total(request, rows),
+        )
+        with self.store.transaction() as s:
+            s.add(job)
+            s.flush()
+            view = job_view(job)
+        self.runner.submit(job.id)
+        return view
+
+    def cancel(self, identity: Identity, job_id: str) -> dict[str, Any]:
+        with self.store.transaction() as s:
+            job = s.get(TrainingJob, job_id)
+            if job is None or job.run_id != identity.run_id:
+                raise NotFound(f"training job {job_id} not found", param="id")
+            if job.status not in FINAL:
+                s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(cancel_requested=True))
+        return self.runner.get(job_id, identity.run_id)
+
+    def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            rows = s.scalars(select(TrainingJob).where(TrainingJob.run_id == identity.run_id).order_by(TrainingJob.created_at))
+            return [job_view(j) for j in rows]
+
+    def dataset_content(self, identity: Identity, dataset_id: str) -> bytes:
+        row: Dataset = self.datasets.get(dataset_id, run_id=None if identity.operator else identity.run_id)
+        return self.datasets.blob_path(row.sha256).read_bytes()

@@ -1,0 +1,86 @@
+"""SQL tables of the training service: datasets, jobs, their steps, and checkpoints.
+
+Checkpoint rows are the provenance chain audits walk (base model → parent checkpoint →
+datasets → config → loss module → weights). They are written by the platform only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.tables import Base, UTCDateTime, utcnow
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("run_id", "sha256", name="uq_datasets_run_sha"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    name: Mapped[str | None] = mapped_column(String(200))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    format: Mapped[str] = mapped_column(String(32))
+    rows: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TrainingJob(Base):
+    __tablename__ = "training_jobs"
+    __table_args__ = (Index("ix_training_jobs_status", "status"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(24), default="queued")
+    base_model: Mapped[str] = mapped_column(String(200))
+    parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40))
+    dataset_ids: Mapped[list[str]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    loss_module_hash: Mapped[str | None] = mapped_column(String(64))
+    total_steps: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    cost_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class TrainingStep(Base):
+    __tablename__ = "training_steps"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("training_jobs.id"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    loss: Mapped[float] = mapped_column(Float)
+    lr: Mapped[float] = mapped_column(Float)
+    tokens: Mapped[int] = mapped_column(Integer)
+    grad_norm: Mapped[float] = mapped_column(Float)
+    cost_nusd: Mapped[int] = mapped_column(BigInteger)
+    cumulative_cost_nusd: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("training_jobs.id"), index=True)
+    base_model: Mapped[str] = mapped_column(String(200))
+    parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40))
+    dataset_hashes: Mapped[list[str]] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    loss_module_hash: Mapped[str | None] = mapped_column(String(64))
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    weights_hash: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
