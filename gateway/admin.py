@@ -6,10 +6,13 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from gateway.auth import require_admin
 from gateway.context import gateway_of
+from gateway.proxy import operator_call
+from services.core.http import request_id_of
 from gateway.schemas import CreateKey, EditPolicy, TopUp
 from services.core.errors import Unprocessable
 from services.core.money import usd_to_nusd
@@ -87,3 +90,12 @@ async def reclaim(request: Request) -> dict[str, int]:
         "reservations": await gw.store.call(gw.ledger.reclaim_expired),
         "slots": await gw.store.call(gw.slots.reclaim_expired),
     }
+
+
+@router.get("/datasets/{dataset_id}/content")
+async def audit_dataset(dataset_id: str, request: Request) -> Response:
+    """Auditors read any run's uploaded data with the operator token."""
+    upstream = await operator_call(gateway_of(request), "training", "GET", f"/v1/datasets/{dataset_id}/content",
+                                   request_id_of(request))
+    return Response(upstream.content, status_code=upstream.status_code,
+                    media_type=upstream.headers.get("content-type", "application/json"))

@@ -244,3 +244,16 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         await call.close(cost if cost is not None else estimate)
+
+
+async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str) -> httpx.Response:
+    """A signed call made for the operator (audits): not a run, not metered."""
+    if service not in gw.clients:
+        raise NotFound(f"the {service} service is not part of this gym")
+    identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
+                        operation="operator", operator=True, issued_at=time.time())
+    headers = {"x-request-id": request_id, **sign(identity, gw.internal_secret, method, path, b"")}
+    try:
+        return await gw.clients[service].request(method, path, headers=headers)
+    except httpx.HTTPError as err:
+        raise ServiceUnavailable(f"the {service} service is unavailable") from err

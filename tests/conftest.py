@@ -23,6 +23,8 @@ from tests.fakes.servers import serve
 PG_URL = os.environ.get("RSIGYM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEACHER_ENV = "RSIGYM_TEST_TEACHER_KEY"
+MODELS_DIR = Path(os.environ.get("RSIGYM_TEST_MODELS_DIR", Path.home() / ".cache" / "rsigym" / "models"))
+"""Built base models are cached here across runs (the build is keyed by its recipe)."""
 ADMIN_TOKEN = "rsa-test-admin-token"
 
 
@@ -110,7 +112,7 @@ def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> I
     built: list[Gym] = []
 
     def make(store: Store | None = None, config: GymConfig | None = None, secrets_: dict[str, str] | None = None) -> Gym:
-        settings = GymSettings(data_dir=tmp_path / f"gym{len(built)}", admin_token=ADMIN_TOKEN)
+        settings = GymSettings(data_dir=tmp_path / f"gym{len(built)}", admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR)
         if store is None:
             store = Store(sqlite_url(settings.data_dir), StoreSettings())
             store.migrate()
@@ -125,6 +127,12 @@ def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> I
         return gym
 
     yield make
+    for gym in built:
+        for service_app in gym.service_apps.values():
+            runner = getattr(getattr(service_app.state, "training", None), "runner", None)
+            if runner is not None:
+                runner.wait_idle(timeout=60)
+                runner.shutdown()
 
 
 @pytest.fixture

@@ -45,9 +45,11 @@ def sandbox_command(scratch: Path, argv: list[str]) -> list[str]:
         raise Unprocessable("custom losses need bubblewrap (bwrap) on the training host", param="loss")
     return [
         bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--clearenv",
-        "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--tmpfs", "/root", "--tmpfs", "/home", "--tmpfs", "/run",
-        "--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), "/scratch", "--chdir", "/scratch",
-        "--setenv", "HOME", "/scratch", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        "--ro-bind", "/", "/",
+        # Empty read-only mounts over the usual writable places; the loss's own dir is /tmp.
+        "--tmpfs", "/home", "--remount-ro", "/home", "--tmpfs", "/run", "--remount-ro", "/run",
+        "--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), "/tmp", "--chdir", "/tmp",
+        "--setenv", "HOME", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         *argv,
     ]
 
@@ -68,9 +70,11 @@ class LossSandbox:
         try:
             (scratch / "custom_loss.py").write_text(self.source)
             (scratch / "runner.py").write_text(RUNNER)
-            argv = sandbox_command(scratch, [sys.executable, "-I", "/scratch/runner.py", "/scratch/custom_loss.py"])
-            for path in self.hidden:  # mask the data dir and anything else secret
-                argv[1:1] = ["--tmpfs", str(path)] if Path(path).is_dir() else ["--ro-bind", "/dev/null", str(path)]
+            argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/runner.py", "/tmp/custom_loss.py"])
+            for path in self.hidden:  # mask the data dir (keys, tokens, other runs' files), read-only
+                mask = ["--tmpfs", str(path), "--remount-ro", str(path)] if Path(path).is_dir() else ["--ro-bind", "/dev/null", str(path)]
+                cut = argv.index("--ro-bind") + 3  # right after "--ro-bind / /"
+                argv[cut:cut] = mask
             try:
                 done = subprocess.run(argv, input=buf.getvalue(), capture_output=True, timeout=self.timeout_s,
                                       env={}, check=False)
