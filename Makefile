@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is required (python3.12 not found)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[local,dev]'
+	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); } || \
+		echo "warning: bubblewrap (bwrap) is missing: custom training losses will be refused"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -125,7 +125,7 @@ def train_lora(
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 paid.actual_nusd = cost
-            done, last_loss = step, float(loss)
+            done, last_loss = step, float(loss.detach())
             on_step(StepReport(step, last_loss, scheduler.get_last_lr()[0], tokens, grad_norm, cost))
             if step % request.checkpoint_every == 0:
                 checkpoint()
