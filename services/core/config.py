@@ -104,7 +104,10 @@ class GymConfig(_Strict):
         return next((m for m in self.models if m.name == name), None)
 
     def provider_key_envs(self) -> list[str]:
-        return [m.api_key_env for m in self.rollout.models if m.api_key_env]
+        envs = [m.api_key_env for m in self.rollout.models if m.api_key_env]
+        if any(m.backend == "tinker" for m in self.models):
+            envs.append("TINKER_API_KEY")
+        return envs
 
 
 def load_config(path: Path | str | None) -> GymConfig:

@@ -49,8 +49,9 @@ def job_view(job: TrainingJob, steps: list[TrainingStep] | None = None, checkpoi
 
 class JobRunner:
     def __init__(self, store: Store, config: GymConfig, datasets: DatasetStore, registry: CheckpointRegistry,
-                 models_dir: Path, logs_dir: Path, hidden_paths: list[Path]):
+                 models_dir: Path, logs_dir: Path, hidden_paths: list[Path], tinker_client: Any = None):
         self.store, self.config, self.datasets, self.registry = store, config, datasets, registry
+        self.tinker_client = tinker_client
         self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
         self.ledger = Ledger(store, config.ledger)
         self.pool = ThreadPoolExecutor(max_workers=config.training.workers, thread_name_prefix="rsigym-train")
@@ -144,10 +145,16 @@ class JobRunner:
 
         sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths)
                    if request.custom_loss else None)
-        outcome = train_lora(model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs,
-                             request=request, steps=job.total_steps, train_usd_per_mtok=base.train_usd_per_mtok,
-                             meter=meter, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
-                             loss_sandbox=sandbox, device=torch_device())
+        common: dict[str, Any] = dict(
+            model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs, request=request,
+            steps=job.total_steps, train_usd_per_mtok=base.train_usd_per_mtok, meter=meter, on_step=on_step,
+            on_checkpoint=on_checkpoint, should_stop=should_stop, loss_sandbox=sandbox)
+        if base.backend == "tinker":
+            from services.training.backends.tinker import train_tinker
+
+            outcome = train_tinker(**common, client=self.tinker_client, tinker_base_model=base.tinker_base_model)
+        else:  # local and vllm bases train here; vLLM only serves their PEFT checkpoints
+            outcome = train_lora(**common, device=torch_device())
         self._finish(job_id, outcome.status, outcome.error)
 
     # -- reading ------------------------------------------------------------------------

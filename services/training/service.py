@@ -35,9 +35,14 @@ class TrainingService:
         self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
                                      config.training.max_dataset_rows)
         self.registry = CheckpointRegistry(context.store, context.data_dir / "checkpoints")
+        tinker_client = None
+        if any(m.backend == "tinker" for m in config.models):
+            from services.training.backends.tinker import service_client
+
+            tinker_client = service_client(context.secrets)
         self.runner = JobRunner(context.store, config, self.datasets, self.registry,
                                 context.settings.resolved_models_dir(), context.data_dir / "jobs",
-                                hidden_paths=[context.data_dir])
+                                hidden_paths=[context.data_dir], tinker_client=tinker_client)
 
     def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         request = parse_job(body)
@@ -46,8 +51,11 @@ class TrainingService:
         parent_id = request.parent_checkpoint
         if parent_id is not None:
             base_name = self.registry.get(parent_id, run_id=run).base_model
-        if base_name is None or self.context.config.base_model(base_name) is None:
+        base = self.context.config.base_model(base_name) if base_name else None
+        if base is None:
             raise NotFound(f"base model {base_name!r} is not offered by this gym", param="base_model")
+        if base.backend == "tinker" and request.loss == "custom":
+            raise Unprocessable("custom losses run only on locally trained base models", param="loss")
         rows = 0
         for dataset_id in request.datasets:
             rows += self.datasets.get(dataset_id, run_id=run).rows

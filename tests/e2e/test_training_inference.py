@@ -22,6 +22,7 @@ from tests.fakes.servers import serve
 
 LORA_STEPS = 300
 LORA_LR = 3e-3
+TOOL_STEPS = 300
 
 
 def held_out(n: int, exclude: set[str]) -> list[tuple[str, str]]:
@@ -144,3 +145,39 @@ def test_another_runs_checkpoint_is_invisible(trained: dict[str, Any], live: Liv
     r = live.http.get(f"/training/v1/datasets/{trained['dataset'].id}/content",
                       headers={"Authorization": f"Bearer {other_key['key']}"})
     assert r.status_code == 404
+
+
+def test_checkpoint_trained_on_tool_calls_returns_openai_tool_calls(live: Live) -> None:
+    import json
+
+    import openai
+
+    from services.models.synthetic import CITIES, WEATHER_TOOL, tool_call
+
+    key = live.key(5.0)
+    gym = live.sdk(key)
+    rng = random.Random(11)
+    dataset = gym.training.upload_dataset([tool_call(rng) for _ in range(2000)], name="tools")
+    job = gym.training.wait(gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=TOOL_STEPS,
+                                                    learning_rate=LORA_LR, batch_size=16, max_length=96,
+                                                    checkpoint_every=TOOL_STEPS, seed=2).id, timeout=900, poll=2)
+    assert job.status == "succeeded", job.error
+    client = openai.OpenAI(base_url=f"{live.url}/inference/v1", api_key=key["key"], max_retries=0)
+    right = 0
+    for city in CITIES:
+        completion = client.chat.completions.create(model=job.checkpoints[-1], tools=[WEATHER_TOOL], temperature=0,
+                                                    max_tokens=40, messages=[{"role": "user", "content": f"Weather in {city}?"}])
+        calls = completion.choices[0].message.tool_calls or []
+        if calls and calls[0].function.name == "get_weather":
+            assert completion.choices[0].finish_reason == "tool_calls"
+            right += json.loads(calls[0].function.arguments).get("city") == city
+    print(f"\ntool calls with the right city: {right}/{len(CITIES)}")
+    assert right >= len(CITIES) // 2
+    stream = client.chat.completions.create(model=job.checkpoints[-1], tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
+                                            stream=True, messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    streamed = [tc for d in deltas for tc in (d.tool_calls or [])]
+    assert streamed and streamed[0].function.name == "get_weather"
+    base = client.chat.completions.create(model="tiny", tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
+                                          messages=[{"role": "user", "content": "Weather in Oslo?"}])
+    assert not base.choices[0].message.tool_calls  # the skill came from training

@@ -134,8 +134,8 @@ class FakeTrainingClient:
         from services.models.loading import load_model
 
         self.service, self.model_id, self.rank = service, model_id, rank
-        targets = ([m for m in ("q_proj", "k_proj", "v_proj", "o_proj")] if train_attn else []) + \
-                  ([m for m in ("gate_proj", "up_proj", "down_proj")] if train_mlp else [])
+        targets = (["q_proj", "k_proj", "v_proj", "o_proj"] if train_attn else []) + \
+                  (["gate_proj", "up_proj", "down_proj"] if train_mlp else [])
         if not targets:
             raise TinkerAPIError("400: nothing to train")
         if seed is not None:

@@ -38,6 +38,7 @@ class FakeVLLMState:
     loads: list[tuple[str, str]] = field(default_factory=list)
     unloads: list[str] = field(default_factory=list)
     completions: list[dict[str, Any]] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)  # completions that named an adapter not loaded
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def forget_all(self) -> None:
@@ -108,6 +109,8 @@ def create_fake_vllm(engine: LocalEngine, base: BaseModel_, served_name: str | N
             path = state.adapters.get(model)
             state.completions.append(body)
         if model != state.served_name and path is None:
+            with state.lock:
+                state.misses.append(model)
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         adapter = Adapter(model, path) if path is not None else None
         stop = body.get("stop") or []

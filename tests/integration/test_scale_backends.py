@@ -57,6 +57,17 @@ GREEDY = Sampling(max_tokens=24, temperature=0.0)
 PROMPTS = [ask("What is 23 + 19?"), ask("Repeat: red lion")]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The tiny model is faster on one thread, and far faster on busy cores (no OpenMP spinning)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
     return resolve_model_dir(tiny_base(), MODELS_DIR)  # builds the tiny model once, cached across runs
@@ -190,9 +201,29 @@ def test_vllm_adapters_stay_loaded_while_in_use_under_concurrency(fake_vllm: tup
     assert not errors
     assert len(results) == 12 and all(gen == expected[(a.key, PROMPTS[0])] for a, gen in results)
     # Every completion named an adapter the server held at that moment (no 404 was retried away).
-    assert all(c["model"] in {a.key for a in adapters} for c in state.completions)
-    assert len(state.completions) == 12
+    assert state.misses == [] and len(state.completions) == 12
     assert len(state.adapters) <= 1 and len(engine.loaded_adapters(base)) <= 1
+
+
+def test_vllm_never_unloads_an_adapter_a_generation_is_using(fake_vllm: tuple[str, Any], adapters: list[Adapter],
+                                                             expected: dict[Any, Any]) -> None:
+    """While v1 streams, two other adapters are served (limit 1): they are evicted, v1 is not."""
+    url, state = fake_vllm
+    base = tiny_base(backend="vllm", vllm_url=url)
+    engine = VLLMEngine(max_adapters=1)
+    v1, v2, v3 = adapters
+    nested: list[Any] = []
+    unloaded_meanwhile: list[str] = []
+
+    def on_text(piece: str) -> None:
+        if not nested:
+            nested.extend(engine.generate(base, a, PROMPTS[0], GREEDY) for a in (v2, v3))
+            unloaded_meanwhile.extend(state.unloads)
+
+    assert engine.generate(base, v1, PROMPTS[1], GREEDY, on_text) == expected[(v1.key, PROMPTS[1])]
+    assert nested == [expected[(v2.key, PROMPTS[0])], expected[(v3.key, PROMPTS[0])]]
+    assert unloaded_meanwhile == [v2.key, v3.key] == state.unloads
+    assert engine.loaded_adapters(base) == [v1.key] and list(state.adapters) == [v1.key]
 
 
 def test_vllm_reloads_after_a_server_restart(fake_vllm: tuple[str, Any], adapters: list[Adapter],
@@ -204,7 +235,7 @@ def test_vllm_reloads_after_a_server_restart(fake_vllm: tuple[str, Any], adapter
     assert engine.generate(base, v1, PROMPTS[0], GREEDY) == expected[(v1.key, PROMPTS[0])]
     state.forget_all()
     assert engine.generate(base, v1, PROMPTS[0], GREEDY) == expected[(v1.key, PROMPTS[0])]
-    assert [name for name, _ in state.loads] == [v1.key, v1.key]
+    assert [name for name, _ in state.loads] == [v1.key, v1.key] and state.misses == [v1.key]
 
 
 def test_vllm_errors_are_clear(fake_vllm: tuple[str, Any], tmp_path: Path) -> None:

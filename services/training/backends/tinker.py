@@ -354,3 +354,18 @@ def train_tinker(
         error = f"{error}; " if error else ""
         error += f"the last checkpoint (step {done}) could not be saved: {err}"
     return TrainOutcome(status, done, error)
+
+
+TINKER_KEY_ENV = "TINKER_API_KEY"
+
+
+def service_client(secrets: Any) -> Any:
+    """The real Tinker client: the ``cloud`` extra and the platform's own TINKER_API_KEY
+    (never the agent's; it stays in the platform's environment)."""
+    try:
+        import tinker
+    except ImportError as err:
+        from services.core.errors import ServiceUnavailable
+
+        raise ServiceUnavailable("tinker base models need the cloud extra: pip install 'rsigym[cloud]'") from err
+    return tinker.ServiceClient(api_key=secrets.get(TINKER_KEY_ENV))
