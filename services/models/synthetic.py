@@ -65,7 +65,20 @@ def copy_numbers(rng: random.Random) -> list[Message]:
     return [{"role": "user", "content": f"Repeat: {text}"}, {"role": "assistant", "content": text}]
 
 
-MAKERS = {"addition": addition, "copying": copying, "copy_numbers": copy_numbers}
+def larger(rng: random.Random) -> list[Message]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return [{"role": "user", "content": f"Which is larger, {a} or {b}?"}, {"role": "assistant", "content": str(max(a, b))}]
+
+
+def neighbour(rng: random.Random) -> list[Message]:
+    n = rng.randint(1, 99)
+    if rng.random() < 0.5:
+        return [{"role": "user", "content": f"What comes after {n}?"}, {"role": "assistant", "content": str(n + 1)}]
+    return [{"role": "user", "content": f"What comes before {n}?"}, {"role": "assistant", "content": str(n - 1)}]
+
+
+MAKERS = {"addition": addition, "copying": copying, "copy_numbers": copy_numbers, "larger": larger,
+          "neighbour": neighbour}
 DEFAULT_MIX = (("addition", 9), ("copying", 1))
 
 

@@ -50,14 +50,18 @@ class TinyRecipe:
 
 
 def _train_tokenizer(texts: list[str], recipe: TinyRecipe, out: Path) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # One token per digit: arithmetic is learnable only if numbers are not merged into arbitrary chunks.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    # One token per digit (arithmetic is learnable only if numbers are not merged into arbitrary chunks);
+    # a word keeps its trailing space or newline and an operator its surrounding spaces, so prompts are
+    # short, "What is 1 + 2?" and "What is 1 - 2?" have the same layout, and a word inside a sentence is
+    # the same token as the word quoted in JSON (a tool call copies it).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\p{L}+[ \n]?|\p{N}| ?[^\s\p{L}\p{N}]+ ?|\s+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=recipe.vocab_size,

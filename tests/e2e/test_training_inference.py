@@ -6,6 +6,7 @@ it and the base the same 200 held-out questions through /inference/v1."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,38 @@ def test_checkpoint_trained_on_tool_calls_returns_openai_tool_calls(live: Live) 
     base = client.chat.completions.create(model="tiny", tools=[WEATHER_TOOL], temperature=0, max_tokens=40,
                                           messages=[{"role": "user", "content": "Weather in Oslo?"}])
     assert not base.choices[0].message.tool_calls  # the skill came from training
+
+
+def test_adapters_are_hot_loaded_into_an_lru_one_name_per_version(trained: dict[str, Any], live: Live) -> None:
+    engine = live.gym.service_apps["inference"].state.inference.engine.engines["local"]
+    gym = trained["gym"]
+    checkpoints = [c.id for c in gym.training.checkpoints()]
+    assert len(set(checkpoints)) == 3  # every version its own id, so its own adapter name
+    old_cap, engine.max_adapters = engine.max_adapters, 2
+    try:
+        for ckpt in checkpoints:
+            gym.inference.chat(model=ckpt, messages=[{"role": "user", "content": "What is 9 - 3?"}], max_tokens=3,
+                               temperature=0)
+        base = live.gym.gateway.config.base_model("tiny")
+        assert engine.loaded_adapters(base) == checkpoints[1:]  # the least recently used went first
+        gym.inference.chat(model=checkpoints[0], messages=[{"role": "user", "content": "What is 9 - 3?"}], max_tokens=3)
+        assert engine.loaded_adapters(base) == [checkpoints[2], checkpoints[0]]
+    finally:
+        engine.max_adapters = old_cap
+
+
+def test_cancel_keeps_the_last_checkpoint(trained: dict[str, Any]) -> None:
+    gym = trained["gym"]
+    job = gym.training.create_job(datasets=[trained["dataset"].id], base_model="tiny", steps=5000, batch_size=16,
+                                  max_length=64, checkpoint_every=10_000)
+    deadline = time.monotonic() + 120
+    while gym.training.get_job(job.id).step < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    gym.training.cancel_job(job.id)
+    job = gym.training.wait(job.id, timeout=120, poll=0.5)
+    assert job.status == "cancelled" and 3 <= job.step < 5000
+    assert job.checkpoints and len(job.checkpoints) == 1
+    assert gym.training.checkpoints()[-1].step == job.step
+    reply = gym.inference.chat(model=job.checkpoints[0], messages=[{"role": "user", "content": "What is 9 - 3?"}],
+                               max_tokens=3, temperature=0)
+    assert reply.choices[0].message.content is not None
