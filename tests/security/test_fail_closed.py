@@ -4,14 +4,16 @@ receives nothing; when the store returns, nothing was leaked."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
-from tests.conftest import PG_URL, bearer, client_for, create_key
+from tests.conftest import PG_URL, admin_headers, bearer, client_for, create_key
 from tests.fakes.tcp_proxy import TcpProxy
 
 CHAT = {"model": "teacher", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -50,37 +52,38 @@ def test_postgres_unreachable_refuses_and_recovers(make_gym: Any, standin: Any, 
         store.dispose()
 
 
-def test_sqlite_locked_store_refuses(make_gym: Any, standin: Any, tmp_path: Any) -> None:
-    data = tmp_path / "locked"
+@contextmanager
+def sqlite_gym(make_gym: Any, data: Path) -> Iterator[tuple[Any, Callable[[], Any]]]:
+    """A gym on a SQLite store with a short busy timeout, and a way to lock that database
+    from another connection, as another process holding it would."""
     store = Store(sqlite_url(data), StoreSettings(sqlite_busy_timeout_ms=200))
     store.migrate()
-    gym = make_gym(store)
-    client = client_for(gym)
-    key = create_key(client, 1.0)["key"]
-    holder = sqlite3.connect(data / "gym.sqlite3", isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")  # another process holds the database: the store cannot answer
+
+    @contextmanager
+    def locked() -> Iterator[None]:
+        holder = sqlite3.connect(data / "gym.sqlite3", isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
     try:
-        _assert_refused(client, key, standin)
+        yield client_for(make_gym(store)), locked
     finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-    assert client.post("/rollout/v1/chat/completions", json=CHAT, headers=bearer(key)).status_code == 200
-    store.dispose()
+        store.dispose()
 
 
-@pytest.mark.parametrize("path", ["/admin/v1/keys"])
-def test_admin_routes_fail_closed_too(make_gym: Any, path: str, tmp_path: Any) -> None:
-    data = tmp_path / "locked-admin"
-    store = Store(sqlite_url(data), StoreSettings(sqlite_busy_timeout_ms=200))
-    store.migrate()
-    gym = make_gym(store)
-    client = client_for(gym)
-    holder = sqlite3.connect(data / "gym.sqlite3", isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")
-    try:
-        r = client.post(path, json={"track": "joint", "budget_usd": 1}, headers={"Authorization": "Bearer rsa-test-admin-token"})
+def test_sqlite_locked_store_refuses(make_gym: Any, standin: Any, tmp_path: Path) -> None:
+    with sqlite_gym(make_gym, tmp_path / "locked") as (client, locked):
+        key = create_key(client, 1.0)["key"]
+        with locked():
+            _assert_refused(client, key, standin)
+        assert client.post("/rollout/v1/chat/completions", json=CHAT, headers=bearer(key)).status_code == 200
+
+
+def test_admin_routes_fail_closed_too(make_gym: Any, tmp_path: Path) -> None:
+    with sqlite_gym(make_gym, tmp_path / "locked-admin") as (client, locked), locked():
+        r = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1}, headers=admin_headers())
         assert r.status_code == 503 and r.json()["error"]["type"] == "store_unavailable"
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-    store.dispose()
