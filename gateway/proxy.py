@@ -19,8 +19,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.auth import presented_key
 from gateway.context import Gateway, gateway_of
-from services.core.errors import GymError, InvalidRequest, NotFound, ServiceUnavailable, Unprocessable
-from services.core.http import request_id_of
+from services.core.errors import GymError, InvalidRequest, NotFound, ServiceUnavailable
+from services.core.http import json_object, request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
 from services.core.keys import Principal
 from services.core.ledger import Balance, Reservation
@@ -37,16 +37,9 @@ REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > MAX_JSON_BODY:
+    if len(await request.body()) > MAX_JSON_BODY:
         raise InvalidRequest(f"request body over {MAX_JSON_BODY} bytes")
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as err:
-        raise Unprocessable("the request body must be JSON") from err
-    if not isinstance(body, dict):
-        raise Unprocessable("the request body must be a JSON object")
-    return body
+    return await json_object(request)
 
 
 def _check_grant(principal: Principal, service: str) -> None:

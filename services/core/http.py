@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -96,3 +97,14 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | 
         rid = request_id_of(request)
         log.error("unhandled error in %s %s (%s): %s", request.method, request.url.path, rid, type(exc).__name__)
         return error_response(InternalError(f"internal error (request {rid})"), rid)
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a 422 in the standard shape."""
+    try:
+        body = await request.json()
+    except ValueError as err:
+        raise Unprocessable("the request body must be JSON") from err
+    if not isinstance(body, dict):
+        raise Unprocessable("the request body must be a JSON object")
+    return body

@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.core.errors import Unprocessable
+from services.core.http import json_object
 from services.core.identity import COST_HEADER
 from services.core.service_app import CurrentIdentity
 from services.inference.service import InferenceService
@@ -27,12 +27,7 @@ async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
-    try:
-        body = await request.json()
-    except ValueError as err:
-        raise Unprocessable("the body must be JSON") from err
-    if not isinstance(body, dict):
-        raise Unprocessable("the body must be a JSON object")
+    body = await json_object(request)
     if body.get("stream") is True:
         stream = await _svc(request).open_stream(identity, body)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -29,12 +29,28 @@ def subtraction(rng: random.Random, digits: int = 2) -> list[Message]:
 WORDS = ["red", "blue", "green", "lion", "tiger", "river", "stone", "cloud", "paper", "glass", "seven", "north"]
 
 
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Rome", "Quito", "Delhi"]
+
+
 def copying(rng: random.Random) -> list[Message]:
-    words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
+    words = " ".join(rng.choice(WORDS + CITIES) for _ in range(rng.randint(1, 3)))
     return [{"role": "user", "content": f"Repeat: {words}"}, {"role": "assistant", "content": words}]
 
 
-CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Rome", "Quito", "Delhi"]
+JSON_KEYS = ["name", "arguments", "city", "text", "id"]
+JSON_NAMES = ["get_weather", "get_time", "send_mail", "play_music"]
+
+
+def copy_json(rng: random.Random) -> list[Message]:
+    """Copying compact JSON (the shape tool calls use), so its pieces are known tokens; no tool calls."""
+    def value() -> str:
+        return rng.choice(WORDS + CITIES + JSON_NAMES)
+    if rng.random() < 0.5:
+        obj: dict[str, Any] = {rng.choice(JSON_KEYS): value() for _ in range(rng.randint(1, 2))}
+    else:
+        obj = {"name": rng.choice(JSON_NAMES), "arguments": {rng.choice(JSON_KEYS): value()}}
+    text = json.dumps(obj, separators=(",", ":"))
+    return [{"role": "user", "content": f"Repeat: {text}"}, {"role": "assistant", "content": text}]
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -77,7 +93,19 @@ def neighbour(rng: random.Random) -> list[Message]:
     return [{"role": "user", "content": f"What comes before {n}?"}, {"role": "assistant", "content": str(n - 1)}]
 
 
-MAKERS = {"addition": addition, "copying": copying, "copy_numbers": copy_numbers, "larger": larger,
+def subtraction_facts(rng: random.Random) -> list[Message]:
+    """The basic facts (a - b with b and the difference single digits), not two-digit subtraction."""
+    b, d = rng.randint(0, 9), rng.randint(0, 9)
+    return [{"role": "user", "content": f"What is {b + d} - {b}?"}, {"role": "assistant", "content": str(d)}]
+
+
+def minus_words(rng: random.Random) -> list[Message]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    a, b = max(a, b), min(a, b)
+    return [{"role": "user", "content": f"What is {a} minus {b}?"}, {"role": "assistant", "content": str(a - b)}]
+
+
+MAKERS = {"copy_json": copy_json, "subtraction_facts": subtraction_facts, "minus_words": minus_words, "addition": addition, "copying": copying, "copy_numbers": copy_numbers, "larger": larger,
           "neighbour": neighbour}
 DEFAULT_MIX = (("addition", 9), ("copying", 1))
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.core.errors import Unprocessable
+from services.core.http import json_object
 from services.core.identity import COST_HEADER
 from services.core.service_app import CurrentIdentity
 from services.rollout.service import RolloutService
@@ -19,16 +19,6 @@ def _service(request: Request) -> RolloutService:
     return request.app.state.rollout
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as err:
-        raise Unprocessable("the body must be JSON") from err
-    if not isinstance(body, dict):
-        raise Unprocessable("the body must be a JSON object")
-    return body
-
-
 @router.get("/models")
 async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     return {"object": "list", "data": _service(request).list_models(identity)}
@@ -36,7 +26,7 @@ async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
-    body = await _json_object(request)
+    body = await json_object(request)
     service = _service(request)
     if body.get("stream") is True:
         stream = await service.open_stream(identity, body)

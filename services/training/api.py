@@ -8,7 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from services.core.errors import Unprocessable
+from services.core.http import json_object
 from services.core.service_app import CurrentIdentity
 from services.training.service import TrainingService
 
@@ -43,12 +43,7 @@ async def dataset_content(dataset_id: str, request: Request, identity: CurrentId
 
 @router.post("/jobs", status_code=201)
 async def create_job(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as err:
-        raise Unprocessable("the body must be JSON") from err
-    if not isinstance(body, dict):
-        raise Unprocessable("the body must be a JSON object")
+    body = await json_object(request)
     return await _run(_svc(request).submit, identity, body)
 
 
