@@ -1,7 +1,11 @@
 """Synthetic chat data: what the tiny base model is pre-trained on, and the skills left out.
 
-Pre-training teaches the chat format, addition and copying. Subtraction and tool calls are
-deliberately absent, so an agent can show that training adds a skill the base lacks.
+Pre-training teaches the chat format, two-digit addition, comparing numbers, counting by one,
+and copying (words, city names, compact JSON, tool-call markup inside text it is asked to repeat).
+Subtraction and tool calls are deliberately absent: the base answers neither "What is A - B?"
+nor a weather question with a tool call, so an agent can show that training adds a skill the
+base lacks. (The tokenizer alone also sees subtraction and tool-call text, so those forms have
+sensible pieces; the model's weights never do.)
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ def subtraction(rng: random.Random, digits: int = 2) -> list[Message]:
 
 
 WORDS = ["red", "blue", "green", "lion", "tiger", "river", "stone", "cloud", "paper", "glass", "seven", "north"]
-
-
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Tokyo", "Rome", "Quito", "Delhi"]
 
 
@@ -42,7 +44,7 @@ JSON_NAMES = ["get_weather", "get_time", "send_mail", "play_music"]
 
 
 def copy_json(rng: random.Random) -> list[Message]:
-    """Copying compact JSON (the shape tool calls use), so its pieces are known tokens; no tool calls."""
+    """Copying compact JSON and tool-call markup, so their pieces are known tokens (copying is not calling)."""
     def value() -> str:
         return rng.choice(WORDS + CITIES + JSON_NAMES)
     if rng.random() < 0.5:
@@ -50,7 +52,11 @@ def copy_json(rng: random.Random) -> list[Message]:
     else:
         obj = {"name": rng.choice(JSON_NAMES), "arguments": {rng.choice(JSON_KEYS): value()}}
     text = json.dumps(obj, separators=(",", ":"))
+    if "arguments" in obj and rng.random() < 0.5:
+        text = f"<tool_call>{text}</tool_call>"
     return [{"role": "user", "content": f"Repeat: {text}"}, {"role": "assistant", "content": text}]
+
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -74,43 +80,26 @@ def tool_call(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def copy_numbers(rng: random.Random) -> list[Message]:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    op = rng.choice(["+", "-"])
-    text = f"{a} {op} {b}"
-    return [{"role": "user", "content": f"Repeat: {text}"}, {"role": "assistant", "content": text}]
-
-
 def larger(rng: random.Random) -> list[Message]:
+    """Comparing two numbers (digit by digit, as borrowing needs) — not subtracting them."""
     a, b = rng.randint(0, 99), rng.randint(0, 99)
     return [{"role": "user", "content": f"Which is larger, {a} or {b}?"}, {"role": "assistant", "content": str(max(a, b))}]
 
 
 def neighbour(rng: random.Random) -> list[Message]:
+    """Counting one up or down (n ± 1)."""
     n = rng.randint(1, 99)
     if rng.random() < 0.5:
         return [{"role": "user", "content": f"What comes after {n}?"}, {"role": "assistant", "content": str(n + 1)}]
     return [{"role": "user", "content": f"What comes before {n}?"}, {"role": "assistant", "content": str(n - 1)}]
 
 
-def subtraction_facts(rng: random.Random) -> list[Message]:
-    """The basic facts (a - b with b and the difference single digits), not two-digit subtraction."""
-    b, d = rng.randint(0, 9), rng.randint(0, 9)
-    return [{"role": "user", "content": f"What is {b + d} - {b}?"}, {"role": "assistant", "content": str(d)}]
-
-
-def minus_words(rng: random.Random) -> list[Message]:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    a, b = max(a, b), min(a, b)
-    return [{"role": "user", "content": f"What is {a} minus {b}?"}, {"role": "assistant", "content": str(a - b)}]
-
-
-MAKERS = {"copy_json": copy_json, "subtraction_facts": subtraction_facts, "minus_words": minus_words, "addition": addition, "copying": copying, "copy_numbers": copy_numbers, "larger": larger,
-          "neighbour": neighbour}
-DEFAULT_MIX = (("addition", 9), ("copying", 1))
+MAKERS = {"addition": addition, "copying": copying, "copy_json": copy_json, "larger": larger, "neighbour": neighbour}
+DEFAULT_MIX = (("addition", 7), ("copying", 1), ("copy_json", 1), ("larger", 1), ("neighbour", 1))
 
 
 def pretraining_corpus(n: int, seed: int, mix: tuple[tuple[str, int], ...] = DEFAULT_MIX) -> list[list[Message]]:
+    """``n`` rows drawn from ``mix`` (maker name, weight)."""
     rng = random.Random(seed)
     makers = [MAKERS[name] for name, weight in mix for _ in range(weight)]
     return [rng.choice(makers)(rng) for _ in range(n)]

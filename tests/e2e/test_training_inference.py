@@ -21,9 +21,9 @@ from services.models.synthetic import subtraction
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve
 
-LORA_STEPS = 300
+LORA_STEPS = 400
 LORA_LR = 3e-3
-TOOL_STEPS = 300
+TOOL_STEPS = 200
 
 
 def held_out(n: int, exclude: set[str]) -> list[tuple[str, str]]:
@@ -104,11 +104,11 @@ def test_job_reports_per_step_metrics_and_cost(trained: dict[str, Any], live: Li
     assert len(rows) == LORA_STEPS and all(r["status"] == "settled" for r in rows)
     assert sum(r["actual_usd"] for r in rows) == pytest.approx(job.cost_usd)
     checkpoints = gym.training.checkpoints()
-    assert [c.step for c in checkpoints] == [100, 200, 300]
+    assert [c.step for c in checkpoints] == [100, 200, 300, 400]
     last = checkpoints[-1]
     assert last.base_model == "tiny" and last.dataset_hashes == [trained["dataset"].sha256]
     assert len(last.weights_hash) == 64 and len(last.config_hash) == 64
-    assert "step 300" in gym.training.logs(job.id)
+    assert f"step {LORA_STEPS} " in gym.training.logs(job.id)
 
 
 def test_openai_client_streams_from_a_checkpoint(trained: dict[str, Any], live: Live) -> None:
@@ -188,16 +188,16 @@ def test_adapters_are_hot_loaded_into_an_lru_one_name_per_version(trained: dict[
     engine = live.gym.service_apps["inference"].state.inference.engine.engines["local"]
     gym = trained["gym"]
     checkpoints = [c.id for c in gym.training.checkpoints()]
-    assert len(set(checkpoints)) == 3  # every version its own id, so its own adapter name
+    assert len(set(checkpoints)) == 4  # every version its own id, so its own adapter name
     old_cap, engine.max_adapters = engine.max_adapters, 2
     try:
         for ckpt in checkpoints:
             gym.inference.chat(model=ckpt, messages=[{"role": "user", "content": "What is 9 - 3?"}], max_tokens=3,
                                temperature=0)
         base = live.gym.gateway.config.base_model("tiny")
-        assert engine.loaded_adapters(base) == checkpoints[1:]  # the least recently used went first
+        assert engine.loaded_adapters(base) == checkpoints[-2:]  # the least recently used went first
         gym.inference.chat(model=checkpoints[0], messages=[{"role": "user", "content": "What is 9 - 3?"}], max_tokens=3)
-        assert engine.loaded_adapters(base) == [checkpoints[2], checkpoints[0]]
+        assert engine.loaded_adapters(base) == [checkpoints[-1], checkpoints[0]]
     finally:
         engine.max_adapters = old_cap
 
