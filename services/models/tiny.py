@@ -110,13 +110,32 @@ def _batches(rows: list[tuple[list[int], list[int]]], batch_size: int, seed: int
             yield collate([rows[i] for i in batch], pad_id)
 
 
+def _is_built(target: Path, recipe: TinyRecipe) -> bool:
+    stamp = target / "recipe.json"
+    return stamp.exists() and json.loads(stamp.read_text()).get("digest") == recipe.digest()
+
+
 def build_tiny(models_dir: Path, recipe: TinyRecipe | None = None, *, log: Any = print) -> Path:
-    """Build (or reuse) the tiny base model; returns its directory."""
+    """Build (or reuse) the tiny base model; returns its directory.
+
+    Processes sharing a models dir (test runs, a gym and a benchmark) take a file lock, so one
+    builds and the others wait for it and reuse the result."""
+    import fcntl
+
     recipe = recipe or TinyRecipe()
     target = Path(models_dir) / "tiny"
-    stamp = target / "recipe.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("digest") == recipe.digest():
+    if _is_built(target, recipe):
         return target
+    Path(models_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(models_dir) / ".tiny.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_built(target, recipe):
+            return target
+        return _build(target, recipe, log)
+
+
+def _build(target: Path, recipe: TinyRecipe, log: Any) -> Path:
+    models_dir = target.parent
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
