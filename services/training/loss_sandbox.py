@@ -46,10 +46,13 @@ def sandbox_command(scratch: Path, argv: list[str]) -> list[str]:
     return [
         bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--clearenv",
         "--ro-bind", "/", "/",
-        # Empty read-only mounts over the usual writable places; the loss's own dir is /tmp.
+        # Empty read-only mounts over the usual writable places; the loss's own dir is /tmp/work.
         "--tmpfs", "/home", "--remount-ro", "/home", "--tmpfs", "/run", "--remount-ro", "/run",
-        "--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), "/tmp", "--chdir", "/tmp",
-        "--setenv", "HOME", "/tmp", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        # The interpreter and its packages stay visible even when they live under /tmp.
+        "--ro-bind", sys.prefix, sys.prefix, "--ro-bind", sys.base_prefix, sys.base_prefix,
+        "--bind", str(scratch), "/tmp/work", "--remount-ro", "/tmp", "--chdir", "/tmp/work",
+        "--setenv", "HOME", "/tmp/work", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         *argv,
     ]
 
@@ -70,7 +73,7 @@ class LossSandbox:
         try:
             (scratch / "custom_loss.py").write_text(self.source)
             (scratch / "runner.py").write_text(RUNNER)
-            argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/runner.py", "/tmp/custom_loss.py"])
+            argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/work/runner.py", "/tmp/work/custom_loss.py"])
             for path in self.hidden:  # mask the data dir (keys, tokens, other runs' files), read-only
                 mask = ["--tmpfs", str(path), "--remount-ro", str(path)] if Path(path).is_dir() else ["--ro-bind", "/dev/null", str(path)]
                 cut = argv.index("--ro-bind") + 3  # right after "--ro-bind / /"

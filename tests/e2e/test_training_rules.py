@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
@@ -133,7 +134,7 @@ def test_a_custom_loss_cannot_reach_secrets_network_or_the_host(live: Any, case:
     url, http, gym = live
     secret = "platform-secret-" + os.urandom(8).hex()
     monkeypatch.setenv("RSIGYM_TEST_PLATFORM_SECRET", secret)
-    target = Path.cwd() / f"escaped-{os.urandom(4).hex()}.txt"  # a host dir the sandbox sees read-only
+    target = Path(sys.prefix) / f"escaped-{os.urandom(4).hex()}.txt"  # a host dir the sandbox sees read-only
     source = BAD_LOSSES[case] % str(target) if "%r" in BAD_LOSSES[case] else BAD_LOSSES[case]
     key = create_key(http, 1.0)
     agent = rsigym.Gym(base_url=url, api_key=key["key"])
