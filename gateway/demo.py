@@ -62,7 +62,7 @@ def _rsigym(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-TRAIN = {"tiny": {"steps": 400, "learning_rate": 3e-3, "batch_size": 16},
+TRAIN = {"tiny": {"steps": 400, "learning_rate": 3e-3, "batch_size": 16, "schedule": "linear"},
          "smollm2": {"steps": 120, "learning_rate": 1e-3, "batch_size": 16}}
 
 

@@ -68,7 +68,7 @@ def trained(live: Live) -> dict[str, Any]:
     rows = [{"messages": subtraction(rng)} for _ in range(3000)]
     dataset = gym.training.upload_dataset(rows, name="subtraction")
     job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=LORA_STEPS, learning_rate=LORA_LR,
-                                  batch_size=16, max_length=64, checkpoint_every=100, seed=1)
+                                  batch_size=16, max_length=64, checkpoint_every=100, seed=1, schedule="linear")
     job = gym.training.wait(job.id, timeout=900, poll=2)
     assert job.status == "succeeded", (job.status, job.error)
     seen = {r["messages"][0]["content"] for r in rows}
