@@ -25,9 +25,10 @@ from services.rollout import app as rollout_app
 def service_modules() -> dict[str, ModuleType]:
     """Service name → module with ``SPEC`` and ``create_app(context)``."""
     from services.inference import app as inference_app
+    from services.sandbox import app as sandbox_app
     from services.training import app as training_app
 
-    return {"rollout": rollout_app, "training": training_app, "inference": inference_app}
+    return {"rollout": rollout_app, "training": training_app, "inference": inference_app, "sandbox": sandbox_app}
 
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
@@ -92,7 +93,8 @@ def build_embedded(
         for name, service_app in service_apps.items()
     }
     specs = {name: module.SPEC for name, module in modules.items()}
-    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients)
+    closers = [close for a in service_apps.values() if (close := getattr(a.state, "close", None)) is not None]
+    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients, closers=closers)
     return Gym(create_gateway_app(gw, run_reaper=run_reaper), gw, admin_token, service_apps)
 
 

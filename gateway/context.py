@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import anyio
 
 import httpx
 from fastapi import Request
@@ -23,6 +26,8 @@ class Gateway:
     specs: dict[str, ServiceSpec]
     clients: dict[str, httpx.AsyncClient]
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    """Embedded mode: what stops the in-process services (e.g. kills live sandboxes)."""
 
     @property
     def store(self) -> Store:
@@ -44,6 +49,9 @@ class Gateway:
     async def aclose(self) -> None:
         for client in self.clients.values():
             await client.aclose()
+        for close in self.closers:
+            await anyio.to_thread.run_sync(close)
+        self.closers.clear()
 
 
 def gateway_of(request: Request) -> Gateway:

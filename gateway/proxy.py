@@ -19,7 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.auth import presented_key
 from gateway.context import Gateway, gateway_of
-from services.core.errors import GymError, InvalidRequest, NotFound, ServiceUnavailable
+from services.core.errors import AuthenticationFailed, GymError, InvalidRequest, NotFound, ServiceUnavailable
 from services.core.http import json_object, request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
 from services.core.keys import Principal
@@ -27,10 +27,17 @@ from services.core.ledger import Balance, Reservation
 from services.core.money import format_usd, nusd_to_usd
 from services.core.policy import apply_chain
 from services.core.spec import Operation
+from services.sandbox import tokens as sandbox_tokens
 
 log = logging.getLogger("rsigym.gateway")
 
 MAX_JSON_BODY = 16 * 1024 * 1024
+_FORWARD_REQUEST_HEADERS = ("e2b-sandbox-id", "connect-protocol-version", "connect-timeout-ms",
+                            "connect-content-encoding", "connect-accept-encoding", "keepalive-ping-interval")
+"""Protocol headers a service needs besides the body (E2B's daemon, Connect RPC); the
+caller's credentials never travel past the gateway."""
+_PASS_THROUGH_STREAMS = ("application/connect+",)
+"""Unmetered streamed responses relayed chunk by chunk (a sandbox command's output)."""
 _DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", COST_HEADER.lower()}
 COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
@@ -40,6 +47,16 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if len(await request.body()) > MAX_JSON_BODY:
         raise InvalidRequest(f"request body over {MAX_JSON_BODY} bytes")
     return await json_object(request)
+
+
+async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
+    key = presented_key(request)
+    if key is None and op.auth == "sandbox_token":
+        found = sandbox_tokens.verify(gw.internal_secret, request.headers.get("x-access-token"))
+        if found is None or request.headers.get("e2b-sandbox-id") != found[1]:
+            raise AuthenticationFailed("invalid sandbox access token (or it is not this sandbox's)")
+        return await gw.store.call(gw.registry.authenticate_id, found[0])
+    return await gw.store.call(gw.registry.authenticate, key)
 
 
 def _check_grant(principal: Principal, service: str) -> None:
@@ -58,7 +75,8 @@ class _Call:
 
     async def open(self, estimate: int) -> None:
         gw = self.gw
-        self.lease = await gw.store.call(gw.slots.acquire, self.principal.max_concurrency(self.service), self.service)
+        if self.op.concurrency:
+            self.lease = await gw.store.call(gw.slots.acquire, self.principal.max_concurrency(self.service), self.service)
         if self.op.metered:
             try:
                 self.reservation = await gw.store.call(
@@ -113,7 +131,7 @@ async def forward(request: Request, service: str, path: str) -> Response:
     if op is None:
         raise NotFound(f"no route {request.method} /{service}{sub_path}")
     started = time.perf_counter()
-    principal = await gw.store.call(gw.registry.authenticate, presented_key(request))
+    principal = await _authenticate(gw, request, op)
     if op.json_body:
         body = apply_chain(list(principal.policies), service, await _json_body(request), model_field=op.model_field)
         raw = json.dumps(body, separators=(",", ":")).encode()
@@ -142,6 +160,8 @@ async def forward(request: Request, service: str, path: str) -> Response:
             headers["X-RSIGym-Cost-Kind"] = "reserved-upper-bound"
             headers[REMAINING_RESPONSE] = call.reservation.balance.remaining_header
         return StreamingResponse(_relay(call, upstream, estimate), status_code=upstream.status_code, headers=headers)
+    if not op.metered and upstream.headers.get("content-type", "").startswith(_PASS_THROUGH_STREAMS):
+        return StreamingResponse(_pass_through(call, upstream), status_code=upstream.status_code, headers=headers)
 
     try:
         content = await upstream.aread()
@@ -175,6 +195,7 @@ def _identity(call: _Call, estimate: int) -> Identity:
         operation=call.op.name,
         policies=call.principal.service_policies(call.service),
         chain_ids=list(call.principal.chain_ids),
+        concurrency_caps=call.principal.max_concurrency(call.service),
         reservation_id=call.reservation.id if call.reservation else None,
         estimate_nusd=estimate,
         issued_at=time.time(),
@@ -187,7 +208,9 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
     headers = {
         "content-type": request.headers.get("content-type", "application/json"),
         "accept": request.headers.get("accept", "*/*"),
+        "accept-encoding": "identity",  # bodies are relayed as they come; never a decoded body under a gzip header
         "x-request-id": identity.request_id,
+        **{h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers},
         **sign(identity, gw.internal_secret, request.method, target, raw),
     }
     client = gw.clients[service]
@@ -237,6 +260,17 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         await call.close(cost if cost is not None else estimate)
+
+
+async def _pass_through(call: _Call, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    finally:
+        call.gw.metrics.in_flight.labels(call.service).dec()
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+        await call.close(None)
 
 
 async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str) -> httpx.Response:

@@ -69,6 +69,14 @@ class ConcurrencySlots:
         with self.store.transaction() as s:
             self._drop(s, lease_id)
 
+    def extend(self, lease_id: str | None, ttl_s: float) -> None:
+        """Keep a long-held slot (a live sandbox) from being reclaimed as a crashed holder's."""
+        if lease_id is None:
+            return
+        with self.store.transaction() as s:
+            s.execute(update(ConcurrencyLease).where(ConcurrencyLease.id == lease_id)
+                      .values(expires_at=utcnow() + timedelta(seconds=ttl_s)))
+
     def in_flight(self, key_id: str, service: str) -> int:
         with self.store.transaction() as s:
             row = s.get(ConcurrencyCounter, (key_id, service))

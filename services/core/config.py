@@ -93,12 +93,62 @@ class InferenceConfig(_Strict):
     max_tokens_cap: int = Field(default=512, gt=0)
 
 
+class SandboxTemplate(_Strict):
+    """A named sandbox image: the host's system directories read-only (``host``) or a
+    root filesystem directory (``rootfs``), with its price and limits."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    kind: Literal["host", "rootfs"] = "host"
+    rootfs: str | None = None
+    """For ``kind = "rootfs"``: a directory holding the image's /usr, /bin, /lib, /etc …"""
+    host_dirs: list[str] = Field(default_factory=lambda: ["/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"])
+    """For ``kind = "host"``: host directories bound read-only (nothing else of the host is visible)."""
+    e2b_template: str | None = None
+    """The template id to use when the scale backend is E2B's cloud."""
+    usd_per_hour: float = Field(default=0.05, ge=0)
+    cpu_seconds: int = Field(default=600, gt=0)
+    """RLIMIT_CPU of each process."""
+    memory_mb: int = Field(default=1024, gt=0)
+    """RLIMIT_AS of each process and, where cgroups can be written, the sandbox's memory cap."""
+    max_processes: int = Field(default=128, gt=0)
+    max_file_mb: int = Field(default=256, gt=0)
+    python: str = "/usr/bin/python3"
+    """The interpreter (inside the sandbox) that runs the sandbox agent."""
+    cpu_count: int = Field(default=1, gt=0)
+    disk_mb: int = Field(default=1024, gt=0)
+
+
+def _default_templates() -> list[SandboxTemplate]:
+    return [SandboxTemplate(name="base")]
+
+
+class SandboxConfig(_Strict):
+    backend: Literal["local", "e2b"] = "local"
+    templates: list[SandboxTemplate] = Field(default_factory=_default_templates)
+    default_template: str = "base"
+    slice_s: float = Field(default=5.0, gt=0)
+    """Sandbox time is reserved this far ahead; a sandbox whose next slice cannot be paid is killed."""
+    default_timeout_s: int = Field(default=300, gt=0)
+    max_timeout_s: int = Field(default=24 * 3600, gt=0)
+    local_root: str | None = None
+    """Where local sandboxes keep their writable roots (default: a fresh dir under /tmp)."""
+    uid_base: int = Field(default=200_000, gt=1000)
+    """Local sandboxes run as unprivileged uids uid_base … uid_base + 9999, one per live sandbox."""
+    max_file_transfer_mb: int = Field(default=64, gt=0)
+    e2b_api_url: str = "https://api.e2b.app"
+    e2b_domain: str = "e2b.app"
+
+    def template(self, name: str) -> SandboxTemplate | None:
+        return next((t for t in self.templates if t.name == name), None)
+
+
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     models: list[BaseModel_] = Field(default_factory=_default_models)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     def base_model(self, name: str) -> BaseModel_ | None:
         return next((m for m in self.models if m.name == name), None)
@@ -107,6 +157,8 @@ class GymConfig(_Strict):
         envs = [m.api_key_env for m in self.rollout.models if m.api_key_env]
         if any(m.backend == "tinker" for m in self.models):
             envs.append("TINKER_API_KEY")
+        if self.sandbox.backend == "e2b":
+            envs.append("E2B_API_KEY")
         return envs
 
 

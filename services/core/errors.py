@@ -4,7 +4,10 @@ Every refusal anywhere (gateway, services, workers) is a :class:`GymError` subcl
 leaves the process through :func:`error_response`, so clients always see the same shape::
 
     {"type": "error", "error": {"type": "budget_exhausted", "message": "...", "param": null},
-     "request_id": "req_..."}
+     "request_id": "req_...", "code": 402, "message": "..."}
+
+(``code`` and the top-level ``message`` repeat the status and message in the shape E2B's
+SDK reads, so its exceptions carry our message too.)
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class GymError(Exception):
             "type": "error",
             "error": {"type": self.type, "message": self.message, "param": self.param},
             "request_id": request_id,
+            "code": self.status,
+            "message": self.message,
         }
 
 

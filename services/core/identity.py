@@ -37,6 +37,9 @@ class Identity(BaseModel):
     """The chain's policy for this service, root first."""
     chain_ids: list[str] = Field(default_factory=list)
     """The key and its ancestors, root first (for per-key caps held by services)."""
+    concurrency_caps: list[tuple[str, int]] = Field(default_factory=list)
+    """(key id, cap) of every key of the chain that caps this service, root first — for
+    caps a service holds beyond one call (live sandboxes)."""
     reservation_id: str | None = None
     estimate_nusd: int = 0
     operator: bool = False

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from services.core.errors import AuthenticationFailed, Conflict, KeyPaused, KeyRevoked, NotFound, Unprocessable
 from services.core.ids import hash_secret, new_api_key, new_id
@@ -126,15 +127,28 @@ class KeyRegistry:
             row = s.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
             if row is None or not hmac.compare_digest(row.key_hash, digest):
                 raise AuthenticationFailed("invalid API key")
-            chain = chain_of(s, row.id)
-            _require_active(chain)
-            return Principal(
-                key_id=row.id,
-                run_id=row.root_id,
-                chain_ids=tuple(k.id for k in chain),
-                policies=tuple(Policy.model_validate(k.policy) for k in chain),
-                track=row.track,
-            )
+            return self._principal(s, row)
+
+    def authenticate_id(self, key_id: str) -> Principal:
+        """For credentials derived from a key (sandbox access tokens): the key's status and
+        policy still apply on every call."""
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id)
+            if row is None:
+                raise AuthenticationFailed("invalid access token")
+            return self._principal(s, row)
+
+    @staticmethod
+    def _principal(s: Session, row: ApiKey) -> Principal:
+        chain = chain_of(s, row.id)
+        _require_active(chain)
+        return Principal(
+            key_id=row.id,
+            run_id=row.root_id,
+            chain_ids=tuple(k.id for k in chain),
+            policies=tuple(Policy.model_validate(k.policy) for k in chain),
+            track=row.track,
+        )
 
     def get(self, key_id: str, *, within_run: str | None = None) -> dict[str, Any]:
         with self.store.transaction() as s:

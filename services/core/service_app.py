@@ -33,4 +33,10 @@ def create_service_app(name: str, *, internal_secret: str, routers: list[APIRout
 
     for router in routers:
         app.include_router(router, dependencies=[Depends(require_identity)])
+
+    def close() -> None:  # distributed mode: the service's own process stops
+        if (stop := getattr(app.state, "close", None)) is not None:
+            stop()
+
+    app.router.on_shutdown.append(close)
     return app

@@ -49,6 +49,12 @@ class Operation:
     """The body is a JSON object checked against the key's policy fields."""
     model_field: str | None = None
     """Body field holding a model name to check against the key's allowlist."""
+    concurrency: bool = True
+    """Count the call against the key's per-call concurrency cap. Off for services whose cap
+    means something that outlives a call (live sandboxes, held by the service itself)."""
+    auth: str = "key"
+    """``key``: the run key. ``sandbox_token``: the run key, or a sandbox access token (what
+    E2B's SDK sends its sandbox daemon) — see services/sandbox/tokens.py."""
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,50 @@
+"""What a sandbox backend offers the service: lifecycle plus the agent protocol.
+
+Requests and events are the small JSON vocabulary of the in-sandbox agent
+(services/sandbox/backends/inbox_agent.py): ``start``/``connect`` stream
+``{"start": {"pid"}}``, ``{"stdout"|"stderr": b64}``, ``{"end": {"exit_code", "status"}}``;
+everything else answers one object, or ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.core.config import SandboxTemplate
+
+
+@dataclass
+class SandboxSpec:
+    sandbox_id: str
+    template: SandboxTemplate
+    envs: dict[str, str] = field(default_factory=dict)
+    internet: bool = False
+    metadata: dict[str, str] = field(default_factory=dict)
+    timeout_s: int = 300
+    door_port: int | None = None
+    """Open one TCP port on the sandbox's loopback that leads to the host-side door socket
+    (the only way out of a sandbox without network: an evaluation trial's model endpoint)."""
+
+
+class SandboxBackend(Protocol):
+    name: str
+
+    def create(self, spec: SandboxSpec) -> str:
+        """Start the sandbox; returns the backend's own reference. Raises GymError."""
+
+    def kill(self, sandbox_id: str) -> None:
+        """Stop every process of the sandbox and free what it held. Idempotent."""
+
+    def alive(self, sandbox_id: str) -> bool: ...
+
+    def door_path(self, sandbox_id: str) -> str | None:
+        """Where the host must listen for the sandbox's door (None: no door support)."""
+
+    async def call(self, sandbox_id: str, request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream(self, sandbox_id: str, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+    def close(self) -> None:
+        """Kill every sandbox (service shutdown)."""

@@ -1,0 +1,337 @@
+"""Local sandboxes: bubblewrap namespaces, an unprivileged uid each, resource limits.
+
+A sandbox is one bubblewrap process tree: all namespaces unshared (mount, PID, IPC, UTS,
+network, user, cgroup), so it has no route anywhere — not even to the host's 127.0.0.1 —
+unless its key's policy grants internet. Its root filesystem is a private writable
+directory with only the template's system directories bound read-only (the host profile:
+/usr, /bin, /lib, /etc …, or a rootfs directory), so the gym's data dir, the checkout, /root
+and other sandboxes simply are not there. The first process is the sandbox agent; every
+command is its descendant in the sandbox's PID namespace, so killing bubblewrap kills the
+whole namespace: nothing of a sandbox survives it.
+
+Limits: when the gym runs as root each sandbox gets its own uid (uid_base + n), which makes
+RLIMIT_NPROC a per-sandbox process cap (a fork bomb stops there) and makes files of other
+sandboxes unreadable; RLIMIT_AS / RLIMIT_CPU / RLIMIT_FSIZE bound memory, CPU time and file
+size of every process; where cgroup v1/v2 pids and memory controllers are writable the
+sandbox also gets a cgroup with pids.max and a memory cap for the whole tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.core.errors import GymError, ServiceUnavailable, Unprocessable
+from services.sandbox.backends.base import SandboxSpec
+from services.sandbox.cgroups import SandboxCgroup
+
+log = logging.getLogger("rsigym.sandbox")
+
+AGENT_SOURCE = Path(__file__).with_name("inbox_agent.py")
+STREAM_LIMIT = 128 * 1024 * 1024
+START_TIMEOUT_S = 15.0
+
+
+class SandboxGone(GymError):
+    status, type = 404, "not_found"
+
+
+@dataclass
+class _Local:
+    spec: SandboxSpec
+    uid: int | None
+    dir: Path
+    process: subprocess.Popen[bytes]
+    cgroup: SandboxCgroup | None = None
+    killed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def socket(self) -> str:
+        return str(self.dir / "ctl" / "agent.sock")
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, root: str | None, uid_base: int):
+        self.bwrap = shutil.which("bwrap")
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
+        self.uid_base = uid_base
+        self.privileged = os.geteuid() == 0
+        self._sandboxes: dict[str, _Local] = {}
+        self._uids: set[int] = set()
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def create(self, spec: SandboxSpec) -> str:
+        if self.bwrap is None:
+            raise Unprocessable("local sandboxes need bubblewrap (bwrap) on the sandbox host", param="template")
+        if spec.internet:
+            raise Unprocessable(
+                "the local sandbox backend gives sandboxes no network; internet needs the e2b backend",
+                param="allow_internet_access",
+            )
+        uid = self._take_uid() if self.privileged else None
+        base = self.root / spec.sandbox_id
+        try:
+            local = self._start(spec, uid, base)
+        except BaseException:
+            self._free_uid(uid)
+            shutil.rmtree(base, ignore_errors=True)
+            raise
+        with self._lock:
+            self._sandboxes[spec.sandbox_id] = local
+        return spec.sandbox_id
+
+    def _start(self, spec: SandboxSpec, uid: int | None, base: Path) -> _Local:
+        fs, ctl = base / "fs", base / "ctl"
+        for d in (base, fs, ctl):
+            d.mkdir(mode=0o700)
+        os.chmod(base, 0o711)
+        for sub, mode in (("home/user", 0o755), ("tmp", 0o1777), ("run", 0o755), ("var/tmp", 0o1777)):
+            (fs / sub).mkdir(parents=True)
+            os.chmod(fs / sub, mode)
+        shutil.copyfile(AGENT_SOURCE, base / "agent.py")
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/home/user", "USER": "user",
+            "LANG": "C.UTF-8", "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": spec.sandbox_id, **spec.envs,
+        }
+        (base / "env.json").write_text(json.dumps(env))
+        for f in ("agent.py", "env.json"):
+            os.chmod(base / f, 0o644)
+        if uid is not None:
+            for d in (fs, ctl):
+                for root, dirs, files in os.walk(d):
+                    for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                        os.chown(name, uid, uid)
+        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes, spec.template.memory_mb)
+        argv = self._argv(spec, uid, base)
+        t = spec.template
+        limits = {
+            resource.RLIMIT_AS: t.memory_mb * 1024 * 1024,
+            resource.RLIMIT_CPU: t.cpu_seconds,
+            resource.RLIMIT_FSIZE: t.max_file_mb * 1024 * 1024,
+            resource.RLIMIT_CORE: 0,
+        }
+        if uid is not None:
+            limits[resource.RLIMIT_NPROC] = t.max_processes
+
+        def before_exec() -> None:
+            if cgroup is not None:
+                cgroup.enter(os.getpid())
+            for which, value in limits.items():
+                resource.setrlimit(which, (value, value))
+
+        with open(base / "agent.log", "wb") as errors:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                preexec_fn=before_exec, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+            )
+        local = _Local(spec, uid, base, process, cgroup)
+        if not self._wait_ready(local):
+            self._terminate(local)
+            err = (base / "agent.log").read_bytes()[-2000:]
+            raise ServiceUnavailable(f"the sandbox failed to start: {err.decode(errors='replace').strip() or 'no output'}")
+        return local
+
+    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path) -> list[str]:
+        t = spec.template
+        argv: list[str] = []
+        if uid is not None:
+            argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        argv += [self.bwrap or "bwrap", "--die-with-parent", "--unshare-all", "--hostname", spec.sandbox_id[:63],
+                 "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--bind", str(base / "fs"), "/"]
+        if t.kind == "rootfs":
+            if not t.rootfs or not Path(t.rootfs).is_dir():
+                raise Unprocessable(f"template {t.name!r}: rootfs {t.rootfs!r} is not a directory", param="templateID")
+            for name in sorted(os.listdir(t.rootfs)):
+                if name not in {"home", "tmp", "run", "var", "proc", "dev", "sys"}:
+                    argv += ["--ro-bind", str(Path(t.rootfs) / name), f"/{name}"]
+        else:
+            for d in t.host_dirs:
+                argv += ["--ro-bind-try", d, d]
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--bind", str(base / "ctl"), "/run/rsigym",
+                 "--ro-bind", str(base / "agent.py"), "/run/rsigym/agent.py",
+                 "--ro-bind", str(base / "env.json"), "/run/rsigym/env.json",
+                 "--chdir", "/home/user", "--",
+                 t.python, "-I", "-S", "/run/rsigym/agent.py", "--socket", "/run/rsigym/agent.sock",
+                 "--env-file", "/run/rsigym/env.json"]
+        if spec.door_port is not None:
+            argv += ["--forward", f"127.0.0.1:{spec.door_port}=/run/rsigym/door.sock"]
+        return argv
+
+    def _wait_ready(self, local: _Local) -> bool:
+        assert local.process.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        line = b""
+        while time.monotonic() < deadline:
+            if local.process.poll() is not None:
+                return False
+            ready = _readline_with_timeout(local.process.stdout, deadline - time.monotonic())
+            if ready is None:
+                break
+            line = ready
+            if line.strip() == b"ready":
+                return True
+        return False
+
+    def door_path(self, sandbox_id: str) -> str | None:
+        local = self._sandboxes.get(sandbox_id)
+        return str(local.dir / "ctl" / "door.sock") if local else None
+
+    def alive(self, sandbox_id: str) -> bool:
+        local = self._sandboxes.get(sandbox_id)
+        return local is not None and not local.killed and local.process.poll() is None
+
+    def kill(self, sandbox_id: str) -> None:
+        with self._lock:
+            local = self._sandboxes.pop(sandbox_id, None)
+        if local is None:
+            return
+        self._terminate(local)
+        shutil.rmtree(local.dir, ignore_errors=True)
+        self._free_uid(local.uid)
+
+    def _terminate(self, local: _Local) -> None:
+        with local.lock:
+            local.killed = True
+            try:
+                os.killpg(local.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                local.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox %s: bubblewrap did not exit after SIGKILL", local.spec.sandbox_id)
+            if local.process.stdout is not None:
+                local.process.stdout.close()
+            if local.uid is not None:
+                _kill_uid(local.uid)  # belt and braces: the PID namespace already took them all
+            if local.cgroup is not None:
+                local.cgroup.remove()
+
+    def close(self) -> None:
+        for sandbox_id in list(self._sandboxes):
+            self.kill(sandbox_id)
+
+    def processes_of(self, sandbox_id: str) -> list[int]:
+        """Host pids of every process of the sandbox (by its uid) — for tests and audits."""
+        local = self._sandboxes.get(sandbox_id)
+        return _pids_of_uid(local.uid) if local and local.uid is not None else []
+
+    def _take_uid(self) -> int:
+        with self._lock:
+            for n in range(10_000):
+                uid = self.uid_base + n
+                if uid not in self._uids and not _pids_of_uid(uid):
+                    self._uids.add(uid)
+                    return uid
+        raise ServiceUnavailable("no free sandbox uid on this host")
+
+    def _free_uid(self, uid: int | None) -> None:
+        if uid is not None:
+            with self._lock:
+                self._uids.discard(uid)
+
+    # -- agent protocol ----------------------------------------------------------------
+
+    def _socket(self, sandbox_id: str) -> str:
+        local = self._sandboxes.get(sandbox_id)
+        if local is None or local.killed:
+            raise SandboxGone(f"sandbox {sandbox_id} is not running")
+        return local.socket
+
+    async def _open(self, sandbox_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_unix_connection(self._socket(sandbox_id), limit=STREAM_LIMIT)
+        except OSError as err:
+            raise SandboxGone(f"sandbox {sandbox_id} is not answering ({type(err).__name__})") from err
+
+    async def call(self, sandbox_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        reader, writer = await self._open(sandbox_id)
+        try:
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            line = await reader.readline()
+        finally:
+            writer.close()
+        if not line:
+            raise SandboxGone(f"sandbox {sandbox_id} closed the connection")
+        return _parse(line)
+
+    async def stream(self, sandbox_id: str, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        reader, writer = await self._open(sandbox_id)
+        try:
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            while line := await reader.readline():
+                event = _parse(line)
+                yield event
+                if "end" in event or "error" in event:
+                    return
+            yield {"end": {"exit_code": -1, "status": "sandbox ended"}}
+        finally:
+            writer.close()
+
+
+def _parse(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {"error": {"code": "internal", "message": "the sandbox agent sent a malformed answer"}}
+    return value if isinstance(value, dict) else {"error": {"code": "internal", "message": "malformed answer"}}
+
+
+def _readline_with_timeout(stream: Any, timeout: float) -> bytes | None:
+    import select
+
+    ready, _, _ = select.select([stream], [], [], max(timeout, 0))
+    return stream.readline() if ready else None
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _kill_uid(uid: int) -> None:
+    for _ in range(3):
+        pids = _pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()

@@ -1,0 +1,273 @@
+"""Sandbox lifecycle: ownership, the live-sandbox cap, metering by the second, timeouts.
+
+Creating a sandbox takes, in this order and all-or-nothing: a live-sandbox slot on every
+capped key of the chain (atomic conditional UPDATE, never check-then-create), the first
+paid slice of time, and the backend's sandbox. A supervisor thread then pays slice after
+slice ahead, ends sandboxes whose timeout ran out, and kills (fail closed) any sandbox
+whose next slice the key cannot pay. Every end path settles the time used, gives back the
+slot and records why the sandbox ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select, update
+
+from services.core.concurrency import ConcurrencySlots
+from services.core.errors import BudgetExhausted, GymError, InvalidRequest, NotFound, PermissionDenied
+from services.core.identity import Identity
+from services.core.ids import new_id
+from services.core.ledger import Ledger
+from services.core.money import nusd_to_usd
+from services.core.spec import ServiceContext
+from services.core.tables import utcnow
+from services.sandbox import tokens
+from services.sandbox.backends.base import SandboxBackend, SandboxSpec
+from services.sandbox.metering import SliceMeter, nusd_per_second
+from services.sandbox.tables import SandboxRow
+
+log = logging.getLogger("rsigym.sandbox")
+ENVD_VERSION = "0.4.0"
+"""The daemon protocol level we speak: commands with stdin, default user, multipart uploads."""
+SLOT_SERVICE = "sandbox.live"
+TICK_S = 0.25
+
+
+class CreateSandbox(BaseModel):
+    """E2B's NewSandbox body (v1 and v2), strict: unknown fields are refused, not ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    template_id: str | None = Field(default=None, alias="templateID", max_length=64)
+    timeout: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars", max_length=256)
+    allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
+    secure: bool | None = None
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
+
+
+@dataclass
+class _Live:
+    meter: SliceMeter
+    lease: str | None
+    end_at: float
+
+
+class SandboxService:
+    def __init__(self, context: ServiceContext, backend: SandboxBackend):
+        self.context = context
+        self.config = context.config.sandbox
+        self.store = context.store
+        self.ledger = Ledger(context.store, context.config.ledger)
+        self.slots = ConcurrencySlots(context.store)
+        self.backend = backend
+        self.secret = context.internal_secret
+        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="rsigym-sandbox-meter", daemon=True)
+        self._supervisor.start()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """After a restart this process holds no sandbox: close the rows that say otherwise."""
+        with self.store.transaction() as s:
+            s.execute(update(SandboxRow).where(SandboxRow.state == "running", SandboxRow.backend == self.backend.name)
+                      .values(state="failed", end_reason="the gym restarted", ended_at=utcnow()))
+
+    def create(self, identity: Identity, body: dict[str, Any], *, door_port: int | None = None) -> dict[str, Any]:
+        try:
+            req = CreateSandbox.model_validate(body)
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise InvalidRequest(f"invalid sandbox request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
+                                 param=".".join(map(str, first["loc"]))) from err
+        template = self.config.template(req.template_id or self.config.default_template)
+        if template is None:
+            names = ", ".join(t.name for t in self.config.templates)
+            raise NotFound(f"template {req.template_id!r} not found; templates: {names}", param="templateID")
+        timeout = req.timeout or self.config.default_timeout_s
+        if timeout > self.config.max_timeout_s:
+            raise InvalidRequest(f"timeout over the maximum of {self.config.max_timeout_s} s", param="timeout")
+        internet = bool(req.allow_internet_access)
+        if internet and not all(p.get("internet") for p in identity.policies):
+            raise PermissionDenied("this key's policy gives sandboxes no internet", param="allow_internet_access")
+
+        sandbox_id = new_id("sbx")
+        lease = self.slots.acquire([tuple(c) for c in identity.concurrency_caps], SLOT_SERVICE,
+                                   ttl_s=self._lease_ttl())
+        meter = SliceMeter(self.ledger, identity.key_id, tuple(identity.chain_ids), sandbox_id,
+                           nusd_per_second(template.usd_per_hour), self.config.slice_s)
+        try:
+            meter.open()
+        except BaseException:
+            self.slots.release(lease)
+            raise
+        spec = SandboxSpec(sandbox_id, template, dict(req.env_vars), internet, dict(req.metadata), timeout, door_port)
+        try:
+            ref = self.backend.create(spec)
+        except BaseException:
+            meter.close()  # nothing ran: settles 0
+            self.slots.release(lease)
+            raise
+        meter.restart_clock()
+        now = utcnow()
+        row = SandboxRow(
+            id=sandbox_id, run_id=identity.run_id, key_id=identity.key_id, chain_ids=list(identity.chain_ids),
+            template=template.name, backend=self.backend.name, backend_ref=ref, sandbox_metadata=dict(req.metadata),
+            internet=internet, state="running", started_at=now, end_at=now + timedelta(seconds=timeout),
+            price_nusd_per_s=meter.price_nusd_per_s,
+        )
+        try:
+            with self.store.transaction() as s:
+                s.add(row)
+        except BaseException:
+            self.backend.kill(sandbox_id)
+            meter.close()
+            self.slots.release(lease)
+            raise
+        with self._lock:
+            self._live[sandbox_id] = _Live(meter, lease, time.monotonic() + timeout)
+        log.info("sandbox %s started for run %s (template %s)", sandbox_id, identity.run_id, template.name)
+        return self.created_view(row)
+
+    def kill(self, identity: Identity, sandbox_id: str) -> None:
+        self.owned(identity, sandbox_id)
+        self.end(sandbox_id, "killed", "killed by its owner")
+
+    def set_timeout(self, identity: Identity, sandbox_id: str, timeout: int) -> None:
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= self.config.max_timeout_s:
+            raise InvalidRequest(f"timeout must be 1 … {self.config.max_timeout_s} seconds", param="timeout")
+        self.owned(identity, sandbox_id)
+        with self._lock:
+            live = self._live.get(sandbox_id)
+            if live is None:
+                raise NotFound(f"sandbox {sandbox_id} not found")
+            live.end_at = time.monotonic() + timeout
+        with self.store.transaction() as s:
+            s.execute(update(SandboxRow).where(SandboxRow.id == sandbox_id)
+                      .values(end_at=utcnow() + timedelta(seconds=timeout)))
+
+    def end(self, sandbox_id: str, state: str, reason: str) -> None:
+        """Stop a sandbox for any reason; settle, give back the slot, record why. Idempotent."""
+        with self._lock:
+            live = self._live.pop(sandbox_id, None)
+        if live is None:
+            return
+        try:
+            self.backend.kill(sandbox_id)
+        finally:
+            seconds, charged = live.meter.close()
+            self.slots.release(live.lease)
+            with self.store.transaction() as s:
+                s.execute(update(SandboxRow).where(SandboxRow.id == sandbox_id).values(
+                    state=state, end_reason=reason, ended_at=utcnow(), seconds=seconds, cost_nusd=charged))
+        log.info("sandbox %s ended (%s): %.1f s, %d nUSD", sandbox_id, state, seconds, charged)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for sandbox_id in list(self._live):
+            try:
+                self.end(sandbox_id, "killed", "the gym stopped")
+            except GymError as err:
+                log.warning("sandbox %s: %s", sandbox_id, err.message)
+        self.backend.close()
+
+    # -- the supervisor ----------------------------------------------------------------
+
+    def _lease_ttl(self) -> float:
+        return self.config.slice_s * 4 + 60
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(TICK_S):
+            for sandbox_id, live in list(self._live.items()):
+                try:
+                    self._check(sandbox_id, live)
+                except Exception:  # one bad sandbox must not stop metering of the others
+                    log.exception("sandbox %s: supervisor error", sandbox_id)
+
+    def _check(self, sandbox_id: str, live: _Live) -> None:
+        now = time.monotonic()
+        if not self.backend.alive(sandbox_id):
+            self.end(sandbox_id, "failed", "the sandbox's processes exited")
+        elif now >= live.end_at:
+            self.end(sandbox_id, "timed_out", "its timeout ran out")
+        elif live.meter.due(now, lead_s=2 * TICK_S):
+            try:
+                live.meter.advance()
+                self.slots.extend(live.lease, self._lease_ttl())
+            except BudgetExhausted:
+                self.end(sandbox_id, "budget_exhausted",
+                         f"the key's budget could not pay the next {self.config.slice_s:g} s of sandbox time")
+            except GymError as err:  # store trouble: retry until the paid time runs out, then stop
+                if now >= live.meter.paid_until:
+                    self.end(sandbox_id, "failed", f"its next slice could not be reserved: {err.message}")
+
+    # -- reads -------------------------------------------------------------------------
+
+    def owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> SandboxRow:
+        """The caller's own sandbox, or 404 — a run never learns of another run's sandboxes."""
+        with self.store.transaction() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None or row.run_id != identity.run_id or (running and row.state != "running"):
+                raise NotFound(f"sandbox {sandbox_id} not found" + (
+                    f" (it ended: {row.state}, {row.end_reason})"
+                    if row is not None and row.run_id == identity.run_id and row.state != "running" else ""))
+            s.expunge(row)
+            return row
+
+    def list(self, identity: Identity, *, running_only: bool = True, metadata: dict[str, str] | None = None,
+             limit: int = 1000) -> list[SandboxRow]:
+        with self.store.transaction() as s:
+            q = select(SandboxRow).where(SandboxRow.run_id == identity.run_id)
+            if running_only:
+                q = q.where(SandboxRow.state == "running")
+            rows = list(s.scalars(q.order_by(SandboxRow.started_at.desc()).limit(limit)))
+            for r in rows:
+                s.expunge(r)
+        if metadata:
+            rows = [r for r in rows if all(r.sandbox_metadata.get(k) == v for k, v in metadata.items())]
+        return rows
+
+    # -- views -------------------------------------------------------------------------
+
+    def created_view(self, row: SandboxRow) -> dict[str, Any]:
+        return {"templateID": row.template, "sandboxID": row.id, "clientID": "rsigym", "envdVersion": ENVD_VERSION,
+                "envdAccessToken": tokens.mint(self.secret, row.key_id, row.id), "domain": None,
+                "alias": row.template}
+
+    def listed_view(self, row: SandboxRow) -> dict[str, Any]:
+        template = self.config.template(row.template)
+        return {
+            "templateID": row.template, "alias": row.template, "sandboxID": row.id, "clientID": "rsigym",
+            "startedAt": row.started_at.isoformat().replace("+00:00", "Z"),
+            "endAt": row.end_at.isoformat().replace("+00:00", "Z"),
+            "cpuCount": template.cpu_count if template else 1, "memoryMB": template.memory_mb if template else 0,
+            "diskSizeMB": template.disk_mb if template else 0, "state": "running", "envdVersion": ENVD_VERSION,
+            "metadata": row.sandbox_metadata,
+        }
+
+    def detail_view(self, row: SandboxRow) -> dict[str, Any]:
+        return {**self.listed_view(row), "envdAccessToken": tokens.mint(self.secret, row.key_id, row.id),
+                "allow_internet_access": row.internet, "domain": None}
+
+    def record_view(self, row: SandboxRow) -> dict[str, Any]:
+        """The gym's own view: ended sandboxes too, with what they cost and why they ended."""
+        live = self._live.get(row.id)
+        seconds, cost = (live.meter.seconds, live.meter.charged_nusd) if live else (row.seconds, row.cost_nusd)
+        return {
+            "id": row.id, "object": "sandbox", "template": row.template, "state": row.state,
+            "end_reason": row.end_reason, "internet": row.internet, "metadata": row.sandbox_metadata,
+            "started_at": row.started_at.isoformat(), "end_at": row.end_at.isoformat(),
+            "ended_at": row.ended_at.isoformat() if row.ended_at else None, "seconds": round(seconds, 3),
+            "cost_usd": nusd_to_usd(cost), "usd_per_hour": row.price_nusd_per_s * 3600 / 1e9,
+        }

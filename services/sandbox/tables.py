@@ -1,0 +1,37 @@
+"""SQL table of the sandbox service: one row per sandbox, its owner and what it cost."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, Index, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.tables import Base, UTCDateTime, utcnow
+
+
+class SandboxRow(Base):
+    __tablename__ = "sandboxes"
+    __table_args__ = (Index("ix_sandboxes_run_state", "run_id", "state"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40))
+    key_id: Mapped[str] = mapped_column(String(40))
+    chain_ids: Mapped[list[str]] = mapped_column(JSON)
+    template: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(16))
+    backend_ref: Mapped[str | None] = mapped_column(String(200))
+    """The backend's own id (E2B's sandbox id for the cloud backend)."""
+    sandbox_metadata: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    internet: Mapped[bool] = mapped_column(default=False)
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    """running → killed | timed_out | budget_exhausted | failed"""
+    end_reason: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    end_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    """When the sandbox's timeout runs out (extended by set-timeout)."""
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
+    price_nusd_per_s: Mapped[int] = mapped_column(BigInteger)
