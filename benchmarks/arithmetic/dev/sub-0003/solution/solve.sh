@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (66 - 29 = 37).
+echo 37 > /app/answer.txt

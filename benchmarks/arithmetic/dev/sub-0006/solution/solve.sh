@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (45 - 31 = 14).
+echo 14 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (51 - 17 = 34).
+echo 34 > /app/answer.txt

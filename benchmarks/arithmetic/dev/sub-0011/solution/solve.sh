@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (72 - 55 = 17).
+echo 17 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (80 - 13 = 67).
+echo 67 > /app/answer.txt

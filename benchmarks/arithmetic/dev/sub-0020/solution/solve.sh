@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (63 - 49 = 14).
+echo 14 > /app/answer.txt

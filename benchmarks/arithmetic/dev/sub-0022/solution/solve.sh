@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (75 - 63 = 12).
+echo 12 > /app/answer.txt

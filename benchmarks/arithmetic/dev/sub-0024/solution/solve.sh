@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (66 - 41 = 25).
+echo 25 > /app/answer.txt

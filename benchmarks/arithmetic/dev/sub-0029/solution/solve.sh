@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (31 - 16 = 15).
+echo 15 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (74 - 31 = 43).
+echo 43 > /app/answer.txt

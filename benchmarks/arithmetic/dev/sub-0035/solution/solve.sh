@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (97 - 38 = 59).
+echo 59 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (60 - 25 = 35).
+echo 35 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (96 - 34 = 62).
+echo 62 > /app/answer.txt

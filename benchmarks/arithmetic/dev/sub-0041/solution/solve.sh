@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (92 - 54 = 38).
+echo 38 > /app/answer.txt

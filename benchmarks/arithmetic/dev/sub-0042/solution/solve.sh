@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (75 - 55 = 20).
+echo 20 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (71 - 61 = 10).
+echo 10 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (97 - 78 = 19).
+echo 19 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (49 - 20 = 29).
+echo 29 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (93 - 60 = 33).
+echo 33 > /app/answer.txt

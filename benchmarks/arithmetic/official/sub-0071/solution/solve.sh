@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (56 - 42 = 14).
+echo 14 > /app/answer.txt

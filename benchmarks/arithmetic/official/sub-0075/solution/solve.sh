@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (94 - 34 = 60).
+echo 60 > /app/answer.txt

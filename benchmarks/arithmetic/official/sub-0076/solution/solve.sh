@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (76 - 47 = 29).
+echo 29 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (14 - 10 = 4).
+echo 4 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (65 - 44 = 21).
+echo 21 > /app/answer.txt

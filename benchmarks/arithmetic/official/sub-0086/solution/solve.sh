@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (62 - 31 = 31).
+echo 31 > /app/answer.txt

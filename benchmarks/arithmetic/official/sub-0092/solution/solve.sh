@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (97 - 37 = 60).
+echo 60 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (64 - 53 = 11).
+echo 11 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (97 - 68 = 29).
+echo 29 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (56 - 36 = 20).
+echo 20 > /app/answer.txt

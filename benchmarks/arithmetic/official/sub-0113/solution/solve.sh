@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (97 - 71 = 26).
+echo 26 > /app/answer.txt

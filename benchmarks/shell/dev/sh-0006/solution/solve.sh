@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (sum of qty = 189).
+awk -F, 'NR > 1 { s += $2 } END { print s }' /app/sales.csv > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (pixel occurs 6 times).
+grep -ow 'pixel' /app/text.txt | wc -l > /app/answer.txt

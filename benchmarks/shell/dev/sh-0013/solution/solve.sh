@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (6 distinct names).
+sort -u /app/names.txt > /app/sorted.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (melon x7).
+sort /app/items.txt | uniq -c | sort -rn | head -n 1 | awk '{print $2}' > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (quill -> comet).
+sed -i 's/quill/comet/g' /app/message.txt

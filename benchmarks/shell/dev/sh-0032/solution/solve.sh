@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (frost occurs 5 times).
+grep -ow 'frost' /app/text.txt | wc -l > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (sand -> glacier).
+sed -i 's/sand/glacier/g' /app/message.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (olive x6).
+sort /app/items.txt | uniq -c | sort -rn | head -n 1 | awk '{print $2}' > /app/answer.txt

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Verifier (rename 5 .txt files).
+# Runs from /app; always writes 0 or 1 to /logs/verifier/reward.txt and exits 0.
+mkdir -p /logs/verifier
+reward=0
+
+# Print a file with leading/trailing whitespace removed; fail when it is not a file.
+trimmed() {
+  [ -f "$1" ] || return 1
+  local s
+  s="$(cat -- "$1" 2>/dev/null)" || return 1
+  s="${s#"${s%%[![:space:]]*}"}"
+  s="${s%"${s##*[![:space:]]}"}"
+  printf '%s' "$s"
+}
+
+reward=1
+[ ! -e /app/data/cloud.txt ] || reward=0
+[ "$(trimmed /app/data/cloud.md)" = 'cloud 953' ] || reward=0
+[ ! -e /app/data/frost.txt ] || reward=0
+[ "$(trimmed /app/data/frost.md)" = 'frost 371' ] || reward=0
+[ ! -e /app/data/tiger.txt ] || reward=0
+[ "$(trimmed /app/data/tiger.md)" = 'tiger 236' ] || reward=0
+[ ! -e /app/data/bright.txt ] || reward=0
+[ "$(trimmed /app/data/bright.md)" = 'bright 511' ] || reward=0
+[ ! -e /app/data/orbit.txt ] || reward=0
+[ "$(trimmed /app/data/orbit.md)" = 'orbit 949' ] || reward=0
+[ "$(trimmed /app/data/river.csv)" = 'river 444' ] || reward=0
+[ "$(trimmed /app/data/pixel.log)" = 'pixel 456' ] || reward=0
+
+echo "$reward" > /logs/verifier/reward.txt
+exit 0

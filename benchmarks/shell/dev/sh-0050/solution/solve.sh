@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (smallest = 243).
+sort -n /app/numbers.txt | head -n 1 > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (7 distinct names).
+sort -u /app/names.txt > /app/sorted.txt

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Verifier (create /app/docs/dave.txt).
+# Runs from /app; always writes 0 or 1 to /logs/verifier/reward.txt and exits 0.
+mkdir -p /logs/verifier
+reward=0
+
+# Print a file's lines with trailing whitespace and trailing blank lines removed.
+lines() {
+  [ -f "$1" ] || return 1
+  local s
+  s="$(sed 's/[[:space:]]*$//' -- "$1" 2>/dev/null)" || return 1
+  printf '%s' "$s"
+}
+
+want="$(cat <<'__EXPECTED__'
+wolf=946
+ember=3
+maple=590
+__EXPECTED__
+)"
+if got="$(lines /app/docs/dave.txt)" && [ "$got" = "$want" ]; then reward=1; fi
+
+echo "$reward" > /logs/verifier/reward.txt
+exit 0

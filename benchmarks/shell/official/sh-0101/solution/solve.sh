@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (13 WARN lines).
+awk '$2 == "WARN"' /app/app.log | wc -l > /app/answer.txt

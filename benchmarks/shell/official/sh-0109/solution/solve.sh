@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (harbor -> falcon).
+sed -i 's/harbor/falcon/g' /app/message.txt

@@ -1,0 +1,26 @@
+#!/bin/bash
+# Verifier (harbor -> falcon).
+# Runs from /app; always writes 0 or 1 to /logs/verifier/reward.txt and exits 0.
+mkdir -p /logs/verifier
+reward=0
+
+# Print a file's lines with trailing whitespace and trailing blank lines removed.
+lines() {
+  [ -f "$1" ] || return 1
+  local s
+  s="$(sed 's/[[:space:]]*$//' -- "$1" 2>/dev/null)" || return 1
+  printf '%s' "$s"
+}
+
+want="$(cat <<'__EXPECTED__'
+river sand river sand sand cloud
+falcon cloud cloud
+falcon lotus sand
+sand river cloud lotus
+falcon lotus sand wolf sand lotus sand falcon
+__EXPECTED__
+)"
+if got="$(lines /app/message.txt)" && [ "$got" = "$want" ]; then reward=1; fi
+
+echo "$reward" > /logs/verifier/reward.txt
+exit 0

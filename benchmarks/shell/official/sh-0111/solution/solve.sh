@@ -1,0 +1,3 @@
+#!/bin/bash
+# Oracle (8 WARN lines).
+awk '$2 == "WARN"' /app/app.log | wc -l > /app/answer.txt

@@ -1,0 +1,32 @@
+#!/bin/bash
+# Verifier (rename 5 .txt files).
+# Runs from /app; always writes 0 or 1 to /logs/verifier/reward.txt and exits 0.
+mkdir -p /logs/verifier
+reward=0
+
+# Print a file with leading/trailing whitespace removed; fail when it is not a file.
+trimmed() {
+  [ -f "$1" ] || return 1
+  local s
+  s="$(cat -- "$1" 2>/dev/null)" || return 1
+  s="${s#"${s%%[![:space:]]*}"}"
+  s="${s%"${s##*[![:space:]]}"}"
+  printf '%s' "$s"
+}
+
+reward=1
+[ ! -e /app/data/sand.txt ] || reward=0
+[ "$(trimmed /app/data/sand.md)" = 'sand 569' ] || reward=0
+[ ! -e /app/data/lotus.txt ] || reward=0
+[ "$(trimmed /app/data/lotus.md)" = 'lotus 954' ] || reward=0
+[ ! -e /app/data/frost.txt ] || reward=0
+[ "$(trimmed /app/data/frost.md)" = 'frost 930' ] || reward=0
+[ ! -e /app/data/maple.txt ] || reward=0
+[ "$(trimmed /app/data/maple.md)" = 'maple 771' ] || reward=0
+[ ! -e /app/data/bright.txt ] || reward=0
+[ "$(trimmed /app/data/bright.md)" = 'bright 979' ] || reward=0
+[ "$(trimmed /app/data/moss.md.bak)" = 'moss 902' ] || reward=0
+[ "$(trimmed /app/data/pixel.csv)" = 'pixel 546' ] || reward=0
+
+echo "$reward" > /logs/verifier/reward.txt
+exit 0

@@ -1,0 +1,1 @@
+"""Evaluation: the RSI-Index and the reports built on it."""

@@ -1,0 +1,218 @@
+"""Offline benchmarks in Harbor's task format: load one and check its layout.
+
+A benchmark is a directory, or a ``.tar.gz`` holding one (at the top or in a single folder)::
+
+    benchmark.toml                 name, description, version, [splits.<split>] hidden = bool
+    <split>/<task-id>/             one Harbor task per folder, ids unique across splits:
+        task.toml                  Harbor's TaskConfig; [metadata] kind ("qa" also answer_file)
+        instruction.md
+        environment/Dockerfile     (+ optional environment/app/: input files copied to /app)
+        tests/test.sh              writes 0 or 1 to /logs/verifier/reward.txt
+        solution/solve.sh
+
+:func:`load_benchmark` reads leniently, so that :func:`validate_structure` can name every
+problem at once. Nothing here runs a task; the oracle run belongs to the sandbox.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from harbor.models.task.config import TaskConfig
+from harbor.models.task.task import Task
+from pydantic import ValidationError
+
+REQUIRED_SPLITS = ("dev", "official")
+REQUIRED_FILES = ("instruction.md", "tests/test.sh", "solution/solve.sh")
+TARBALL_SUFFIXES = (".tar.gz", ".tgz")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    id: str
+    path: Path
+    kind: str | None  # [metadata] kind, e.g. "qa" or "shell"
+    answer_file: str | None  # [metadata] answer_file, for "qa" tasks
+    config: TaskConfig | None  # None when Harbor refuses task.toml
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    name: str
+    hidden: bool
+    tasks: list[TaskRef]
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    name: str
+    description: str
+    version: str
+    root: Path
+    splits: dict[str, Split]
+
+    def tasks(self) -> Iterator[tuple[Split, TaskRef]]:
+        for split in self.splits.values():
+            for task in split.tasks:
+                yield split, task
+
+
+def load_benchmark(source: Path | str, *, extract_to: Path | None = None) -> Benchmark:
+    """Read a benchmark from a directory or a ``.tar.gz``.
+
+    A tarball is extracted into ``extract_to`` (default: a fresh temporary directory that
+    the caller owns). Raises ``ValueError`` when there is no readable ``benchmark.toml``;
+    problems inside tasks are left for :func:`validate_structure`.
+    """
+    source = Path(source)
+    if source.is_dir():
+        root = source
+    elif source.is_file() and source.name.endswith(TARBALL_SUFFIXES):
+        root = _extract(source, extract_to or Path(tempfile.mkdtemp(prefix="rsigym-benchmark-")))
+    else:
+        raise ValueError(f"{source}: not a benchmark directory or .tar.gz file")
+
+    header = _read_header(root / "benchmark.toml")
+    splits = {
+        name: Split(name, hidden, [_task_ref(p) for p in _task_dirs(root / name)])
+        for name, hidden in header["splits"].items()
+    }
+    return Benchmark(header["name"], header["description"], header["version"], root.resolve(), splits)
+
+
+def validate_structure(benchmark: Benchmark) -> None:
+    """Raise one ``ValueError`` listing every structural problem, or return None."""
+    problems = [
+        f"split {name!r} is not declared in benchmark.toml"
+        for name in REQUIRED_SPLITS
+        if name not in benchmark.splits
+    ]
+    for split in benchmark.splits.values():
+        if not (benchmark.root / split.name).is_dir():
+            problems.append(f"split {split.name!r}: directory {split.name}/ is missing")
+        elif not split.tasks:
+            problems.append(f"split {split.name!r}: no tasks in {split.name}/")
+
+    first_seen: dict[str, str] = {}
+    for split, task in benchmark.tasks():
+        if task.id in first_seen:
+            problems.append(f"{split.name}/{task.id}: duplicate task id (also in {first_seen[task.id]}/)")
+        first_seen.setdefault(task.id, split.name)
+        problems.extend(f"{split.name}/{task.id}: {p}" for p in _task_problems(task.path))
+
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise ValueError(
+            f"benchmark {benchmark.name!r} at {benchmark.root} has {len(problems)} problem(s):\n{listing}"
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _extract(tarball: Path, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(tarball, "r:gz") as tar:
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise ValueError(f"{tarball}: cannot extract: {exc}") from exc
+    if (dest / "benchmark.toml").is_file():
+        return dest
+    roots = [d for d in dest.iterdir() if d.is_dir() and (d / "benchmark.toml").is_file()]
+    if len(roots) != 1:
+        raise ValueError(f"{tarball}: expected one benchmark.toml at the top or in a single folder")
+    return roots[0]
+
+
+def _read_header(path: Path) -> dict:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read benchmark.toml: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from exc
+
+    errors = [f"{key} must be a string" for key in ("name", "description", "version")
+              if not isinstance(data.get(key), str)]
+    splits: dict[str, bool] = {}
+    tables = data.get("splits")
+    if not isinstance(tables, dict):
+        errors.append("[splits.<name>] tables are missing")
+    else:
+        for name, table in tables.items():
+            hidden = table.get("hidden") if isinstance(table, dict) else None
+            if not isinstance(hidden, bool):
+                errors.append(f"[splits.{name}] hidden must be true or false")
+            else:
+                splits[name] = hidden
+    if errors:
+        raise ValueError(f"{path}: " + "; ".join(errors))
+    return {**data, "splits": splits}
+
+
+def _task_dirs(split_dir: Path) -> list[Path]:
+    if not split_dir.is_dir():
+        return []
+    return sorted(p for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _parse_config(task_dir: Path) -> TaskConfig:
+    """Harbor's own parse of task.toml; raises ``ValueError`` with a one-line reason."""
+    try:
+        return TaskConfig.model_validate_toml((task_dir / "task.toml").read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ValueError("missing task.toml") from exc
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"task.toml refused by harbor: {exc}") from exc
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'task.toml'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"task.toml refused by harbor: {reasons}") from exc
+
+
+def _task_ref(task_dir: Path) -> TaskRef:
+    try:
+        config: TaskConfig | None = _parse_config(task_dir)
+    except ValueError:
+        config = None
+    metadata = config.metadata if config else {}
+    kind, answer_file = metadata.get("kind"), metadata.get("answer_file")
+    return TaskRef(
+        id=task_dir.name,
+        path=task_dir.resolve(),
+        kind=kind if isinstance(kind, str) else None,
+        answer_file=answer_file if isinstance(answer_file, str) else None,
+        config=config,
+    )
+
+
+def _task_problems(task_dir: Path) -> list[str]:
+    problems = [f"missing {rel}" for rel in REQUIRED_FILES if not (task_dir / rel).is_file()]
+    try:
+        config = _parse_config(task_dir)
+    except ValueError as exc:
+        return [str(exc), *problems]
+
+    kind = config.metadata.get("kind")
+    if not isinstance(kind, str) or not kind:
+        problems.append("task.toml [metadata] kind is missing")
+    elif kind == "qa":
+        answer_file = config.metadata.get("answer_file")
+        if not isinstance(answer_file, str) or not answer_file.startswith("/"):
+            problems.append('a "qa" task needs [metadata] answer_file, an absolute path')
+    if not config.environment.docker_image and not (task_dir / "environment" / "Dockerfile").is_file():
+        problems.append("missing environment/Dockerfile")
+
+    if not problems:  # whatever else Harbor itself checks when it opens a task
+        try:
+            Task(task_dir)
+        except (OSError, ValueError, RuntimeError) as exc:
+            problems.append(f"harbor refuses the task: {exc}")
+    return problems
