@@ -99,3 +99,47 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
                                    request_id_of(request))
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
+
+
+# -- evaluation: benchmarks, scoring (forwarded to the evaluation service as the operator) --
+
+
+async def _to_evaluation(request: Request, method: str, path: str) -> Response:
+    gw = gateway_of(request)
+    body = await request.body() if method == "POST" else b""
+    gateway_url = (gw.context.settings.gateway_url or str(request.base_url)).rstrip("/")
+    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body, gateway_url)
+    return Response(upstream.content, status_code=upstream.status_code,
+                    media_type=upstream.headers.get("content-type", "application/json"))
+
+
+@router.post("/benchmarks")
+async def register_benchmark(request: Request) -> Response:
+    """Register a benchmark from a directory or .tar.gz on the gym's host; validation runs async."""
+    return await _to_evaluation(request, "POST", "/v1/operator/benchmarks")
+
+
+@router.get("/benchmarks")
+async def list_benchmarks(request: Request) -> Response:
+    return await _to_evaluation(request, "GET", "/v1/benchmarks")
+
+
+@router.post("/runs/{run_id}/score")
+async def score_run(run_id: str, request: Request) -> Response:
+    """Score a run's latest submission (official splits, avg@3) on the operator's budget."""
+    return await _to_evaluation(request, "POST", f"/v1/operator/runs/{run_id}/score")
+
+
+@router.get("/scores")
+async def scores(request: Request) -> Response:
+    return await _to_evaluation(request, "GET", "/v1/operator/scores")
+
+
+@router.get("/evaluation/jobs/{job_id}")
+async def evaluation_job(job_id: str, request: Request) -> Response:
+    return await _to_evaluation(request, "GET", f"/v1/jobs/{job_id}")
+
+
+@router.get("/evaluation/jobs/{job_id}/results")
+async def evaluation_results(job_id: str, request: Request) -> Response:
+    return await _to_evaluation(request, "GET", f"/v1/jobs/{job_id}/results")

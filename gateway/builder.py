@@ -24,11 +24,13 @@ from services.rollout import app as rollout_app
 
 def service_modules() -> dict[str, ModuleType]:
     """Service name → module with ``SPEC`` and ``create_app(context)``."""
+    from services.evaluation import app as evaluation_app
     from services.inference import app as inference_app
     from services.sandbox import app as sandbox_app
     from services.training import app as training_app
 
-    return {"rollout": rollout_app, "training": training_app, "inference": inference_app, "sandbox": sandbox_app}
+    return {"rollout": rollout_app, "training": training_app, "inference": inference_app, "sandbox": sandbox_app,
+            "evaluation": evaluation_app}
 
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)

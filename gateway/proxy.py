@@ -38,7 +38,8 @@ _FORWARD_REQUEST_HEADERS = ("e2b-sandbox-id", "connect-protocol-version", "conne
 caller's credentials never travel past the gateway."""
 _PASS_THROUGH_STREAMS = ("application/connect+",)
 """Unmetered streamed responses relayed chunk by chunk (a sandbox command's output)."""
-_DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", COST_HEADER.lower()}
+_DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", "x-request-id",
+                          COST_HEADER.lower()}
 COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
@@ -144,7 +145,7 @@ async def forward(request: Request, service: str, path: str) -> Response:
     await call.open(estimate)
     gw.metrics.in_flight.labels(service).inc()
     try:
-        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate))
+        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate, _gateway_url(gw, request)))
     except BaseException:
         gw.metrics.in_flight.labels(service).dec()
         await call.close(None)
@@ -186,8 +187,13 @@ async def forward(request: Request, service: str, path: str) -> Response:
     return Response(content, status_code=upstream.status_code, headers=headers)
 
 
-def _identity(call: _Call, estimate: int) -> Identity:
+def _gateway_url(gw: Gateway, request: Request) -> str:
+    return (gw.context.settings.gateway_url or str(request.base_url)).rstrip("/")
+
+
+def _identity(call: _Call, estimate: int, gateway_url: str | None = None) -> Identity:
     return Identity(
+        gateway_url=gateway_url,
         request_id=call.request_id,
         key_id=call.principal.key_id,
         run_id=call.principal.run_id,
@@ -273,14 +279,16 @@ async def _pass_through(call: _Call, upstream: httpx.Response) -> AsyncIterator[
         await call.close(None)
 
 
-async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str) -> httpx.Response:
-    """A signed call made for the operator (audits): not a run, not metered."""
+async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str,
+                        body: bytes = b"", gateway_url: str | None = None) -> httpx.Response:
+    """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered."""
     if service not in gw.clients:
         raise NotFound(f"the {service} service is not part of this gym")
     identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
-                        operation="operator", operator=True, issued_at=time.time())
-    headers = {"x-request-id": request_id, **sign(identity, gw.internal_secret, method, path, b"")}
+                        operation="operator", operator=True, issued_at=time.time(), gateway_url=gateway_url)
+    headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity",
+               **sign(identity, gw.internal_secret, method, path, body)}
     try:
-        return await gw.clients[service].request(method, path, headers=headers)
+        return await gw.clients[service].request(method, path, headers=headers, content=body)
     except httpx.HTTPError as err:
         raise ServiceUnavailable(f"the {service} service is unavailable") from err

@@ -137,9 +137,18 @@ class SandboxConfig(_Strict):
     max_file_transfer_mb: int = Field(default=64, gt=0)
     e2b_api_url: str = "https://api.e2b.app"
     e2b_domain: str = "e2b.app"
+    e2b_sandbox_url: str | None = None
+    """Send every sandbox-daemon call here instead of E2B's per-sandbox hosts (tests, self-hosted E2B)."""
 
     def template(self, name: str) -> SandboxTemplate | None:
         return next((t for t in self.templates if t.name == name), None)
+
+
+class EvaluationConfig(_Strict):
+    workers: int = Field(default=2, ge=1)
+    """Evaluation jobs run at once (each runs its trials concurrently, below)."""
+    trial_concurrency: int = Field(default=4, ge=1)
+    """Trials (sandboxes) at once per job."""
 
 
 class GymConfig(_Strict):
@@ -149,6 +158,7 @@ class GymConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
 
     def base_model(self, name: str) -> BaseModel_ | None:
         return next((m for m in self.models if m.name == name), None)

@@ -81,8 +81,12 @@ class KeyRegistry:
         track: str | None = None,
         name: str | None = None,
         parent_id: str | None = None,
+        platform: bool = False,
     ) -> tuple[dict[str, Any], str]:
-        """Create a key; returns its view and the plaintext key (the only time it exists)."""
+        """Create a key; returns its view and the plaintext key (the only time it exists).
+
+        ``platform``: minted by the gym itself (an evaluation job's keys), which may grant a
+        model door; everything else must still be within every ancestor's policy."""
         if budget_nusd is not None and budget_nusd < 0:
             raise Unprocessable("budget must be >= 0", param="budget_usd")
         plaintext = new_api_key()
@@ -95,7 +99,7 @@ class KeyRegistry:
                 if parent.depth + 1 > MAX_CHILD_DEPTH:
                     raise Conflict(f"child keys nest at most {MAX_CHILD_DEPTH} deep")
                 for ancestor in chain:
-                    policy.assert_within(Policy.model_validate(ancestor.policy))
+                    policy.assert_within(Policy.model_validate(ancestor.policy), platform=platform)
                 root_id, depth, track = parent.root_id, parent.depth + 1, parent.track
             elif budget_nusd is None:
                 raise Unprocessable("a run key needs a budget", param="budget_usd")

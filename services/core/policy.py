@@ -124,6 +124,14 @@ class ServicePolicy(BaseModel):
     """Sandbox internet access."""
     detail: Literal["full", "aggregate"] = "full"
     """What evaluation results the key may see."""
+    cross_run: bool = False
+    """Inference: may use another run's checkpoints named explicitly in ``models`` — the
+    platform's scoring keys only (an operator scores a run's submission on the operator's
+    budget). Like ``door``, never passed from parent to child by anyone but the platform."""
+    door: bool = False
+    """Sandbox: may open a model door (one loopback port that leads to inference only, with a
+    key the sandbox never sees). Granted by the platform to evaluation-job keys, never by a
+    parent to a child: a key nobody minted with it cannot get it."""
 
     def allows_model(self, model: Any) -> bool:
         return self.models == "*" or (isinstance(model, str) and model in self.models)
@@ -162,8 +170,9 @@ class Policy(BaseModel):
 
     # -- narrowing (child keys) -------------------------------------------------------------
 
-    def assert_within(self, parent: Policy) -> None:
-        """Refuse a child policy that grants anything its parent does not."""
+    def assert_within(self, parent: Policy, *, platform: bool = False) -> None:
+        """Refuse a child policy that grants anything its parent does not (``platform``: the
+        gym itself mints the key and may add a model door)."""
         for name, child in self.services.items():
             granted = parent.services.get(name)
             if granted is None:
@@ -173,6 +182,11 @@ class Policy(BaseModel):
                 raise PermissionDenied("child models must be a subset of the parent's", param=f"{where}.models")
             if child.internet and not granted.internet:
                 raise PermissionDenied("the parent key has no sandbox internet", param=f"{where}.internet")
+            if child.cross_run and not granted.cross_run and not platform:
+                raise PermissionDenied("cross-run model access is granted by the platform only",
+                                       param=f"{where}.cross_run")
+            if child.door and not granted.door and not platform:
+                raise PermissionDenied("model doors are granted by the platform only", param=f"{where}.door")
             if granted.detail == "aggregate" and child.detail == "full":
                 raise PermissionDenied("the parent key sees aggregate results only", param=f"{where}.detail")
             if granted.max_concurrency is not None and (

@@ -29,6 +29,9 @@ class GymSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8700
     url: str = "http://127.0.0.1:8700"  # RSIGYM_URL, used by the operator CLI as a client
+    gateway_url: str | None = None
+    """RSIGYM_GATEWAY_URL: how services and sandbox doors reach the gateway (default: the
+    address the calling request reached the gateway at)."""
     models_dir: Path | None = None  # RSIGYM_MODELS_DIR: built/converted base models (default <data-dir>/models)
 
     def resolved_models_dir(self) -> Path:

@@ -16,7 +16,8 @@ from services.inference.service import max_tokens_of, parse_inference_request, p
 
 def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any) -> int:
     request = parse_inference_request(body)
-    base, _ = resolve_model(context.config, context.store, request.model, principal.run_id)
+    base, _ = resolve_model(context.config, context.store, request.model, principal.run_id,
+                            principal.service_policies("inference"))
     prompt_bound = len(prompt_of(request).encode("utf-8"))
     max_tokens = max_tokens_of(request, context.config)
     return token_cost_nusd(prompt_bound * request.n, base.prefill_usd_per_mtok) + token_cost_nusd(

@@ -25,8 +25,12 @@ from services.training.tables import Checkpoint
 UNSUPPORTED = ("logit_bias", "logprobs", "top_logprobs", "response_format", "presence_penalty", "frequency_penalty")
 
 
-def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str) -> tuple[BaseModel_, Adapter | None]:
-    """A base model name, or one of the run's checkpoint ids; anything else is a 404."""
+def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str,
+                  policies: list[dict[str, Any]] | tuple[()] = ()) -> tuple[BaseModel_, Adapter | None]:
+    """A base model name, or one of the run's checkpoint ids; anything else is a 404.
+
+    A platform scoring key (``cross_run`` in its inference policy) may also name another
+    run's checkpoint, when its policy lists that checkpoint id explicitly."""
     if not isinstance(name, str):
         raise NotFound("model must be a model name or checkpoint id", param="model")
     base = config.base_model(name)
@@ -34,7 +38,8 @@ def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str) -> tu
         return base, None
     with store.transaction() as s:
         ckpt = s.get(Checkpoint, name) if name.startswith("ckpt_") else None
-    if ckpt is None or ckpt.run_id != run_id:
+    granted = any(p.get("cross_run") and isinstance(p.get("models"), list) and name in p["models"] for p in policies)
+    if ckpt is None or (ckpt.run_id != run_id and not granted):
         raise NotFound(f"model {name!r} not found", param="model")
     base = config.base_model(ckpt.base_model)
     if base is None:
@@ -89,7 +94,7 @@ class InferenceService:
 
     def _prepare(self, identity: Identity, body: dict[str, Any]) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
         request = parse_inference_request(body)
-        base, adapter = resolve_model(self.config, self.store, request.model, identity.run_id)
+        base, adapter = resolve_model(self.config, self.store, request.model, identity.run_id, identity.policies)
         if not self._allowed(identity, base):
             raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])

@@ -30,14 +30,22 @@ from services.core.spec import ServiceContext
 from services.core.tables import utcnow
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
+from services.sandbox.door import DOOR_PORT, DoorServer
 from services.sandbox.metering import SliceMeter, nusd_per_second
 from services.sandbox.tables import SandboxRow
 
 log = logging.getLogger("rsigym.sandbox")
-ENVD_VERSION = "0.4.0"
-"""The daemon protocol level we speak: commands with stdin, default user, multipart uploads."""
+ENVD_VERSION = "0.5.2"
+"""The daemon protocol level we speak: commands with stdin and close-stdin, default user, multipart uploads."""
 SLOT_SERVICE = "sandbox.live"
 TICK_S = 0.25
+
+
+class DoorRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=8, max_length=200)
+    """The key the door puts on every request it lets through (never shown to the sandbox)."""
 
 
 class CreateSandbox(BaseModel):
@@ -52,6 +60,8 @@ class CreateSandbox(BaseModel):
     allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
     secure: bool | None = None
     auto_pause: bool | None = Field(default=None, alias="autoPause")
+    rsigym_door: DoorRequest | None = Field(default=None, alias="rsigymDoor")
+    """The gym's extension: a model door (keys with a platform-granted ``door`` only)."""
 
 
 @dataclass
@@ -70,6 +80,7 @@ class SandboxService:
         self.slots = ConcurrencySlots(context.store)
         self.backend = backend
         self.secret = context.internal_secret
+        self._doors: DoorServer | None = None
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -84,7 +95,7 @@ class SandboxService:
             s.execute(update(SandboxRow).where(SandboxRow.state == "running", SandboxRow.backend == self.backend.name)
                       .values(state="failed", end_reason="the gym restarted", ended_at=utcnow()))
 
-    def create(self, identity: Identity, body: dict[str, Any], *, door_port: int | None = None) -> dict[str, Any]:
+    def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         try:
             req = CreateSandbox.model_validate(body)
         except ValidationError as err:
@@ -102,6 +113,14 @@ class SandboxService:
         if internet and not all(p.get("internet") for p in identity.policies):
             raise PermissionDenied("this key's policy gives sandboxes no internet", param="allow_internet_access")
 
+        door_port = None
+        if req.rsigym_door is not None:
+            if not any(p.get("door") for p in identity.policies):
+                raise PermissionDenied("model doors are for the platform's evaluation keys", param="rsigymDoor")
+            if not identity.gateway_url or self.backend.name != "local":
+                raise InvalidRequest("a model door needs the local backend and a reachable gateway", param="rsigymDoor")
+            door_port = DOOR_PORT
+
         sandbox_id = new_id("sbx")
         lease = self.slots.acquire([tuple(c) for c in identity.concurrency_caps], SLOT_SERVICE,
                                    ttl_s=self._lease_ttl())
@@ -112,13 +131,23 @@ class SandboxService:
         except BaseException:
             self.slots.release(lease)
             raise
-        spec = SandboxSpec(sandbox_id, template, dict(req.env_vars), internet, dict(req.metadata), timeout, door_port)
+        spec = SandboxSpec(sandbox_id, template, identity.run_id, dict(req.env_vars), internet, dict(req.metadata),
+                           timeout, door_port)
         try:
             ref = self.backend.create(spec)
         except BaseException:
             meter.close()  # nothing ran: settles 0
             self.slots.release(lease)
             raise
+        if req.rsigym_door is not None:
+            try:
+                self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "", identity.gateway_url or "",
+                                req.rsigym_door.key)
+            except BaseException:
+                self.backend.kill(sandbox_id)
+                meter.close()
+                self.slots.release(lease)
+                raise
         meter.restart_clock()
         now = utcnow()
         row = SandboxRow(
@@ -138,7 +167,10 @@ class SandboxService:
         with self._lock:
             self._live[sandbox_id] = _Live(meter, lease, time.monotonic() + timeout)
         log.info("sandbox %s started for run %s (template %s)", sandbox_id, identity.run_id, template.name)
-        return self.created_view(row)
+        view = self.created_view(row)
+        if door_port is not None:
+            view["rsigymDoorUrl"] = f"http://127.0.0.1:{door_port}/inference/v1"
+        return view
 
     def kill(self, identity: Identity, sandbox_id: str) -> None:
         self.owned(identity, sandbox_id)
@@ -164,6 +196,8 @@ class SandboxService:
         if live is None:
             return
         try:
+            if self._doors is not None:
+                self._doors.close(sandbox_id)
             self.backend.kill(sandbox_id)
         finally:
             seconds, charged = live.meter.close()
@@ -181,6 +215,15 @@ class SandboxService:
             except GymError as err:
                 log.warning("sandbox %s: %s", sandbox_id, err.message)
         self.backend.close()
+        if self._doors is not None:
+            self._doors.shutdown()
+
+    @property
+    def doors(self) -> DoorServer:
+        with self._lock:
+            if self._doors is None:
+                self._doors = DoorServer()
+            return self._doors
 
     # -- the supervisor ----------------------------------------------------------------
 

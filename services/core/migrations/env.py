@@ -3,6 +3,7 @@
 from alembic import context
 
 from services.core.tables import Base
+from services.evaluation import tables as _evaluation_tables  # noqa: F401 - registers its tables
 from services.sandbox import tables as _sandbox_tables  # noqa: F401 - registers its tables
 from services.training import tables as _training_tables  # noqa: F401 - registers its tables
 

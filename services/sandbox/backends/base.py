@@ -19,6 +19,8 @@ from services.core.config import SandboxTemplate
 class SandboxSpec:
     sandbox_id: str
     template: SandboxTemplate
+    owner: str = ""
+    """The run that owns it (stamped on cloud sandboxes' metadata and checked on every use)."""
     envs: dict[str, str] = field(default_factory=dict)
     internet: bool = False
     metadata: dict[str, str] = field(default_factory=dict)

@@ -166,7 +166,10 @@ async def start(req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
     except (OSError, ValueError) as e:
-        await _send(writer, _err("not_found" if isinstance(e, FileNotFoundError) else "invalid_argument", str(e)))
+        code = ("not_found" if isinstance(e, FileNotFoundError)
+                else "resource_exhausted" if isinstance(e, BlockingIOError)  # EAGAIN: at the process cap
+                else "invalid_argument")
+        await _send(writer, _err(code, str(e)))
         return
     proc = Proc(process.pid, {k: req.get(k) for k in ("cmd", "args", "envs", "cwd", "tag")}, process)
     PROCS[proc.pid] = proc

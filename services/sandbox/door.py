@@ -1,0 +1,154 @@
+"""The model door: a sandbox's only way out, and only to inference.
+
+A sandbox without network (an evaluation trial) may be given one door: the agent inside it
+listens on 127.0.0.1:DOOR_PORT and relays each connection to a host-side Unix socket, which
+this module serves. Here every HTTP request is parsed (h11, so keep-alive cannot smuggle a
+second request past the check); only ``/inference/v1/…`` is let through, to the gateway,
+with the door's key put in place of whatever the caller sent. The key — scoped by the
+platform to one model, inference only — never enters the sandbox; anything else gets a 403
+from the door itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+import h11
+import httpx
+
+log = logging.getLogger("rsigym.sandbox.door")
+DOOR_PORT = 8700
+ALLOWED_PREFIX = "/inference/v1/"
+MAX_BODY = 16 * 1024 * 1024
+_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "authorization", "x-api-key", "content-length",
+        "proxy-authorization", "upgrade", "te", "trailer"}
+
+
+class DoorServer:
+    """One event loop thread serving every door of this process."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rsigym-sandbox-doors", daemon=True)
+        self._thread.start()
+        self._servers: dict[str, asyncio.base_events.Server] = {}
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0))
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
+
+    def open(self, sandbox_id: str, socket_path: str, gateway_url: str, key: str) -> None:
+        async def start() -> None:
+            if os.path.exists(socket_path):
+                os.unlink(socket_path)
+            server = await asyncio.start_unix_server(
+                lambda r, w: self._serve(r, w, gateway_url.rstrip("/"), key, sandbox_id), socket_path)
+            os.chmod(socket_path, 0o666)  # the sandbox's uid connects to it; the dir around it is the sandbox's own
+            self._servers[sandbox_id] = server
+
+        self._run(start())
+
+    def close(self, sandbox_id: str) -> None:
+        async def stop() -> None:
+            server = self._servers.pop(sandbox_id, None)
+            if server is not None:
+                server.close()
+
+        self._run(stop())
+
+    def shutdown(self) -> None:
+        for sandbox_id in list(self._servers):
+            self.close(sandbox_id)
+        self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gateway: str, key: str,
+                     sandbox_id: str) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await _read_request(conn, reader)
+                if request is None:
+                    return
+                await self._answer(conn, writer, request, body, gateway, key, sandbox_id)
+                if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                    return
+                conn.start_next_cycle()
+        except (h11.RemoteProtocolError, ConnectionError, h11.LocalProtocolError, asyncio.IncompleteReadError):
+            return
+        finally:
+            try:
+                writer.close()
+            except ConnectionError:
+                pass
+
+    async def _answer(self, conn: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes,
+                      gateway: str, key: str, sandbox_id: str) -> None:
+        target = request.target.decode("latin-1")
+        path = target.split("?", 1)[0]
+        if not path.startswith(ALLOWED_PREFIX) or ".." in path:
+            log.info("door of %s refused %s %s", sandbox_id, request.method.decode(), path)
+            await _send_json(conn, writer, 403, {"type": "error", "error": {
+                "type": "permission_denied", "message": "this sandbox's door leads to /inference/v1/ only",
+                "param": None}, "code": 403, "message": "this sandbox's door leads to /inference/v1/ only"})
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers
+                   if k.decode("latin-1").lower() not in _HOP}
+        headers["authorization"] = f"Bearer {key}"
+        upstream_request = self._client.build_request(request.method.decode(), gateway + target, headers=headers,
+                                                      content=body)
+        try:
+            upstream = await self._client.send(upstream_request, stream=True)
+        except httpx.HTTPError as err:
+            await _send_json(conn, writer, 502, {"type": "error", "error": {
+                "type": "upstream_error", "message": f"the gateway is unreachable ({type(err).__name__})",
+                "param": None}})
+            return
+        try:
+            out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
+            writer.write(conn.send(h11.Response(status_code=upstream.status_code, headers=out_headers)))
+            async for chunk in upstream.aiter_raw():
+                writer.write(conn.send(h11.Data(data=chunk)))
+                await writer.drain()
+            writer.write(conn.send(h11.EndOfMessage()))
+            await writer.drain()
+        finally:
+            await upstream.aclose()
+
+
+async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[h11.Request | None, bytes]:
+    request: h11.Request | None = None
+    body = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await reader.read(65536)
+            conn.receive_data(data)
+            if not data and request is None:
+                return None, b""
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > MAX_BODY:
+                raise h11.RemoteProtocolError("request body too large")
+        elif isinstance(event, h11.EndOfMessage):
+            return request, body
+        elif isinstance(event, h11.ConnectionClosed):
+            return None, b""
+
+
+async def _send_json(conn: h11.Connection, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    writer.write(conn.send(h11.Response(status_code=status, headers=[
+        ("content-type", "application/json"), ("content-length", str(len(data)))])))
+    writer.write(conn.send(h11.Data(data=data)))
+    writer.write(conn.send(h11.EndOfMessage()))
+    await writer.drain()
