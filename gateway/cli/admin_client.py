@@ -1,9 +1,14 @@
-"""The operator CLI's HTTP client for the admin API."""
+"""The operator CLI's HTTP client for the admin API.
+
+:meth:`AdminClient.request` is the one way out; the named helpers below it are the admin
+routes the evaluation commands use (benchmarks, scoring, scores), each returning the answer's
+JSON (lists unwrapped from ``{"object": "list", "data": [...]}``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -50,3 +55,34 @@ class AdminClient:
                 body = None
             raise AdminError(response.status_code, body, response.text)
         return response.json()
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def list_data(self, method: str, path: str, **kwargs: Any) -> list[dict[str, Any]]:
+        body = self.request(method, path, **kwargs)
+        return body["data"] if isinstance(body, dict) else body
+
+    def keys(self) -> list[dict[str, Any]]:
+        return self.list_data("GET", "/admin/v1/keys")
+
+    def register_benchmark(self, path: str, *, replace: bool = False) -> dict[str, Any]:
+        return self.request("POST", "/admin/v1/benchmarks", json={"path": path, "replace": replace})
+
+    def benchmarks(self) -> list[dict[str, Any]]:
+        return self.list_data("GET", "/admin/v1/benchmarks")
+
+    def score(self, run_id: str, *, attempts: int = 3, benchmarks: list[str] | None = None,
+              split: str = "official") -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"attempts": attempts, "split": split}
+        if benchmarks:
+            body["benchmarks"] = benchmarks
+        return self.list_data("POST", f"/admin/v1/runs/{quote(run_id, safe='')}/score", json=body)
+
+    def scores(self) -> list[dict[str, Any]]:
+        return self.list_data("GET", "/admin/v1/scores")
+
+    def evaluation_job(self, job_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/admin/v1/evaluation/jobs/{quote(job_id, safe='')}")
+
+    def evaluation_results(self, job_id: str) -> list[dict[str, Any]]:
+        return self.list_data("GET", f"/admin/v1/evaluation/jobs/{quote(job_id, safe='')}/results")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,11 +15,16 @@ from rich.table import Table
 from gateway.cli.admin_client import AdminClient, AdminError
 from services.core.settings import GymSettings
 
+if TYPE_CHECKING:  # the report module pulls in matplotlib: imported where a report is made
+    from services.evaluation.report import ScoreRow as ReportRow
+
 app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
 keys_app = typer.Typer(help="Run keys: create, inspect, fund, pause, revoke.", no_args_is_help=True)
 models_app = typer.Typer(help="Base models: build the tiny model, convert SmolLM2.", no_args_is_help=True)
+benchmarks_app = typer.Typer(help="Benchmarks: register (validated before use) and list.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
+app.add_typer(benchmarks_app, name="benchmarks")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -35,13 +42,21 @@ def _settings(data_dir: Path | None = None, config: Path | None = None) -> GymSe
     return GymSettings(**overrides)
 
 
-def _call(method: str, path: str, data_dir: Path | None, url: str | None, **kwargs: Any) -> Any:
+T = TypeVar("T")
+
+
+def _admin(data_dir: Path | None, url: str | None, fn: Callable[[AdminClient], T]) -> T:
+    """Run ``fn`` with an admin client; an admin API error is printed and exits 1."""
     try:
-        return AdminClient(_settings(data_dir), url).request(method, path, **kwargs)
+        return fn(AdminClient(_settings(data_dir), url))
     except AdminError as err:
         rid = f" (request {err.request_id})" if err.request_id else ""
         err_console.print(f"[red]error[/red]: {err.type}: {err.message}{rid}")
         raise typer.Exit(1) from None
+
+
+def _call(method: str, path: str, data_dir: Path | None, url: str | None, **kwargs: Any) -> Any:
+    return _admin(data_dir, url, lambda client: client.request(method, path, **kwargs))
 
 
 def _key_table(rows: list[dict[str, Any]]) -> Table:
@@ -243,6 +258,228 @@ def ledger(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, u
     console.print(table)
     total = sum(r["actual_usd"] or 0 for r in rows)
     console.print(f"{len(rows)} rows, {total:.9f} USD charged")
+
+
+# -- evaluation: benchmarks, scoring, the RSI-Index report ---------------------------------
+
+FINAL = frozenset({"succeeded", "failed", "cancelled"})
+INITIAL_RUN = "initial"
+"""The run id of the initial system's (base model + minimal harness) score records."""
+PollOpt = Annotated[float, typer.Option("--poll", help="Seconds between polls with --wait.")]
+
+
+def _score_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _benchmark_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("name", "version", "status", "splits (tasks)", "validation")
+    for b in rows:
+        splits = ", ".join(f"{n}{' (hidden)' if i.get('hidden') else ''}: {i.get('tasks', '?')}"
+                           for n, i in (b.get("splits") or {}).items())
+        table.add_row(b["name"], str(b.get("version") or ""), b.get("status") or "-", splits,
+                      _validation_text(b.get("validation") or {}))
+    return table
+
+
+def _validation_text(v: dict[str, Any]) -> str:
+    if v.get("status") == "validating":
+        return f"running (job {v['job_id']})" if v.get("job_id") else "queued"
+    if "tasks" not in v:
+        return ""
+    text = f"oracle 1.0 on {v.get('oracle_scored_1', 0)}/{v['tasks']}, empty 0.0 on {v.get('empty_scored_0', 0)}/{v['tasks']}"
+    failures = [*v.get("oracle_failures", []), *v.get("empty_failures", [])]
+    if failures:
+        text += "; failing: " + ", ".join(failures[:5]) + (" …" if len(failures) > 5 else "")
+    if v.get("error"):
+        text += f"; {v['error']}"
+    return text
+
+
+@benchmarks_app.command("register")
+def benchmarks_register(
+    path: Annotated[str, typer.Argument(help="A benchmark directory or .tar.gz on the gym's host.")],
+    replace: Annotated[bool, typer.Option("--replace", help="Replace a registered benchmark of that name.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for validation to finish (exit 1 if refused).")] = False,
+    poll: PollOpt = 2.0,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Register a benchmark (validated in the background before use).
+
+    Every task's oracle solution must score 1 and an empty answer 0; the benchmark is usable
+    once its status is ready, and refused (with the failing tasks) otherwise."""
+    local = Path(path).expanduser()
+    where = str(local.resolve()) if local.exists() else path  # a path only the gym's host has is sent as given
+    row = _admin(data_dir, url, lambda c: c.register_benchmark(where, replace=replace))
+    if wait:
+        with err_console.status(f"validating {row['name']} …"):
+            while row.get("status") == "validating":
+                time.sleep(poll)
+                row = next((b for b in _admin(data_dir, url, lambda c: c.benchmarks()) if b["name"] == row["name"]), row)
+    if as_json:
+        typer.echo(json.dumps(row, indent=2))
+    else:
+        console.print(_benchmark_table([row]))
+    if wait and row.get("status") != "ready":
+        raise typer.Exit(1)
+
+
+@benchmarks_app.command("list")
+def benchmarks_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Every benchmark with its splits (hidden ones too) and validation status."""
+    rows = _admin(data_dir, url, lambda c: c.benchmarks())
+    if as_json:
+        typer.echo(json.dumps({"data": rows}, indent=2))
+    elif not rows:
+        console.print("no benchmarks registered: `rsigym benchmarks register PATH --wait`")
+    else:
+        console.print(_benchmark_table(rows))
+
+
+def _scores_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table("score id", "run", "benchmark", "split", "model", "harness", "attempts", "status", "progress", "score")
+    for r in rows:
+        p = r.get("progress") or {}
+        progress = f"{p.get('done', 0)}/{p.get('total', 0)}" if p else "-"
+        table.add_row(r["id"], r["run_id"], r["benchmark"], r["split"], r["model"], r["harness"], str(r["attempts"]),
+                      r["status"], progress, _score_text(r.get("score")))
+    return table
+
+
+def watched_records(started: list[dict[str, Any]], scores: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The score records ``rsigym score RUN --wait`` waits for: the ones just started, and the
+    initial system's records for the same benchmarks, split and attempts (a baseline that was
+    already cached is not in ``started``)."""
+    ids = {r["id"] for r in started}
+    wanted = {(r["benchmark"], r["split"], r["attempts"]) for r in started if r["run_id"] == run_id}
+    return [r for r in scores if r["id"] in ids
+            or (r["run_id"] == INITIAL_RUN and (r["benchmark"], r["split"], r["attempts"]) in wanted)]
+
+
+def _wait_for_scores(started: list[dict[str, Any]], run_id: str, poll: float, data_dir: Path | None,
+                     url: str | None) -> list[dict[str, Any]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=err_console) as progress:
+        while True:
+            watched = watched_records(started, _admin(data_dir, url, lambda c: c.scores()), run_id)
+            for r in watched:
+                p = r.get("progress") or {}
+                if r["id"] not in bars:
+                    bars[r["id"]] = progress.add_task(f"{r['run_id']} {r['benchmark']}/{r['split']} avg@{r['attempts']}",
+                                                      total=p.get("total") or None, status=r["status"])
+                progress.update(bars[r["id"]], completed=p.get("done", 0), total=p.get("total") or None,
+                                status=f"{r['status']} {_score_text(r.get('score'))}")
+            if all(r["status"] in FINAL for r in watched):
+                return watched
+            time.sleep(poll)
+
+
+@app.command()
+def score(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run (its root key id) to score.")],
+    attempts: Annotated[int, typer.Option("--attempts", min=1, max=10, help="Attempts per task (avg@k).")] = 3,
+    benchmark: Annotated[list[str] | None, typer.Option("--benchmark", help="Only this benchmark (repeatable).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split scored (hidden from agents).")] = "official",
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the run's and the initial system's "
+                                                      "scores are final (exit 1 if one failed).")] = False,
+    poll: PollOpt = 2.0,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Score a run's latest submission (avg@k on the official split of every ready benchmark).
+
+    Billed to the operator's own key, not the run's. The initial system (base model + minimal
+    harness) is scored the same way once per benchmark, split and attempts, and cached."""
+    started = _admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split))
+    rows = _wait_for_scores(started, run_id, poll, data_dir, url) if wait else started
+    if as_json:
+        typer.echo(json.dumps({"data": rows}, indent=2))
+    else:
+        console.print(_scores_table(rows))
+        if not wait:
+            err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done")
+    if wait and any(r["status"] != "succeeded" for r in rows):
+        raise typer.Exit(1)
+
+
+def _newest(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(records, key=lambda r: r.get("created_at") or "", default=None)
+
+
+def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
+                      split: str = "official") -> tuple[list[ReportRow], list[str]]:
+    """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
+
+    For each scored run (not ``initial``) and benchmark, the newest succeeded record on ``split``
+    is the submitted score; the initial score is the newest succeeded ``initial`` record with the
+    same benchmark, split and attempts (one on the same model first, when the run kept its base
+    model). The run's track comes from its key; its agent from the score record, else the key's name.
+    """
+    from services.evaluation.report import ScoreRow as ReportRow
+
+    ok = [r for r in scores
+          if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
+    initial = [r for r in ok if r["run_id"] == INITIAL_RUN]
+    by_key = {k["id"]: k for k in keys}
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in ok:
+        if r["run_id"] != INITIAL_RUN:
+            current = latest.get((r["run_id"], r["benchmark"]))
+            if current is None or (r.get("created_at") or "") >= (current.get("created_at") or ""):
+                latest[(r["run_id"], r["benchmark"])] = r
+    rows: list[ReportRow] = []
+    notes: list[str] = []
+    runs: dict[str, tuple[str, str]] = {}
+    for (run_id, bench), rec in latest.items():
+        same = [i for i in initial if (i["benchmark"], i["attempts"]) == (bench, rec["attempts"])]
+        base = _newest(i for i in same if i["model"] == rec["model"]) or _newest(same)
+        if base is None:
+            notes.append(f"{run_id} on {bench}: no initial-system score ({split}, avg@{rec['attempts']}) yet; left out")
+            continue
+        key = by_key.get(run_id, {})
+        agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
+        rows.append(ReportRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
+                              initial=float(base["score"]), submitted=float(rec["score"])))
+    unfinished = sorted({r["run_id"] for r in scores if r.get("status") not in FINAL and r["run_id"] != INITIAL_RUN})
+    if unfinished:
+        notes.append(f"still being scored (not in this report): {', '.join(unfinished)}")
+    return rows, notes
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.md, report.json and charts.")] = Path(
+        "rsigym-report"),
+    split: Annotated[str, typer.Option("--split", help="The split whose scores are reported.")] = "official",
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """The RSI-Index per run and per agent, from every finished score.
+
+    Prints the tables and writes report.md, report.json and one PNG chart per benchmark into
+    --out; --json prints report.json's content instead of the tables."""
+    from services.evaluation.report import group_rows, to_json, write_report
+
+    scores, keys = _admin(data_dir, url, lambda c: (c.scores(), c.keys()))
+    rows, notes = build_report_rows(scores, keys, split)
+    for note in notes:
+        err_console.print(f"[yellow]note[/yellow]: {note}")
+    if not rows:
+        err_console.print("no scored runs with an initial-system score yet: `rsigym score RUN --wait` first")
+        raise typer.Exit(1)
+    files = write_report(group_rows(rows), out, err_console if as_json else console)
+    if as_json:
+        typer.echo(json.dumps(to_json(files.report), indent=2))
+    else:
+        written = [files.markdown, files.json, *files.charts.values()]
+        console.print("written: " + ", ".join(str(p) for p in written))
 
 
 @app.command()

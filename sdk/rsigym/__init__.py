@@ -4,6 +4,7 @@ Only httpx and pydantic are required; nothing of the server is imported.
 """
 
 from ._client import AsyncGym, Gym
+from .resources.evaluation import build_harness_archive
 from ._streaming import AsyncStream, Stream
 from ._version import __version__
 from .errors import (
@@ -26,6 +27,8 @@ from .errors import (
 )
 from .types import (
     Balance,
+    Benchmark,
+    BenchmarkSplit,
     ChatCompletion,
     ChatCompletionChunk,
     ChatMessage,
@@ -37,9 +40,17 @@ from .types import (
     Choice,
     ChoiceDelta,
     ChunkChoice,
+    CommandResult,
+    EvaluationJob,
+    EvaluationProgress,
+    Harness,
     Model,
     ObjectList,
     ResponseMeta,
+    SandboxEntry,
+    SandboxRecord,
+    Submission,
+    TrialResult,
     Usage,
 )
 
@@ -49,6 +60,7 @@ __all__ = [
     "AsyncGym",
     "Stream",
     "AsyncStream",
+    "build_harness_archive",
     # errors
     "RSIGymError",
     "ConfigurationError",
@@ -83,4 +95,14 @@ __all__ = [
     "TrainingStepMetrics",
     "ObjectList",
     "ResponseMeta",
+    "SandboxRecord",
+    "SandboxEntry",
+    "CommandResult",
+    "Benchmark",
+    "BenchmarkSplit",
+    "Harness",
+    "EvaluationJob",
+    "EvaluationProgress",
+    "TrialResult",
+    "Submission",
 ]

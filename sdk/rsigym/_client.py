@@ -10,9 +10,23 @@ from ._base_client import (
     AsyncAPIClient,
     SyncAPIClient,
 )
-from .resources import AsyncInference, AsyncKeys, AsyncRollout, AsyncTraining, Inference, Keys, Rollout, Training
+from .resources import (
+    AsyncEvaluation,
+    AsyncInference,
+    AsyncKeys,
+    AsyncRollout,
+    AsyncSandboxes,
+    AsyncTraining,
+    Evaluation,
+    Inference,
+    Keys,
+    Rollout,
+    Sandboxes,
+    Training,
+)
 from .resources.account import balance_call
-from .types import Balance
+from .resources.evaluation import submissions_call, submit_call
+from .types import Balance, ObjectList, Submission
 
 __all__ = ["Gym", "AsyncGym"]
 
@@ -40,6 +54,8 @@ class Gym(SyncAPIClient):
     inference: Inference
     training: Training
     keys: Keys
+    sandbox: Sandboxes
+    evaluation: Evaluation
 
     def __init__(
         self,
@@ -54,10 +70,26 @@ class Gym(SyncAPIClient):
         self.inference = Inference(self)
         self.training = Training(self)
         self.keys = Keys(self)
+        self.sandbox = Sandboxes(self)
+        self.evaluation = Evaluation(self)
 
     def balance(self) -> Balance:
         """The run's budget, spent, reserved and remaining USD."""
         return self._request(balance_call())
+
+    def submit(self, checkpoint: str | None = None, harness: str | None = None,
+               base_model: str | None = None) -> Submission:
+        """Hand in the run's result for scoring; the latest submission is the one scored.
+
+        The key's track decides what is required: ``data`` a checkpoint (the minimal harness is
+        kept), ``harness`` an uploaded harness id (the base model is kept; ``base_model`` picks
+        which), ``joint`` both. A missing or forbidden part is :class:`~rsigym.UnprocessableEntityError`.
+        """
+        return self._request(submit_call(checkpoint, harness, base_model))
+
+    def submissions(self) -> ObjectList[Submission]:
+        """This run's submissions, oldest first."""
+        return self._request(submissions_call())
 
 
 class AsyncGym(AsyncAPIClient):
@@ -67,6 +99,8 @@ class AsyncGym(AsyncAPIClient):
     inference: AsyncInference
     training: AsyncTraining
     keys: AsyncKeys
+    sandbox: AsyncSandboxes
+    evaluation: AsyncEvaluation
 
     def __init__(
         self,
@@ -81,6 +115,15 @@ class AsyncGym(AsyncAPIClient):
         self.inference = AsyncInference(self)
         self.training = AsyncTraining(self)
         self.keys = AsyncKeys(self)
+        self.sandbox = AsyncSandboxes(self)
+        self.evaluation = AsyncEvaluation(self)
 
     async def balance(self) -> Balance:
         return await self._request(balance_call())
+
+    async def submit(self, checkpoint: str | None = None, harness: str | None = None,
+                     base_model: str | None = None) -> Submission:
+        return await self._request(submit_call(checkpoint, harness, base_model))
+
+    async def submissions(self) -> ObjectList[Submission]:
+        return await self._request(submissions_call())

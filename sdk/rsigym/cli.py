@@ -8,9 +8,26 @@
     gym keys mint [--name N] [--budget USD] [--policy-file F.json] [--json]
     gym keys list [--json]
     gym keys revoke ID [--json]
+    gym sandbox create [--template T] [--timeout S] [--json]       prints the new sandbox's id
+    gym sandbox run ID [--cwd D] [--env K=V]… [--timeout S] -- CMD…
+    gym sandbox ls [--all] [--json]
+    gym sandbox info ID [--json]
+    gym sandbox kill ID
+    gym eval benchmarks [--json]
+    gym eval run --benchmark B --model M [--split dev] [--harness minimal|ID] [--attempts N] [--limit N]
+                 [--task ID]… [--temperature T] [--top-p P] [--max-tokens N] [--seed S] [--wait] [--json]
+    gym eval ls [--json]
+    gym eval status ID [--json]
+    gym eval results ID [--json]
+    gym eval cancel ID [--json]
+    gym harness upload PATH [--json]      PATH: a .tar.gz, or a directory (archived first); prints the id
+    gym harness ls [--json]
+    gym submit [--checkpoint C] [--harness H] [--base-model M] [--json]
 
 Exit codes: 0 success, 1 an error from the gym or the network (printed to stderr as
-``error: <type>: <message> (request_id …)``), 2 a usage error. ``--json`` prints
+``error: <type>: <message> (request_id …)``), 2 a usage error; ``sandbox run`` exits with
+the command's own exit code (124 when its ``--timeout`` ran out); ``eval run --wait`` exits 1
+when the job ends other than ``succeeded``. ``--json`` prints
 machine-readable JSON on stdout. In plain mode ``chat`` prints the reply on stdout and
 its cost / remaining budget on stderr, so the reply can be piped on its own.
 """
@@ -19,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,8 +44,9 @@ from typing import Any
 
 from ._client import Gym
 from ._version import __version__
-from .errors import RSIGymError
-from .types import ChatCompletionChunk, ChildKey
+from .errors import APITimeoutError, RSIGymError
+from .resources.evaluation import MINIMAL_HARNESS
+from .types import ChatCompletionChunk, ChildKey, EvaluationJob, Harness, SandboxRecord
 
 __all__ = ["main", "build_parser", "format_error", "format_usd"]
 
@@ -200,6 +219,265 @@ def _keys_revoke(gym: Gym, args: argparse.Namespace) -> None:
     _out(f"{key.id}: {key.status or 'revoked'}")
 
 
+def _sandbox_create(gym: Gym, args: argparse.Namespace) -> None:
+    sbx = gym.sandbox.create(args.template, timeout=args.timeout)
+    if args.json:
+        _print_json({"id": sbx.id, "template": sbx.template})
+        return
+    _out(sbx.id)
+    _err(f"sandbox {sbx.id} ({sbx.template}) is running; `gym sandbox kill {sbx.id}` ends it")
+
+
+def _sandbox_command(words: list[str]) -> str:
+    """One word is a shell command line as written; several are quoted to stay separate words."""
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _write_now(stream: Any) -> Callable[[str], None]:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+def _sandbox_run(gym: Gym, args: argparse.Namespace) -> int:
+    sbx = gym.sandbox.connect(args.id)
+    try:
+        result = sbx.run(_sandbox_command(args.command), envs=dict(args.env or []), cwd=args.cwd,
+                         timeout=args.timeout, on_stdout=_write_now(sys.stdout), on_stderr=_write_now(sys.stderr))
+    except APITimeoutError as err:
+        if args.timeout is None:
+            raise
+        _err(format_error(err))
+        return 124
+    code = result.exit_code
+    if code < 0 and not (result.status or "").startswith("signal"):  # e.g. the sandbox itself ended
+        _err(f"error: {result.status or 'the command ended abnormally'} (see `gym sandbox info {args.id}`)")
+        return 1
+    return 128 - code if code < 0 else code & 0xFF  # killed by signal N (code -N): 128 + N, as shells do
+
+
+def _record_dict(record: SandboxRecord) -> dict[str, Any]:
+    return record.model_dump(mode="json")
+
+
+def _sandbox_ls(gym: Gym, args: argparse.Namespace) -> None:
+    records = gym.sandbox.list(state=None if args.all else "running")
+    if args.json:
+        _print_json([_record_dict(r) for r in records])
+        return
+    if not records:
+        _out("no sandboxes" if args.all else "no running sandboxes")
+        return
+    rows = [["ID", "TEMPLATE", "STATE", "SECONDS", "COST", "STARTED"]]
+    for r in records:
+        started = r.started_at.strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "-"
+        rows.append([r.id, r.template, r.state, f"{r.seconds:.1f}", format_usd(r.cost_usd), started])
+    _table(rows)
+
+
+def _sandbox_info(gym: Gym, args: argparse.Namespace) -> None:
+    record = gym.sandbox.get(args.id)
+    if args.json:
+        _print_json(_record_dict(record))
+        return
+    end = record.end_at if record.running else record.ended_at
+    rows = [
+        ["id", record.id], ["template", record.template], ["state", record.state],
+        ["end reason", record.end_reason or "-"], ["internet", "yes" if record.internet else "no"],
+        ["started", record.started_at.isoformat() if record.started_at else "-"],
+        ["ends" if record.running else "ended", end.isoformat() if end else "-"],
+        ["seconds", f"{record.seconds:.1f}"], ["cost", format_usd(record.cost_usd)],
+        ["price", f"{format_usd(record.usd_per_hour)}/h"],
+    ]
+    rows += [[f"metadata.{k}", v] for k, v in record.metadata.items()]
+    _table(rows)
+
+
+def _sandbox_kill(gym: Gym, args: argparse.Namespace) -> None:
+    if gym.sandbox.kill(args.id):
+        _out(f"{args.id}: killed")
+    else:
+        _out(f"{args.id}: not running")
+
+
+# ---- evaluation -----------------------------------------------------------------------
+
+
+def format_score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    return obj.model_dump(mode="json")
+
+
+def _eval_benchmarks(gym: Gym, args: argparse.Namespace) -> None:
+    benchmarks = gym.evaluation.benchmarks()
+    if args.json:
+        _print_json([_dump(b) for b in benchmarks])
+        return
+    if not benchmarks:
+        _out("no benchmarks")
+        return
+    rows = [["NAME", "VERSION", "STATUS", "SPLITS (tasks)"]]
+    for b in benchmarks:
+        splits = ", ".join(f"{name} ({split.tasks})" for name, split in b.splits.items())
+        rows.append([b.name, b.version or "-", b.status or "-", splits or "-"])
+    _table(rows)
+
+
+def _progress_text(job: EvaluationJob) -> str:
+    return f"{job.id}: {job.status} {job.progress.done}/{job.progress.total} trials"
+
+
+def _final_text(job: EvaluationJob) -> str:
+    text = f"{job.id}: {job.status}, score {format_score(job.score)} ({job.benchmark}/{job.split}, avg@{job.attempts})"
+    return text + (f" - {job.error}" if job.error else "")
+
+
+def _wait_job(gym: Gym, job: EvaluationJob, args: argparse.Namespace) -> int:
+    report = None if args.json else (lambda j: _err(_progress_text(j)))
+    job = gym.evaluation.wait(job.id, poll_s=args.poll, on_progress=report)
+    if args.json:
+        _print_json(_dump(job))
+    else:
+        _out(_final_text(job))
+    return 0 if job.status == "succeeded" else 1
+
+
+def _eval_run(gym: Gym, args: argparse.Namespace) -> int:
+    sampling = {key: value for key, value in (("temperature", args.temperature), ("top_p", args.top_p),
+                                              ("max_tokens", args.max_tokens), ("seed", args.seed)) if value is not None}
+    job = gym.evaluation.run(args.benchmark, args.model, split=args.split, harness=args.harness,
+                             attempts=args.attempts, sampling=sampling or None, tasks=args.task, limit=args.limit)
+    if args.wait:
+        if not args.json:
+            _out(job.id)
+        return _wait_job(gym, job, args)
+    if args.json:
+        _print_json(_dump(job))
+        return 0
+    _out(job.id)
+    _err(f"evaluation job {job.id} queued: {job.tasks} tasks x {job.attempts} attempts; "
+         f"`gym eval status {job.id}` shows its progress")
+    return 0
+
+
+def _eval_ls(gym: Gym, args: argparse.Namespace) -> None:
+    jobs = gym.evaluation.jobs()
+    if args.json:
+        _print_json([_dump(j) for j in jobs])
+        return
+    if not jobs:
+        _out("no evaluation jobs")
+        return
+    rows = [["ID", "BENCHMARK", "SPLIT", "MODEL", "HARNESS", "STATUS", "PROGRESS", "SCORE"]]
+    for j in jobs:
+        rows.append([j.id, j.benchmark, j.split, j.model, j.harness, j.status,
+                     f"{j.progress.done}/{j.progress.total}", format_score(j.score)])
+    _table(rows)
+
+
+def _eval_status(gym: Gym, args: argparse.Namespace) -> None:
+    job = gym.evaluation.get(args.id)
+    if args.json:
+        _print_json(_dump(job))
+        return
+    rows = [
+        ["id", job.id], ["status", job.status], ["benchmark", f"{job.benchmark}/{job.split}"], ["model", job.model],
+        ["harness", job.harness], ["attempts", str(job.attempts)], ["tasks", str(job.tasks)],
+        ["progress", f"{job.progress.done}/{job.progress.total} trials"], ["score", format_score(job.score)],
+        ["detail", job.detail or "-"], ["created", job.created_at.isoformat() if job.created_at else "-"],
+        ["finished", job.finished_at.isoformat() if job.finished_at else "-"],
+    ]
+    if job.sampling:
+        rows.append(["sampling", json.dumps(job.sampling, sort_keys=True)])
+    if job.error:
+        rows.append(["error", job.error])
+    _table(rows)
+
+
+def _eval_results(gym: Gym, args: argparse.Namespace) -> None:
+    results = gym.evaluation.results(args.id)
+    if args.json:
+        _print_json([_dump(r) for r in results])
+        return
+    if not results:
+        _out("no results yet")
+        return
+    rows = [["TASK", "ATTEMPT", "REWARD", "ERROR"]]
+    for r in results:
+        error = (r.error or "").splitlines()[0][:80] if r.error else ""
+        rows.append([r.task_id, str(r.attempt), format_score(r.reward), error])
+    _table(rows)
+    rewards = [r.reward or 0.0 for r in results]
+    _err(f"{len(results)} trials, mean reward {format_score(sum(rewards) / len(rewards))}")
+
+
+def _eval_cancel(gym: Gym, args: argparse.Namespace) -> None:
+    job = gym.evaluation.cancel(args.id)
+    if args.json:
+        _print_json(_dump(job))
+        return
+    _out(f"{job.id}: {job.status}" + ("" if job.done else " (cancel requested: running trials finish first)"))
+
+
+def _harness_dict(harness: Harness) -> dict[str, Any]:
+    return _dump(harness)
+
+
+def _harness_upload(gym: Gym, args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.exists():
+        _err(f"error: {path} does not exist")
+        return 1
+    try:
+        harness = gym.evaluation.upload_harness(path)
+    except (ValueError, OSError) as exc:  # a directory that cannot be archived, an unreadable file
+        _err(f"error: {exc}")
+        return 1
+    if args.json:
+        _print_json(_harness_dict(harness))
+        return 0
+    _out(harness.id)
+    _err(f"harness {harness.name!r} uploaded: {harness.files} files, {harness.bytes} bytes, sha256 {harness.sha256[:12]}…")
+    return 0
+
+
+def _harness_ls(gym: Gym, args: argparse.Namespace) -> None:
+    harnesses = gym.evaluation.harnesses()
+    if args.json:
+        _print_json([_harness_dict(h) for h in harnesses])
+        return
+    if not harnesses:
+        _out("no harnesses uploaded (the built-in one is 'minimal')")
+        return
+    rows = [["ID", "NAME", "FILES", "BYTES", "SHA256", "CREATED"]]
+    for h in harnesses:
+        created = h.created_at.strftime("%Y-%m-%d %H:%M:%S") if h.created_at else "-"
+        rows.append([h.id, h.name, str(h.files), str(h.bytes), h.sha256[:12], created])
+    _table(rows)
+
+
+def _submit(gym: Gym, args: argparse.Namespace) -> None:
+    submission = gym.submit(checkpoint=args.checkpoint, harness=args.harness, base_model=args.base_model)
+    if args.json:
+        _print_json(_dump(submission))
+        return
+    _out(submission.id)
+    _err(f"submitted ({submission.track or 'no'} track): model {submission.model}, harness {submission.harness}; "
+         "the latest submission is the one scored")
+
+
 # ---- parser -------------------------------------------------------------------------
 
 
@@ -262,7 +540,111 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("id", metavar="ID")
     _add_json(revoke)
     revoke.set_defaults(handler=_keys_revoke)
+
+    sandbox = services.add_parser("sandbox", help="sandboxes (E2B-compatible): run commands, move files")
+    sandbox_verbs = sandbox.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    create = sandbox_verbs.add_parser("create", help="start a sandbox and print its id")
+    create.add_argument("--template", help="template name (default: the gym's default)")
+    create.add_argument("--timeout", type=int, metavar="S", help="seconds until it is killed (default 300)")
+    _add_json(create)
+    create.set_defaults(handler=_sandbox_create)
+    run = sandbox_verbs.add_parser(
+        "run", help="run a command in a sandbox; exits with its exit code",
+        description="Runs CMD with bash -l -c in the sandbox, printing its output as it comes. One CMD word "
+                    "is a shell command line (quote it: -- 'ls | wc -l'); several are passed as separate words.",
+    )
+    run.add_argument("id", metavar="ID")
+    run.add_argument("--cwd", help="working directory (default /home/user)")
+    run.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="environment variable")
+    run.add_argument("--timeout", type=float, metavar="S", help="kill the command after S seconds (exit 124)")
+    run.add_argument("command", nargs="+", metavar="CMD", help="the command, after --")
+    run.set_defaults(handler=_sandbox_run)
+    ls = sandbox_verbs.add_parser("ls", help="list running sandboxes (--all: ended ones too)")
+    ls.add_argument("--all", action="store_true", help="include ended sandboxes")
+    _add_json(ls)
+    ls.set_defaults(handler=_sandbox_ls)
+    info = sandbox_verbs.add_parser("info", help="a sandbox's state, seconds and cost")
+    info.add_argument("id", metavar="ID")
+    _add_json(info)
+    info.set_defaults(handler=_sandbox_info)
+    kill = sandbox_verbs.add_parser("kill", help="kill a sandbox")
+    kill.add_argument("id", metavar="ID")
+    kill.set_defaults(handler=_sandbox_kill)
+    _add_evaluation(services)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _add_evaluation(services: Any) -> None:
+    evaluation = services.add_parser("eval", help="evaluation: benchmarks and evaluation jobs")
+    verbs = evaluation.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    benchmarks = verbs.add_parser("benchmarks", help="list the benchmarks and their splits")
+    _add_json(benchmarks)
+    benchmarks.set_defaults(handler=_eval_benchmarks)
+    run = verbs.add_parser("run", help="start an evaluation job and print its id",
+                           description="Evaluates MODEL with a harness on a benchmark split. Trials run in "
+                                       "sandboxes and call the model through the gym: both are charged to the run.")
+    run.add_argument("--benchmark", required=True, metavar="B")
+    run.add_argument("--model", required=True, metavar="M", help="a base model or one of this run's checkpoints")
+    run.add_argument("--split", default="dev", help="default: dev")
+    run.add_argument("--harness", default=MINIMAL_HARNESS, metavar="minimal|ID",
+                     help="'minimal' (default) or an uploaded harness id")
+    run.add_argument("--attempts", type=_positive_int, default=1, metavar="N", help="attempts per task (avg@N)")
+    run.add_argument("--limit", type=_positive_int, metavar="N", help="only the split's first N tasks")
+    run.add_argument("--task", action="append", metavar="ID", help="only this task (repeatable)")
+    run.add_argument("--temperature", type=float)
+    run.add_argument("--top-p", type=float, dest="top_p")
+    run.add_argument("--max-tokens", type=int, dest="max_tokens")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--wait", action="store_true", help="show progress until the job ends, then its score")
+    run.add_argument("--poll", type=float, default=2.0, metavar="S", help="seconds between polls with --wait")
+    _add_json(run)
+    run.set_defaults(handler=_eval_run)
+    ls = verbs.add_parser("ls", help="this run's evaluation jobs")
+    _add_json(ls)
+    ls.set_defaults(handler=_eval_ls)
+    status = verbs.add_parser("status", help="a job's status, progress and score")
+    status.add_argument("id", metavar="ID")
+    _add_json(status)
+    status.set_defaults(handler=_eval_status)
+    results = verbs.add_parser("results", help="a job's per-trial results (rewards; --json: trajectories too)")
+    results.add_argument("id", metavar="ID")
+    _add_json(results)
+    results.set_defaults(handler=_eval_results)
+    cancel = verbs.add_parser("cancel", help="cancel a job (finished trials keep their results)")
+    cancel.add_argument("id", metavar="ID")
+    _add_json(cancel)
+    cancel.set_defaults(handler=_eval_cancel)
+
+    harness = services.add_parser("harness", help="harness archives for evaluation")
+    harness_verbs = harness.add_subparsers(dest="verb", metavar="<verb>", required=True)
+    upload = harness_verbs.add_parser("upload", help="upload a harness and print its id",
+                                      description="PATH is a .tar.gz with harness.toml at its root, or a directory "
+                                                  "holding harness.toml (archived deterministically first).")
+    upload.add_argument("path", metavar="PATH")
+    _add_json(upload)
+    upload.set_defaults(handler=_harness_upload)
+    harness_ls = harness_verbs.add_parser("ls", help="this run's uploaded harnesses")
+    _add_json(harness_ls)
+    harness_ls.set_defaults(handler=_harness_ls)
+
+    submit = services.add_parser("submit", help="submit the run's result for scoring (what the track asks for)",
+                                 description="data track: --checkpoint; harness track: --harness (and optionally "
+                                             "--base-model); joint track: both. The latest submission is scored.")
+    submit.add_argument("--checkpoint", metavar="C", help="a checkpoint id of this run")
+    submit.add_argument("--harness", metavar="H", help="an uploaded harness id (or 'minimal')")
+    submit.add_argument("--base-model", dest="base_model", metavar="M", help="the base model, when no checkpoint")
+    _add_json(submit)
+    submit.set_defaults(handler=_submit)
 
 
 def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory = Gym) -> int:
@@ -275,7 +657,7 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory = G
         return exc.code if isinstance(exc.code, int) else 2
     try:
         with client_factory() as gym:
-            args.handler(gym, args)
+            code = args.handler(gym, args)  # most handlers return None (success); some their exit code
     except RSIGymError as err:
         _err(format_error(err))
         return 1
@@ -283,7 +665,7 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory = G
         return 130
     except BrokenPipeError:  # `gym ... | head`
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ __all__ = [
     "ChatCompletionChunk",
     "Model",
     "ChildKey",
+    "SandboxRecord",
+    "SandboxEntry",
+    "CommandResult",
+    "BenchmarkSplit",
+    "Benchmark",
+    "Harness",
+    "EvaluationProgress",
+    "EvaluationJob",
+    "TrialResult",
+    "Submission",
 ]
 
 
@@ -221,3 +231,184 @@ class Checkpoint(HasRequestMeta, _WithMeta):
     metrics: dict[str, Any] = Field(default_factory=dict)
     weights_hash: str
     created_at: str | None = None
+
+
+# ---- sandboxes -------------------------------------------------------------------
+
+
+class SandboxRecord(_WithMeta):
+    """The gym's record of a sandbox, running or ended.
+
+    ``state`` is ``running``, ``killed``, ``timed_out``, ``budget_exhausted`` or ``failed``;
+    ``end_reason`` says why it ended. ``seconds`` and ``cost_usd`` are the time billed and
+    what it cost so far (a *field*: the sandbox's total, not this response's header).
+    """
+
+    id: str
+    object: str = "sandbox"
+    template: str
+    state: str
+    end_reason: str | None = None
+    internet: bool = False
+    metadata: dict[str, str] = Field(default_factory=dict)
+    started_at: datetime | None = None
+    end_at: datetime | None = None
+    """When its timeout runs out (while running)."""
+    ended_at: datetime | None = None
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+    usd_per_hour: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+class SandboxEntry(_Base):
+    """A file or directory in a sandbox. ``type`` is ``"file"`` or ``"dir"``.
+
+    Only ``name``, ``type`` and ``path`` are known for what ``files.write`` returns.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str
+    type: str
+    path: str
+    size: int = 0
+    mode: int = 0
+    permissions: str | None = None
+    owner: str | None = None
+    group: str | None = None
+    modified_time: datetime | None = Field(default=None, alias="modifiedTime")
+    symlink_target: str | None = Field(default=None, alias="symlinkTarget")
+
+
+class CommandResult(_Base):
+    """What a finished command printed and how it ended (a non-zero ``exit_code`` is not an error)."""
+
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int
+    status: str | None = None
+    """The daemon's wording: ``exit status 3``, ``signal: killed``, …"""
+    pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+# ---- evaluation ------------------------------------------------------------------
+
+
+class BenchmarkSplit(_Base):
+    """One split of a benchmark: ``hidden`` splits (e.g. ``official``) are not listed for agents."""
+
+    hidden: bool = False
+    tasks: int = 0
+
+
+class Benchmark(HasRequestMeta, _WithMeta):
+    """A registered benchmark. ``status`` is ``validating``, ``ready`` or ``refused``; only a
+    ``ready`` one can be evaluated on. ``validation`` (its details) is shown to operators only."""
+
+    name: str
+    object: str = "benchmark"
+    version: str | None = None
+    description: str = ""
+    splits: dict[str, BenchmarkSplit] = Field(default_factory=dict)
+    status: str | None = None
+    validation: dict[str, Any] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+
+class Harness(HasRequestMeta, _WithMeta):
+    """An uploaded harness archive (content-addressed per run: the same bytes give the same harness).
+
+    ``manifest`` is the ``[harness]`` table of its ``harness.toml`` (``name``, ``run``, ``install``)."""
+
+    id: str
+    object: str = "harness"
+    name: str
+    sha256: str
+    bytes: int = 0
+    files: int = 0
+    manifest: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class EvaluationProgress(_Base):
+    done: int = 0
+    total: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+class EvaluationJob(HasRequestMeta, _WithMeta):
+    """An evaluation job: one benchmark split × model × harness × attempts.
+
+    ``status`` goes ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled``.
+    ``score`` is avg@k (the mean over tasks of each task's mean reward over its attempts), set
+    when the job ends. ``tasks`` is the number of tasks, ``progress`` counts trials (tasks ×
+    attempts). ``detail`` (``full`` or ``aggregate``) says whether this key may read per-task
+    results; it is present on single-job answers.
+    """
+
+    id: str
+    object: str = "evaluation.job"
+    purpose: str | None = None
+    status: str
+    benchmark: str
+    split: str
+    model: str
+    harness: str
+    attempts: int = 1
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    tasks: int = 0
+    progress: EvaluationProgress = Field(default_factory=EvaluationProgress)
+    score: float | None = None
+    error: str | None = None
+    detail: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled")
+
+
+class TrialResult(_Base):
+    """One trial (task × attempt) of an evaluation job. ``reward`` is None when the trial failed
+    before it was verified (``error`` says why); ``trajectory`` is the harness's ATIF trajectory."""
+
+    task_id: str
+    attempt: int = 1
+    reward: float | None = None
+    error: str | None = None
+    trajectory: dict[str, Any] | None = None
+    verifier_output: str = ""
+    agent_output: str = ""
+    sandbox_id: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class Submission(HasRequestMeta, _WithMeta):
+    """What a run hands in for scoring. ``model`` is what is evaluated: the checkpoint id, or the
+    base model when the track keeps it; ``harness`` is ``minimal`` or an uploaded harness id."""
+
+    id: str
+    object: str = "submission"
+    run_id: str | None = None
+    track: str | None = None
+    checkpoint: str | None = None
+    model: str
+    harness: str
+    created_at: datetime | None = None

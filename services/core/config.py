@@ -109,7 +109,7 @@ class SandboxTemplate(_Strict):
     cpu_seconds: int = Field(default=600, gt=0)
     """RLIMIT_CPU of each process."""
     memory_mb: int = Field(default=1024, gt=0)
-    """RLIMIT_AS of each process and, where cgroups can be written, the sandbox's memory cap."""
+    """RLIMIT_AS of each process (a sandbox holds at most max_processes of them)."""
     max_processes: int = Field(default=128, gt=0)
     max_file_mb: int = Field(default=256, gt=0)
     python: str = "/usr/bin/python3"

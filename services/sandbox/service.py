@@ -241,7 +241,8 @@ class SandboxService:
     def _check(self, sandbox_id: str, live: _Live) -> None:
         now = time.monotonic()
         if not self.backend.alive(sandbox_id):
-            self.end(sandbox_id, "failed", "the sandbox's processes exited")
+            reason = getattr(self.backend, "exit_reason", lambda _id: "")(sandbox_id)
+            self.end(sandbox_id, "failed", f"the sandbox's first process exited ({reason})")
         elif now >= live.end_at:
             self.end(sandbox_id, "timed_out", "its timeout ran out")
         elif live.meter.due(now, lead_s=2 * TICK_S):

@@ -12,8 +12,9 @@ whole namespace: nothing of a sandbox survives it.
 Limits: when the gym runs as root each sandbox gets its own uid (uid_base + n), which makes
 RLIMIT_NPROC a per-sandbox process cap (a fork bomb stops there) and makes files of other
 sandboxes unreadable; RLIMIT_AS / RLIMIT_CPU / RLIMIT_FSIZE bound memory, CPU time and file
-size of every process; where cgroup v1/v2 pids and memory controllers are writable the
-sandbox also gets a cgroup with pids.max and a memory cap for the whole tree.
+size of every process; where a cgroup v1/v2 pids controller is writable the
+sandbox also gets a pids cgroup capping its whole process tree (see services/sandbox/cgroups.py
+for why memory is not capped by a cgroup).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class LocalBackend:
                 for root, dirs, files in os.walk(d):
                     for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
                         os.chown(name, uid, uid)
-        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes, spec.template.memory_mb)
+        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes)
         argv = self._argv(spec, uid, base)
         t = spec.template
         limits = {
@@ -197,6 +198,18 @@ class LocalBackend:
     def door_path(self, sandbox_id: str) -> str | None:
         local = self._sandboxes.get(sandbox_id)
         return str(local.dir / "ctl" / "door.sock") if local else None
+
+    def exit_reason(self, sandbox_id: str) -> str:
+        """Why a sandbox's first process ended on its own (for the record)."""
+        local = self._sandboxes.get(sandbox_id)
+        if local is None:
+            return "unknown"
+        code = local.process.poll()
+        try:
+            tail = (local.dir / "agent.log").read_bytes()[-500:].decode(errors="replace").strip()
+        except OSError:
+            tail = ""
+        return f"exit status {code}" + (f": {tail}" if tail else "")
 
     def alive(self, sandbox_id: str) -> bool:
         local = self._sandboxes.get(sandbox_id)
@@ -321,15 +334,25 @@ def _pids_of_uid(uid: int) -> list[int]:
 
 
 def _kill_uid(uid: int) -> None:
+    """SIGKILL every process still running as ``uid``. Through a pidfd, checked after it is
+    opened: a pid listed a moment ago may already belong to another sandbox's process (pids
+    are reused quickly on a busy host), and that one must not be hit."""
     for _ in range(3):
         pids = _pids_of_uid(uid)
         if not pids:
             return
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
                 pass
+            finally:
+                os.close(fd)
         time.sleep(0.05)
 
 

@@ -1,0 +1,540 @@
+"""A Harbor environment backed by the gym's own sandbox service, reached through the gateway.
+
+Harbor (``harbor.environments.base.BaseEnvironment``) runs a trial's agent and verifier in an
+environment it starts, execs in, and copies files to and from. This one is a gym sandbox:
+
+* **create** — a plain ``POST {gateway}/sandbox/v2/sandboxes`` with the trial's sandbox key
+  and the gym's ``rsigymDoor`` extension, which opens the sandbox's only way out: a loopback
+  port (``rsigymDoorUrl``) that leads to ``/inference/v1/*`` alone and puts the door key on
+  every request. The door key goes to the sandbox service in that body and never into the
+  sandbox; the sandbox sees only the URL.
+* **drive** — the unmodified ``e2b`` SDK (``AsyncSandbox.connect`` with the gateway as API and
+  daemon URL), as Harbor's own E2B environment does: ``commands.run`` for exec, the files
+  API for transfers (directories as one listing plus per-file reads, and batched multipart
+  writes — no tar needed in the image), ``kill`` on stop.
+* **image** — there is no Docker here. The task's ``environment/Dockerfile`` is read with the
+  ``e2b`` package's own Dockerfile converter and *replayed*: the sandbox template stands in
+  for ``FROM``; ``WORKDIR`` / ``COPY`` / ``ADD`` (local files) / ``ENV`` / ``ARG`` are applied
+  at start (the bundled benchmarks copy ``environment/app/`` into ``/app``). An instruction
+  that needs a real image build (``RUN``, ``COPY --from``, a multi-stage file) is refused
+  before any sandbox is created, rather than silently skipped.
+
+What our sandboxes do not offer, and how it shows: one unprivileged uid per sandbox (Harbor's
+``user=`` is accepted and ignored; the root filesystem is the sandbox's own and writable apart
+from the read-only system directories, so ``/tests``, ``/logs``, ``/solution`` work as under
+root); no PTY and no directory watches (unused here); **no network**: trials run with none,
+whatever the task's ``network_mode`` says (``public`` is Harbor's default and Harbor does not
+validate it), because the gym's rule is that a trial reaches the model through its door only.
+
+Credentials never enter Harbor's config (it writes ``config.json`` / ``result.json`` /
+``lock.json`` into the trial directory): the caller binds them for the duration of a trial
+with :func:`bound_credentials`, a context variable the environment reads at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import shlex
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import httpx
+from e2b import AsyncSandbox, CommandExitException, FileType
+from e2b.exceptions import FileNotFoundException
+from e2b.template.dockerfile_parser import DockerfileSyntaxError, parse_dockerfile
+from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
+from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.definition import effective_exec_cwd, require_agent_environment_definition
+from harbor.environments.options import EnvironmentOptions
+from harbor.models.task.config import NetworkMode
+from harbor.utils.path_safety import validate_output_path
+from pydantic import Field
+
+ENVIRONMENT_TYPE = "rsigym-sandbox"
+CREATE_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=60.0)
+UPLOAD_BATCH_FILES = 200
+UPLOAD_BATCH_BYTES = 8 * 1024 * 1024
+LIST_DEPTH = 64
+_BOOT_TIMEOUT_S = 60
+_CHMOD_ARGS_PER_COMMAND = 200
+
+log = logging.getLogger("rsigym.evaluation.harbor_env")
+
+
+# ----------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class SandboxCredentials:
+    """What a trial's environment needs to open its sandbox; never serialized."""
+
+    sandbox_key: str
+    """The platform-minted key the sandbox is created (and metered) with: sandbox only, with a door."""
+    door_key: str
+    """The key the door puts on the sandbox's inference calls: one model, inference only."""
+
+    def __repr__(self) -> str:  # keep keys out of logs and tracebacks
+        return "SandboxCredentials(sandbox_key=***, door_key=***)"
+
+
+_CREDENTIALS: contextvars.ContextVar[SandboxCredentials | None] = contextvars.ContextVar(
+    "rsigym_trial_sandbox_credentials", default=None)
+
+
+@contextlib.contextmanager
+def bound_credentials(credentials: SandboxCredentials) -> Iterator[None]:
+    """Give environments started in this context (this asyncio task and the tasks it creates)
+    these credentials."""
+    token = _CREDENTIALS.set(credentials)
+    try:
+        yield
+    finally:
+        _CREDENTIALS.reset(token)
+
+
+# ----------------------------------------------------------------------------- options
+
+
+class GymSandboxOptions(EnvironmentOptions):
+    """The environment's kwargs (``EnvironmentConfig.kwargs``); nothing secret."""
+
+    gateway_url: str = Field(min_length=1, description="The gym's base URL, e.g. http://127.0.0.1:8700")
+    template: str = Field(default="base", description="The sandbox template standing in for the task's image.")
+    sandbox_timeout_sec: int = Field(default=3600, gt=0, description="The sandbox's lifetime; it dies after this.")
+    door: bool = Field(default=True, description="Open the model door (the only way to the model).")
+    metadata: dict[str, str] = Field(default_factory=dict, description="Extra sandbox metadata.")
+
+
+# ----------------------------------------------------------------------------- Dockerfile replay
+
+
+@dataclass
+class _Copy:
+    sources: list[str]
+    dest: str
+    mode: int | None
+
+
+@dataclass
+class _ImagePlan:
+    """What the sandbox must look like at start: the Dockerfile minus what the template is."""
+
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    copies: list[_Copy] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+class _PlanBuilder:
+    """The callback interface of ``e2b.template.dockerfile_parser.parse_dockerfile``."""
+
+    _DEFAULT_USERS = ("root", "user")
+
+    def __init__(self) -> None:
+        self.plan = _ImagePlan()
+        self._workdir = "/"
+        self._started = False
+        self._pending: _Copy | None = None
+
+    def run_cmd(self, command: Any, user: str | None = None) -> _PlanBuilder:
+        text = command if isinstance(command, str) else " ".join(command)
+        self.plan.refused.append(f"RUN {text[:120]}")
+        return self
+
+    def copy(self, src: str, dest: str, force_upload: Any = None, user: str | None = None, mode: int | None = None,
+             resolve_symlinks: Any = None, gzip: Any = None) -> _PlanBuilder:
+        dest_abs = dest if dest.startswith("/") else str(PurePosixPath(self._workdir) / dest) + (
+            "/" if dest.endswith("/") else "")
+        last = self.plan.copies[-1] if self.plan.copies else None
+        if last is not None and last is self._pending and last.dest == dest_abs and last.mode == mode:
+            last.sources.append(src)  # one COPY with several sources arrives as several calls
+        else:
+            self._pending = _Copy([src], dest_abs, mode)
+            self.plan.copies.append(self._pending)
+        return self
+
+    def set_workdir(self, workdir: str) -> _PlanBuilder:
+        # The converter sets Docker's default ("/") first and, when the file has no WORKDIR,
+        # E2B's default ("/home/user") last; only a WORKDIR of the file itself counts.
+        self._pending = None
+        first, self._started = not self._started, True
+        if first or (workdir == "/home/user" and self.plan.workdir is None):
+            return self
+        self._workdir = workdir if workdir.startswith("/") else str(PurePosixPath(self._workdir) / workdir)
+        self.plan.workdir = self._workdir
+        return self
+
+    def set_user(self, user: str) -> _PlanBuilder:
+        self._pending = None
+        if user not in self._DEFAULT_USERS:
+            self.plan.ignored.append(f"USER {user} (sandboxes run every command as their own uid)")
+        return self
+
+    def set_envs(self, envs: dict[str, str]) -> _PlanBuilder:
+        self._pending = None
+        self.plan.env.update(envs)
+        return self
+
+    def set_start_cmd(self, start_cmd: str, ready_cmd: Any) -> _PlanBuilder:
+        self.plan.ignored.append("CMD/ENTRYPOINT (Harbor drives the sandbox by exec)")
+        return self
+
+
+def read_image_plan(environment_dir: Path) -> _ImagePlan:
+    """The replay plan of ``environment/Dockerfile`` (an empty plan when there is none)."""
+    dockerfile = environment_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return _ImagePlan()
+    builder = _PlanBuilder()
+    try:
+        with contextlib.redirect_stdout(_LogWriter()):  # the converter prints its warnings
+            parse_dockerfile(dockerfile.read_text(encoding="utf-8"), builder)
+    except (DockerfileSyntaxError, ValueError) as exc:
+        raise SandboxBuildFailedError(f"{dockerfile}: {exc}") from exc
+    text = dockerfile.read_text(encoding="utf-8")
+    if any(line.strip().upper().startswith(("COPY --FROM", "ADD --FROM")) for line in text.splitlines()):
+        builder.plan.refused.append("COPY --from (needs another build stage)")
+    for copy in builder.plan.copies:
+        for src in copy.sources:
+            if "://" in src:
+                builder.plan.refused.append(f"ADD {src} (downloads need network)")
+    return builder.plan
+
+
+class _LogWriter:
+    def write(self, text: str) -> int:
+        if text.strip():
+            log.debug("dockerfile: %s", text.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
+    root = environment_dir.resolve()
+    base = (root / pattern.lstrip("/")).resolve() if not any(c in pattern for c in "*?[") else None
+    if base is not None:
+        matches = [base] if base.exists() else []
+    else:
+        matches = sorted(p.resolve() for p in root.glob(pattern.lstrip("/")))
+    for m in matches:
+        if not m.is_relative_to(root):
+            raise SandboxBuildFailedError(f"COPY source {pattern!r} is outside the environment directory")
+    if not matches:
+        raise SandboxBuildFailedError(f"COPY source {pattern!r} not found in {environment_dir}")
+    return matches
+
+
+# ----------------------------------------------------------------------------- the environment
+
+
+class GymSandboxEnvironment(BaseEnvironment):
+    """A Harbor environment that is one gym sandbox (see the module docstring)."""
+
+    options_model = GymSandboxOptions
+    options: GymSandboxOptions
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._plan = _ImagePlan()
+        self._sandbox: AsyncSandbox | None = None
+        self._credentials: SandboxCredentials | None = None
+        self.sandbox_id: str | None = None
+        self.door_url: str | None = None
+        super().__init__(*args, **kwargs)
+        self._gateway = self.options.gateway_url.rstrip("/")
+
+    # -- identity and capabilities -------------------------------------------------------
+
+    @staticmethod
+    def type() -> str:
+        return ENVIRONMENT_TYPE
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        # No network at all (the door is not a network: it leads to inference only).
+        return EnvironmentCapabilities(disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        require_agent_environment_definition(self.environment_dir, docker_image=self.task_env_config.docker_image)
+        self._plan = read_image_plan(self.environment_dir)
+        if self._plan.refused:
+            raise SandboxBuildFailedError(
+                "the gym's sandboxes do not build images; this task's Dockerfile needs "
+                + "; ".join(self._plan.refused)
+                + ". Put the files under environment/ (copied at start) or use a sandbox template that has them."
+            )
+        # Dockerfile ENV sits under the task's and the trial's own variables.
+        self._persistent_env = {**self._plan.env, **self._persistent_env}
+
+    @property
+    def workdir(self) -> str | None:
+        return self.task_env_config.workdir or self._plan.workdir
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        credentials = _CREDENTIALS.get()
+        if credentials is None:
+            raise RuntimeError("no sandbox credentials are bound; run the trial inside bound_credentials(...)")
+        if self.network_policy.network_mode != NetworkMode.NO_NETWORK:
+            self.logger.info("task asks for network_mode=%s; gym trials run without network (model door only)",
+                             self.network_policy.network_mode.value)
+        for note in self._plan.ignored:
+            self.logger.info("Dockerfile: ignoring %s", note)
+
+        self._credentials = credentials
+        view = await self._create(credentials)
+        self.sandbox_id = view["sandboxID"]
+        self.door_url = view.get("rsigymDoorUrl")
+        self._sandbox = await AsyncSandbox.connect(
+            self.sandbox_id, api_key=credentials.sandbox_key, api_url=f"{self._gateway}/sandbox",
+            sandbox_url=f"{self._gateway}/sandbox/envd")
+
+        # Harbor's log directories (what a Docker run would bind-mount) and the working directory.
+        logs = [str(d) for d in self._mount_targets(writable_only=True)]
+        dirs = [*logs, *([self.workdir] if self.workdir else [])]
+        if dirs:
+            command = "mkdir -p " + " ".join(shlex.quote(d) for d in dirs)
+            if logs:
+                command += " && chmod 777 " + " ".join(shlex.quote(d) for d in logs)
+            boot = await self._run_plain(command, cwd="/", timeout_sec=_BOOT_TIMEOUT_S)
+            if boot.return_code != 0:
+                raise RuntimeError(f"could not prepare the sandbox's directories: {boot.stderr or boot.stdout}")
+        await self._replay_copies()
+        await self._upload_environment_dir_after_start()  # docker_image tasks without a Dockerfile
+
+    async def _create(self, credentials: SandboxCredentials) -> dict[str, Any]:
+        metadata = {
+            "harbor.session_id": self.session_id[:200],
+            "harbor.trial_name": self.trial_paths.trial_dir.name[:200],
+            "harbor.environment_name": self.environment_name[:200],
+            **self.options.metadata,
+        }
+        if self.context_id is not None:
+            metadata["harbor.context_id"] = str(self.context_id)
+        body: dict[str, Any] = {"templateID": self.options.template, "timeout": self.options.sandbox_timeout_sec,
+                                "metadata": metadata}
+        if self.options.door:
+            body["rsigymDoor"] = {"key": credentials.door_key}
+        async with httpx.AsyncClient(timeout=CREATE_TIMEOUT) as client:
+            # The run's live-sandbox cap is shared with its own sandboxes and other jobs:
+            # at the cap (429), wait for a slot rather than fail the trial.
+            for wait in (0.5, 1, 2, 4, 8, 15, 30, 30, 30, 30, 60, 60, 60):
+                response = await client.post(f"{self._gateway}/sandbox/v2/sandboxes", json=body,
+                                             headers={"X-API-Key": credentials.sandbox_key})
+                if response.status_code != 429:
+                    break
+                await asyncio.sleep(wait)
+        if response.status_code != 201:
+            raise RuntimeError(f"the sandbox service refused to create a sandbox: HTTP {response.status_code}: "
+                               f"{_error_message(response)}")
+        return response.json()
+
+    async def stop(self, delete: bool) -> None:
+        """Kill the sandbox (sandboxes are ephemeral: ``delete=False`` changes nothing). Every
+        process of the trial dies with it, the harness's included."""
+        sandbox, self._sandbox = self._sandbox, None
+        if self.sandbox_id is None or self._credentials is None:
+            return
+        try:
+            if sandbox is not None:
+                await sandbox.kill()
+            else:  # created, but the SDK never connected to it
+                async with httpx.AsyncClient(timeout=CREATE_TIMEOUT) as client:
+                    await client.delete(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
+                                        headers={"X-API-Key": self._credentials.sandbox_key})
+        except Exception as exc:  # noqa: BLE001 - logged; the caller kills leftovers by metadata
+            self.logger.warning("could not kill sandbox %s: %s", self.sandbox_id, exc)
+        finally:
+            self._credentials = None  # stopped once is stopped
+
+    # -- exec ----------------------------------------------------------------------------
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        """Run ``command`` with bash in the sandbox. A non-zero exit is a result, not an error;
+        a timeout kills the command's process group and raises, as Harbor's Docker environment
+        does. ``user`` is accepted and ignored (one uid per sandbox)."""
+        return await self._run_plain(command, cwd=effective_exec_cwd(cwd, self.workdir, None),
+                                     env=self._merge_env(env), timeout_sec=timeout_sec)
+
+    async def _run_plain(self, command: str, *, cwd: str | None, env: dict[str, str] | None = None,
+                         timeout_sec: float | None = None) -> ExecResult:
+        sandbox = self._require()
+        callback = self._output_callback()
+        handlers: dict[str, Any] = {}
+        if callback is not None:
+            handlers = {"on_stdout": lambda text: callback(text, "stdout"),
+                        "on_stderr": lambda text: callback(text, "stderr")}
+        handle = await sandbox.commands.run(command, background=True, cwd=cwd, envs=env or None, timeout=0,
+                                            **handlers)
+        try:
+            result = await asyncio.wait_for(handle.wait(), timeout=timeout_sec or None)
+        except CommandExitException as exc:
+            result = exc
+        except TimeoutError as exc:
+            await _kill_quietly(handle)
+            raise RuntimeError(f"Command timed out after {timeout_sec} seconds") from exc
+        except asyncio.CancelledError:
+            # The trial gave up on this command (an agent timeout): it must not keep running
+            # (and, say, write an answer) while the verifier looks.
+            await asyncio.shield(_kill_quietly(handle))
+            raise
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=result.exit_code)
+
+    # -- files ---------------------------------------------------------------------------
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        source = Path(source_path)
+        await self._require().files.write(target_path, source.read_bytes())
+        mode = stat.S_IMODE(source.stat().st_mode)
+        if mode & 0o111:
+            await self._chmod({mode: [target_path]})
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        source = Path(source_dir)
+        if not source.is_dir():
+            raise FileNotFoundError(f"Source directory {source_dir} does not exist")
+        target = PurePosixPath(target_dir)
+        files: list[tuple[str, Path]] = []
+        empty_dirs: list[str] = [str(target)]
+        for root, dirs, names in os.walk(source):
+            rel_root = Path(root).relative_to(source)
+            if not dirs and not names:
+                empty_dirs.append(str(target / rel_root.as_posix()))
+            files.extend((str(target / (rel_root / n).as_posix()), Path(root) / n) for n in sorted(names))
+        await self._upload_many(files, empty_dirs)
+
+    async def _upload_many(self, files: list[tuple[str, Path]], dirs: list[str]) -> None:
+        sandbox = self._require()
+        if dirs:
+            made = await self._run_plain("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), cwd="/",
+                                         timeout_sec=_BOOT_TIMEOUT_S)
+            if made.return_code != 0:
+                raise RuntimeError(f"could not create {dirs}: {made.stderr or made.stdout}")
+        batch: list[dict[str, Any]] = []
+        size = 0
+        modes: dict[int, list[str]] = {}
+        for target, local in files:
+            data = local.read_bytes()
+            mode = stat.S_IMODE(local.stat().st_mode)
+            if mode & 0o111:
+                modes.setdefault(mode, []).append(target)
+            if batch and (len(batch) >= UPLOAD_BATCH_FILES or size + len(data) > UPLOAD_BATCH_BYTES):
+                await sandbox.files.write_files(batch)
+                batch, size = [], 0
+            batch.append({"path": target, "data": data})
+            size += len(data)
+        if batch:
+            await sandbox.files.write_files(batch)
+        if modes:
+            await self._chmod(modes)
+
+    async def _chmod(self, modes: dict[int, list[str]]) -> None:
+        commands = []
+        for mode, paths in modes.items():
+            for i in range(0, len(paths), _CHMOD_ARGS_PER_COMMAND):
+                chunk = paths[i:i + _CHMOD_ARGS_PER_COMMAND]
+                commands.append(f"chmod {mode:o} " + " ".join(shlex.quote(p) for p in chunk))
+        result = await self._run_plain(" && ".join(commands), cwd="/", timeout_sec=_BOOT_TIMEOUT_S)
+        if result.return_code != 0:
+            raise RuntimeError(f"could not set file modes: {result.stderr or result.stdout}")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        target = Path(target_path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(await self._require().files.read(source_path, format="bytes"))
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        """Copy a sandbox directory here: one recursive listing, then each file's bytes.
+        Paths come from the sandbox, so each is checked to land inside ``target_dir``."""
+        sandbox = self._require()
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        root = PurePosixPath(source_dir)
+        entries = await sandbox.files.list(str(root), depth=LIST_DEPTH)
+        for entry in entries:
+            rel = PurePosixPath(entry.path).relative_to(root)
+            if not rel.parts or ".." in rel.parts:
+                continue
+            local = target.joinpath(*rel.parts)
+            if entry.type == FileType.DIR:
+                if entry.symlink_target is None:  # a link to a directory is not followed
+                    local.mkdir(parents=True, exist_ok=True)
+                    validate_output_path(local, target)
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
+            validate_output_path(local.parent, target)
+            if local.is_symlink():
+                local.unlink()
+            try:
+                local.write_bytes(await sandbox.files.read(entry.path, format="bytes"))
+            except FileNotFoundException:
+                continue  # removed (or a dangling link) between the listing and the read
+
+    async def is_dir(self, path: str, user: str | int | None = None) -> bool:
+        return await self._path_type(path) == FileType.DIR
+
+    async def is_file(self, path: str, user: str | int | None = None) -> bool:
+        return await self._path_type(path) == FileType.FILE
+
+    async def _path_type(self, path: str) -> FileType | None:
+        try:
+            return (await self._require().files.get_info(path)).type
+        except FileNotFoundException:
+            return None
+
+    # -- helpers -------------------------------------------------------------------------
+
+    async def _replay_copies(self) -> None:
+        for copy in self._plan.copies:
+            sources = [p for s in copy.sources for p in _expand_sources(self.environment_dir, s)]
+            into_dir = copy.dest.endswith("/") or len(sources) > 1 or await self.is_dir(copy.dest)
+            files: list[tuple[str, Path]] = []
+            dirs: list[str] = [copy.dest.rstrip("/") or "/"] if into_dir else []
+            for src in sources:
+                if src.is_dir():
+                    base = PurePosixPath(copy.dest)
+                    for root, subdirs, names in os.walk(src):
+                        rel_root = Path(root).relative_to(src).as_posix()
+                        if not subdirs and not names:
+                            dirs.append(str(base / rel_root))
+                        files.extend((str(base / rel_root / n), Path(root) / n) for n in sorted(names))
+                else:
+                    files.append((str(PurePosixPath(copy.dest) / src.name) if into_dir else copy.dest, src))
+            parents = sorted({str(PurePosixPath(t).parent) for t, _ in files} | set(dirs))
+            await self._upload_many(files, parents)
+            if copy.mode is not None and files:
+                await self._chmod({copy.mode: [t for t, _ in files]})
+
+    def _require(self) -> AsyncSandbox:
+        if self._sandbox is None:
+            raise RuntimeError("Sandbox not found. Please start the environment first.")
+        return self._sandbox
+
+
+async def _kill_quietly(handle: Any) -> None:
+    with contextlib.suppress(Exception):
+        await handle.kill()
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        err = response.json().get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    except ValueError:
+        pass
+    return response.text[:500]
+
+
+__all__ = ["GymSandboxEnvironment", "GymSandboxOptions", "SandboxCredentials", "bound_credentials", "read_image_plan"]

@@ -1,0 +1,93 @@
+"""Harnesses: the built-in ``minimal`` one and archives uploaded by runs.
+
+An uploaded ``.tar.gz`` is checked and unpacked by services/evaluation/archives.py into a
+fresh directory under the data dir, named by its SHA-256, and recorded for the run; the
+archive bytes go to a temporary file first so a refused upload leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from services.core.errors import Conflict, NotFound
+from services.core.ids import new_id
+from services.core.store import Store
+from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive
+from services.evaluation.tables import HarnessRow
+
+MINIMAL = "minimal"
+MINIMAL_DIR = Path(__file__).resolve().parents[2] / "agent_container" / "harness" / "minimal"
+
+
+def harness_view(row: HarnessRow) -> dict[str, Any]:
+    return {"id": row.id, "object": "harness", "name": row.name, "sha256": row.sha256, "bytes": row.bytes,
+            "files": row.files, "manifest": row.manifest, "created_at": row.created_at.isoformat()}
+
+
+class HarnessStore:
+    def __init__(self, store: Store, root: Path, limits: ArchiveLimits | None = None):
+        self.store, self.root, self.limits = store, root, limits or ArchiveLimits()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def upload(self, *, run_id: str, key_id: str, raw: bytes) -> dict[str, Any]:
+        digest = hashlib.sha256(raw).hexdigest()
+        with self.store.transaction() as s:
+            existing = s.scalar(select(HarnessRow).where(HarnessRow.run_id == run_id, HarnessRow.sha256 == digest))
+            if existing is not None:
+                return harness_view(existing)
+        dest = self.root / digest
+        if not dest.exists():
+            fd, tmp = tempfile.mkstemp(prefix=".upload-", suffix=".tar.gz", dir=self.root)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(raw)
+                try:
+                    extract_archive(tmp, dest, self.limits)
+                except Conflict:  # another upload of the same bytes won the race: same content
+                    pass
+            finally:
+                os.unlink(tmp)
+        files = sum(1 for p in dest.rglob("*") if p.is_file())
+        size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+        manifest = _manifest_of(dest)
+        row = HarnessRow(id=new_id("hrn"), run_id=run_id, key_id=key_id, name=manifest["name"], sha256=digest,
+                         bytes=size, files=files, manifest=manifest)
+        with self.store.transaction() as s:
+            s.add(row)
+        return harness_view(row)
+
+    def list(self, run_id: str) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            rows = s.scalars(select(HarnessRow).where(HarnessRow.run_id == run_id).order_by(HarnessRow.created_at))
+            return [harness_view(r) for r in rows]
+
+    def directory(self, harness: str, *, run_id: str | None) -> Path:
+        """The unpacked tree of ``minimal`` or of one of the run's harnesses (None: any run)."""
+        if harness == MINIMAL:
+            return MINIMAL_DIR
+        with self.store.transaction() as s:
+            row = s.get(HarnessRow, harness)
+            if row is None or (run_id is not None and row.run_id != run_id):
+                raise NotFound(f"harness {harness!r} not found", param="harness")
+            return self.root / row.sha256
+
+    def owned(self, harness: str, run_id: str) -> None:
+        self.directory(harness, run_id=run_id)
+
+
+def _manifest_of(tree: Path) -> dict[str, Any]:
+    data = tomllib.loads((tree / "harness.toml").read_text())
+    return dict(data["harness"])
+
+
+def build_minimal_archive(out_path: Path) -> Path:
+    """The built-in harness as an archive: the starting point for an agent's own."""
+    build_archive(MINIMAL_DIR, out_path)
+    return out_path

@@ -1,0 +1,120 @@
+"""Registered benchmarks: validated once, by running every task's oracle and a do-nothing
+agent in the local environment, before any evaluation may use them.
+
+Registration checks the layout at once (every task parses with Harbor's own TaskConfig),
+keeps its own copy under the data dir (a tarball is unpacked there), and queues a
+validation job; the benchmark becomes ``ready`` only when every oracle solution scored 1
+and every empty answer scored 0, and ``refused`` (with the failing tasks) otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.store import Store
+from services.evaluation.benchmarks import Benchmark, load_benchmark, validate_structure
+from services.evaluation.tables import BenchmarkRow, TrialResultRow
+
+
+def benchmark_view(row: BenchmarkRow, *, operator: bool) -> dict[str, Any]:
+    splits = {name: info for name, info in row.splits.items() if operator or not info.get("hidden")}
+    return {"name": row.name, "object": "benchmark", "version": row.version, "description": row.description,
+            "splits": splits, "status": row.validation.get("status"),
+            **({"validation": row.validation} if operator else {})}
+
+
+class BenchmarkRegistry:
+    def __init__(self, store: Store, root: Path):
+        self.store, self.root = store, root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._cache: dict[str, Benchmark] = {}
+        self._lock = threading.Lock()
+
+    def register(self, source: str | Path, *, replace: bool = False) -> tuple[BenchmarkRow, Benchmark]:
+        """Check and copy a benchmark; the caller queues its validation job."""
+        source = Path(source)
+        if not source.exists():
+            raise NotFound(f"no benchmark at {source} on the gym's host", param="path")
+        staging = Path(tempfile.mkdtemp(prefix=".register-", dir=self.root))
+        try:
+            try:
+                bench = load_benchmark(source, extract_to=staging / "unpacked")
+                validate_structure(bench)
+            except ValueError as err:
+                raise Unprocessable(f"benchmark refused: {err}", param="path") from err
+            dest = self.root / f"{bench.name}-{bench.version}"
+            with self.store.transaction() as s:
+                existing = s.get(BenchmarkRow, bench.name)
+                if existing is not None and not replace:
+                    raise Conflict(f"benchmark {bench.name!r} is already registered (version {existing.version})",
+                                   param="path")
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(bench.root, dest, symlinks=False)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        bench = load_benchmark(dest)
+        row = BenchmarkRow(
+            name=bench.name, version=bench.version, description=bench.description, path=str(dest),
+            splits={n: {"hidden": sp.hidden, "tasks": len(sp.tasks)} for n, sp in bench.splits.items()},
+            validation={"status": "validating"})
+        with self.store.transaction() as s:
+            s.merge(row)
+        with self._lock:
+            self._cache.pop(bench.name, None)
+        return row, bench
+
+    def set_validation_job(self, name: str, job_id: str) -> None:
+        with self.store.transaction() as s:
+            row = s.get(BenchmarkRow, name)
+            row.validation = {"status": "validating", "job_id": job_id}
+
+    def finish_validation(self, job_id: str) -> None:
+        with self.store.transaction() as s:
+            row = next((r for r in s.scalars(select(BenchmarkRow)) if r.validation.get("job_id") == job_id), None)
+            if row is None:
+                return
+            results = s.scalars(select(TrialResultRow).where(TrialResultRow.job_id == job_id)).all()
+            oracle = {r.task_id: r for r in results if r.attempt == 1}
+            empty = {r.task_id: r for r in results if r.attempt == 2}
+            total = sum(info["tasks"] for info in row.splits.values())
+            bad_oracle = sorted(t for t, r in oracle.items() if r.reward != 1.0)
+            bad_empty = sorted(t for t, r in empty.items() if r.reward not in (0.0, None) or r.error)
+            complete = len(oracle) == total and len(empty) == total
+            status = "ready" if complete and not bad_oracle and not bad_empty else "refused"
+            row.validation = {
+                "status": status, "job_id": job_id, "tasks": total, "oracle_scored_1": total - len(bad_oracle)
+                if complete else len(oracle) - len(bad_oracle), "empty_scored_0": len(empty) - len(bad_empty),
+                "oracle_failures": bad_oracle[:50], "empty_failures": bad_empty[:50],
+                **({} if complete else {"error": "validation did not run every task"}),
+            }
+
+    def get(self, name: str) -> BenchmarkRow:
+        with self.store.transaction() as s:
+            row = s.get(BenchmarkRow, name)
+            if row is None:
+                raise NotFound(f"benchmark {name!r} not found", param="benchmark")
+            s.expunge(row)
+            return row
+
+    def list(self) -> list[BenchmarkRow]:
+        with self.store.transaction() as s:
+            rows = list(s.scalars(select(BenchmarkRow).order_by(BenchmarkRow.name)))
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    def load(self, name: str) -> Benchmark:
+        row = self.get(name)
+        with self._lock:
+            bench = self._cache.get(name)
+            if bench is None or str(bench.root) != row.path:
+                bench = self._cache[name] = load_benchmark(row.path)
+            return bench

@@ -1,0 +1,386 @@
+"""Evaluation service: benchmarks, harness uploads, evaluation jobs, submissions, scoring.
+
+What a run may see follows its key's policy: hidden splits are neither listed nor run for
+agents, and an ``aggregate`` key gets scores and progress but no per-task results or
+trajectories. Operator calls (signed operator identities from the gateway's admin routes)
+register benchmarks, score runs under the operator's own key, and read every score.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select, update
+
+from services.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unprocessable
+from services.core.identity import Identity
+from services.core.ids import new_id
+from services.core.keys import KeyRegistry
+from services.core.money import usd_to_nusd
+from services.core.policy import Policy
+from services.core.spec import ServiceContext
+from services.core.tables import ApiKey
+from services.evaluation.harnesses import MINIMAL, HarnessStore
+from services.evaluation.jobs import EvaluationRunner
+from services.evaluation.registry import BenchmarkRegistry, benchmark_view
+from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
+from services.training.tables import Checkpoint
+
+log = logging.getLogger("rsigym.evaluation")
+OPERATOR_KEY_NAME = "rsigym-operator"
+OPERATOR_BUDGET_USD = 1_000_000.0
+TRACK_NEEDS = {"data": ("checkpoint",), "harness": ("harness",), "joint": ("checkpoint", "harness")}
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=64, ge=1, le=4096)
+    seed: int | None = None
+
+
+class JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    benchmark: str
+    split: str = "dev"
+    model: str
+    harness: str = MINIMAL
+    attempts: int = Field(default=1, ge=1, le=10)
+    sampling: Sampling = Field(default_factory=Sampling)
+    tasks: list[str] | None = Field(default=None, max_length=10_000)
+    """A subset of the split's task ids (default: all)."""
+    limit: int | None = Field(default=None, ge=1)
+    """At most this many tasks (the first, in the split's order)."""
+
+
+class SubmissionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str | None = None
+    harness: str | None = None
+    base_model: str | None = None
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempts: int = Field(default=3, ge=1, le=10)
+    benchmarks: list[str] | None = None
+    split: str = "official"
+
+
+def _parse[M: BaseModel](model: type[M], body: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise InvalidRequest(f"invalid request: {where}: {first['msg']}", param=where) from err
+
+
+def _detail(identity: Identity) -> Literal["full", "aggregate"]:
+    if identity.operator:
+        return "full"
+    return "aggregate" if any(p.get("detail") == "aggregate" for p in identity.policies) else "full"
+
+
+def job_view(job: EvaluationJob) -> dict[str, Any]:
+    return {
+        "id": job.id, "object": "evaluation.job", "purpose": job.purpose, "status": job.status,
+        "benchmark": job.benchmark, "split": job.split, "model": job.model, "harness": job.harness,
+        "attempts": job.attempts, "sampling": job.sampling, "tasks": len(job.task_ids),
+        "progress": {"done": job.trials_done, "total": job.trials_total}, "score": job.score, "error": job.error,
+        "created_at": job.created_at.isoformat(),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+    }
+
+
+def result_view(r: TrialResultRow) -> dict[str, Any]:
+    return {"task_id": r.task_id, "attempt": r.attempt, "reward": r.reward, "error": r.error,
+            "trajectory": r.trajectory, "verifier_output": r.verifier_output, "agent_output": r.agent_output,
+            "sandbox_id": r.sandbox_id, "started_at": r.started_at, "finished_at": r.finished_at}
+
+
+class EvaluationService:
+    def __init__(self, context: ServiceContext):
+        self.context = context
+        self.store = context.store
+        self.config = context.config
+        data = context.data_dir / "evaluation"
+        self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
+        self.harnesses = HarnessStore(self.store, data / "harnesses")
+        self.keys = KeyRegistry(self.store)
+        self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
+                                       workers=context.config.evaluation.workers,
+                                       trial_concurrency=context.config.evaluation.trial_concurrency)
+
+    # -- benchmarks --------------------------------------------------------------------
+
+    def list_benchmarks(self, identity: Identity) -> list[dict[str, Any]]:
+        return [benchmark_view(r, operator=identity.operator) for r in self.registry.list()]
+
+    def register_benchmark(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        self._operator(identity)
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise InvalidRequest("give the benchmark's directory or .tar.gz path on the gym's host", param="path")
+        row, bench = self.registry.register(path, replace=bool(body.get("replace")))
+        model = self.config.models[0].name
+        task_ids = [t.id for _, t in bench.tasks()]
+        job = self._new_job(identity.gateway_url, run_id="operator", key_id=self._operator_key(),
+                            purpose="validation", benchmark=bench.name, split="*", model=model, harness=MINIMAL,
+                            attempts=1, sampling={}, task_ids=task_ids, trials=2 * len(task_ids))
+        self.registry.set_validation_job(bench.name, job.id)
+        self.runner.submit(job.id)
+        return benchmark_view(self.registry.get(bench.name), operator=True)
+
+    # -- harnesses ---------------------------------------------------------------------
+
+    def upload_harness(self, identity: Identity, raw: bytes) -> dict[str, Any]:
+        if not raw:
+            raise InvalidRequest("send the harness archive (.tar.gz) as the request body")
+        return self.harnesses.upload(run_id=identity.run_id, key_id=identity.key_id, raw=raw)
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def create_job(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        req = _parse(JobRequest, body)
+        bench_row = self.registry.get(req.benchmark)
+        if bench_row.validation.get("status") != "ready":
+            raise Conflict(f"benchmark {req.benchmark!r} is not ready ({bench_row.validation.get('status')})",
+                           param="benchmark")
+        split = bench_row.splits.get(req.split)
+        if split is None or (split.get("hidden") and not identity.operator):
+            raise NotFound(f"split {req.split!r} of {req.benchmark!r} not found"
+                           + (" (it is hidden from agents)" if split is not None else ""), param="split")
+        self._check_model(identity.run_id, req.model)
+        if req.harness != MINIMAL:
+            self.harnesses.owned(req.harness, identity.run_id)
+        bench = self.registry.load(req.benchmark)
+        all_ids = [t.id for t in bench.splits[req.split].tasks]
+        if req.tasks is not None:
+            unknown = sorted(set(req.tasks) - set(all_ids))
+            if unknown:
+                raise NotFound(f"tasks not in {req.benchmark}/{req.split}: {', '.join(unknown[:5])}", param="tasks")
+            task_ids = [t for t in all_ids if t in set(req.tasks)]
+        else:
+            task_ids = all_ids
+        task_ids = task_ids[: req.limit] if req.limit else task_ids
+        job = self._new_job(identity.gateway_url, run_id=identity.run_id, key_id=identity.key_id, purpose="agent",
+                            benchmark=req.benchmark, split=req.split, model=req.model, harness=req.harness,
+                            attempts=req.attempts, sampling=req.sampling.model_dump(exclude_none=True),
+                            task_ids=task_ids, trials=len(task_ids) * req.attempts)
+        self.runner.submit(job.id)
+        return job_view(job)
+
+    def _new_job(self, gateway_url: str | None, *, run_id: str, key_id: str, purpose: str, benchmark: str,
+                 split: str, model: str, harness: str, attempts: int, sampling: dict[str, Any], task_ids: list[str],
+                 trials: int) -> EvaluationJob:
+        url = self.context.settings.gateway_url or gateway_url
+        if not url:
+            raise InvalidRequest("the evaluation service does not know the gateway's address (RSIGYM_GATEWAY_URL)")
+        job = EvaluationJob(id=new_id("evj"), run_id=run_id, key_id=key_id, purpose=purpose, benchmark=benchmark,
+                            split=split, model=model, harness=harness, attempts=attempts, sampling=sampling,
+                            task_ids=task_ids, gateway_url=url, status="queued", trials_total=trials, trials_done=0)
+        with self.store.transaction() as s:
+            s.add(job)
+            s.flush()
+            s.expunge(job)
+        return job
+
+    def _check_model(self, run_id: str, model: str) -> None:
+        if self.config.base_model(model) is not None:
+            return
+        with self.store.transaction() as s:
+            ckpt = s.get(Checkpoint, model) if model.startswith("ckpt_") else None
+            if ckpt is None or ckpt.run_id != run_id:
+                raise NotFound(f"model {model!r} not found (a base model or one of this run's checkpoints)",
+                               param="model")
+
+    def _job(self, identity: Identity, job_id: str) -> EvaluationJob:
+        with self.store.transaction() as s:
+            job = s.get(EvaluationJob, job_id)
+            if job is None or (not identity.operator and (job.run_id != identity.run_id or job.purpose != "agent")):
+                raise NotFound(f"evaluation job {job_id} not found", param="id")
+            s.expunge(job)
+            return job
+
+    def get_job(self, identity: Identity, job_id: str) -> dict[str, Any]:
+        view = job_view(self._job(identity, job_id))
+        view["detail"] = _detail(identity)
+        return view
+
+    def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:
+        with self.store.transaction() as s:
+            q = select(EvaluationJob).where(EvaluationJob.run_id == identity.run_id, EvaluationJob.purpose == "agent")
+            return [job_view(j) for j in s.scalars(q.order_by(EvaluationJob.created_at))]
+
+    def results(self, identity: Identity, job_id: str) -> list[dict[str, Any]]:
+        job = self._job(identity, job_id)
+        if _detail(identity) != "full":
+            raise PermissionDenied("this key sees aggregate evaluation results only (scores, not tasks)")
+        with self.store.transaction() as s:
+            rows = s.scalars(select(TrialResultRow).where(TrialResultRow.job_id == job.id)
+                             .order_by(TrialResultRow.task_id, TrialResultRow.attempt))
+            return [result_view(r) for r in rows]
+
+    def cancel(self, identity: Identity, job_id: str) -> dict[str, Any]:
+        job = self._job(identity, job_id)
+        with self.store.transaction() as s:
+            s.execute(update(EvaluationJob).where(EvaluationJob.id == job.id).values(cancel_requested=True))
+            if job.status == "queued":
+                s.execute(update(EvaluationJob).where(EvaluationJob.id == job.id, EvaluationJob.status == "queued")
+                          .values(status="cancelled"))
+        return self.get_job(identity, job_id)
+
+    # -- submissions and scores --------------------------------------------------------
+
+    def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        req = _parse(SubmissionRequest, body)
+        with self.store.transaction() as s:
+            track = s.scalar(select(ApiKey.track).where(ApiKey.id == identity.run_id))
+        needs = TRACK_NEEDS.get(track or "", ())
+        for part in needs:
+            if getattr(req, part) is None:
+                raise Unprocessable(f"the {track} track submits a {part}"
+                                    + (" and a harness" if track == "joint" and part == "checkpoint" else ""),
+                                    param=part)
+        if track == "data" and req.harness not in (None, MINIMAL):
+            raise Unprocessable("the data track keeps the minimal harness", param="harness")
+        if track == "harness" and req.checkpoint is not None:
+            raise Unprocessable("the harness track keeps the base model", param="checkpoint")
+        if req.checkpoint is None and req.harness is None:
+            raise InvalidRequest("submit a checkpoint, a harness, or both")
+        if req.checkpoint is not None:
+            self._check_model(identity.run_id, req.checkpoint)
+            model = req.checkpoint
+        else:
+            model = req.base_model or self.config.models[0].name
+            if self.config.base_model(model) is None:
+                raise NotFound(f"base model {model!r} not found", param="base_model")
+        harness = req.harness or MINIMAL
+        if harness != MINIMAL:
+            self.harnesses.owned(harness, identity.run_id)
+        row = SubmissionRow(id=new_id("sub"), run_id=identity.run_id, key_id=identity.key_id, track=track,
+                            checkpoint_id=req.checkpoint, model=model, harness=harness)
+        with self.store.transaction() as s:
+            s.add(row)
+        return submission_view(row)
+
+    def submissions(self, identity: Identity, run_id: str | None = None) -> list[dict[str, Any]]:
+        run = run_id if identity.operator and run_id else identity.run_id
+        with self.store.transaction() as s:
+            rows = s.scalars(select(SubmissionRow).where(SubmissionRow.run_id == run).order_by(SubmissionRow.created_at))
+            return [submission_view(r) for r in rows]
+
+    def score_run(self, identity: Identity, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Score a run's latest submission on the official splits, avg@k, on the operator's key;
+        score the initial system (base model + minimal) the same way once per benchmark."""
+        self._operator(identity)
+        req = _parse(ScoreRequest, body)
+        with self.store.transaction() as s:
+            sub = s.scalars(select(SubmissionRow).where(SubmissionRow.run_id == run_id)
+                            .order_by(SubmissionRow.created_at.desc())).first()
+            agent = s.scalar(select(ApiKey.name).where(ApiKey.id == run_id))
+            if sub is not None:
+                s.expunge(sub)
+        if sub is None:
+            raise NotFound(f"run {run_id} has submitted nothing", param="run")
+        base_model = self._base_of(sub.model)
+        benches = [r for r in self.registry.list() if r.validation.get("status") == "ready"
+                   and (req.benchmarks is None or r.name in req.benchmarks)]
+        if not benches:
+            raise NotFound("no ready benchmark to score on", param="benchmarks")
+        key_id = self._operator_key()
+        scores = []
+        for bench in benches:
+            if req.split not in bench.splits:
+                continue
+            task_ids = [t.id for t in self.registry.load(bench.name).splits[req.split].tasks]
+            plans = [("initial", None, base_model, MINIMAL, None)]
+            plans.append((run_id, sub.id, sub.model, sub.harness, agent or run_id))
+            for scored_run, submission_id, model, harness, agent_name in plans:
+                if scored_run == "initial" and self._baseline(bench.name, req.split, model, req.attempts):
+                    continue
+                job = self._new_job(identity.gateway_url, run_id=scored_run if scored_run != "initial" else "operator",
+                                    key_id=key_id, purpose="baseline" if scored_run == "initial" else "score",
+                                    benchmark=bench.name, split=req.split, model=model, harness=harness,
+                                    attempts=req.attempts, sampling={}, task_ids=task_ids,
+                                    trials=len(task_ids) * req.attempts)
+                score = ScoreRow(id=new_id("scr"), run_id=scored_run, submission_id=submission_id,
+                                 benchmark=bench.name, split=req.split, model=model, harness=harness,
+                                 attempts=req.attempts, job_id=job.id, score=None, status="queued", agent=agent_name)
+                with self.store.transaction() as s:
+                    s.add(score)
+                self.runner.submit(job.id)
+                scores.append(score_view(score))
+        return {"object": "list", "data": scores}
+
+    def _baseline(self, benchmark: str, split: str, model: str, attempts: int) -> bool:
+        with self.store.transaction() as s:
+            return s.scalars(select(ScoreRow.id).where(
+                ScoreRow.run_id == "initial", ScoreRow.benchmark == benchmark, ScoreRow.split == split,
+                ScoreRow.model == model, ScoreRow.attempts == attempts,
+                ScoreRow.status.in_(("queued", "running", "succeeded")))).first() is not None
+
+    def _base_of(self, model: str) -> str:
+        if self.config.base_model(model) is not None:
+            return model
+        with self.store.transaction() as s:
+            ckpt = s.get(Checkpoint, model)
+            if ckpt is None:
+                raise NotFound(f"model {model!r} not found")
+            return ckpt.base_model
+
+    def scores(self, identity: Identity) -> list[dict[str, Any]]:
+        self._operator(identity)
+        with self.store.transaction() as s:
+            rows = s.scalars(select(ScoreRow).order_by(ScoreRow.created_at))
+            views = []
+            for r in rows:
+                job = s.get(EvaluationJob, r.job_id)
+                views.append({**score_view(r), "status": job.status if job else r.status,
+                              "score": job.score if job and job.status == "succeeded" else r.score,
+                              "progress": {"done": job.trials_done, "total": job.trials_total} if job else None})
+            return views
+
+    # -- operator plumbing -------------------------------------------------------------
+
+    def _operator(self, identity: Identity) -> None:
+        if not identity.operator:
+            raise PermissionDenied("operators only")
+
+    def _operator_key(self) -> str:
+        """The gym's own root key that scoring and validation are billed to (created once)."""
+        with self.store.transaction() as s:
+            key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == OPERATOR_KEY_NAME, ApiKey.parent_id.is_(None),
+                                                      ApiKey.track.is_(None)))
+        if key_id is not None:
+            return key_id
+        policy = Policy.model_validate({"services": {
+            "sandbox": {"door": True, "internet": False}, "inference": {"models": "*", "cross_run": True}}})
+        view, _ = self.keys.create(policy=policy, budget_nusd=usd_to_nusd(OPERATOR_BUDGET_USD), track=None,
+                                   name=OPERATOR_KEY_NAME)
+        return view["id"]
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()
+
+
+def submission_view(r: SubmissionRow) -> dict[str, Any]:
+    return {"id": r.id, "object": "submission", "run_id": r.run_id, "track": r.track, "checkpoint": r.checkpoint_id,
+            "model": r.model, "harness": r.harness, "created_at": r.created_at.isoformat()}
+
+
+def score_view(r: ScoreRow) -> dict[str, Any]:
+    return {"id": r.id, "object": "score", "run_id": r.run_id, "agent": r.agent, "submission_id": r.submission_id,
+            "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
+            "attempts": r.attempts, "job_id": r.job_id, "score": r.score, "status": r.status,
+            "created_at": r.created_at.isoformat() if r.created_at else None}
+

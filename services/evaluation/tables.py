@@ -1,0 +1,130 @@
+"""SQL tables of the evaluation service.
+
+Benchmarks are registered by operators; harness archives are uploaded by runs; jobs hold
+one evaluation (benchmark × split × model × harness × attempts) and their results, one row
+per task and attempt, written as each trial ends so partial results survive a cancel or a
+crash. Submissions, scores and the cached initial-system baselines are what `rsigym score`
+and `rsigym report` read.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from services.core.tables import Base, UTCDateTime, utcnow
+
+
+class BenchmarkRow(Base):
+    __tablename__ = "benchmarks"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    version: Mapped[str] = mapped_column(String(40))
+    description: Mapped[str] = mapped_column(Text, default="")
+    path: Mapped[str] = mapped_column(Text)
+    splits: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """split → {"hidden": bool, "tasks": int}"""
+    validation: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class HarnessRow(Base):
+    __tablename__ = "harnesses"
+    __table_args__ = (UniqueConstraint("run_id", "sha256", name="uq_harnesses_run_sha"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    name: Mapped[str] = mapped_column(String(128))
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[int] = mapped_column(Integer)
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class EvaluationJob(Base):
+    __tablename__ = "evaluation_jobs"
+    __table_args__ = (Index("ix_evaluation_jobs_status", "status"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    """The run evaluated (for scoring jobs: the scored run, billed to the operator)."""
+    key_id: Mapped[str] = mapped_column(String(40))
+    """The key the job's sandboxes and tokens are billed under (run key, or the operator's)."""
+    purpose: Mapped[str] = mapped_column(String(16), default="agent")
+    """agent | score | baseline | validation"""
+    benchmark: Mapped[str] = mapped_column(String(100))
+    split: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    harness: Mapped[str] = mapped_column(String(40))
+    """"minimal" or a harness id."""
+    attempts: Mapped[int] = mapped_column(Integer)
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    task_ids: Mapped[list[str]] = mapped_column(JSON)
+    gateway_url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(24), default="queued")
+    """queued → running → succeeded | failed | cancelled"""
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    trials_total: Mapped[int] = mapped_column(Integer)
+    trials_done: Mapped[int] = mapped_column(Integer, default=0)
+    score: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class TrialResultRow(Base):
+    __tablename__ = "evaluation_results"
+    __table_args__ = (UniqueConstraint("job_id", "task_id", "attempt", name="uq_evaluation_results_trial"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    task_id: Mapped[str] = mapped_column(String(100))
+    attempt: Mapped[int] = mapped_column(Integer)
+    reward: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    trajectory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verifier_output: Mapped[str] = mapped_column(Text, default="")
+    agent_output: Mapped[str] = mapped_column(Text, default="")
+    sandbox_id: Mapped[str | None] = mapped_column(String(40))
+    started_at: Mapped[str | None] = mapped_column(String(40))
+    finished_at: Mapped[str | None] = mapped_column(String(40))
+
+
+class SubmissionRow(Base):
+    __tablename__ = "submissions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    track: Mapped[str | None] = mapped_column(String(16))
+    checkpoint_id: Mapped[str | None] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    """What is evaluated: the checkpoint id, or the base model when the track keeps it."""
+    harness: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ScoreRow(Base):
+    __tablename__ = "scores"
+    __table_args__ = (Index("ix_scores_run_benchmark", "run_id", "benchmark"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40))
+    """The scored run, or "initial" for the initial system's baseline."""
+    submission_id: Mapped[str | None] = mapped_column(String(40))
+    benchmark: Mapped[str] = mapped_column(String(100))
+    split: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    harness: Mapped[str] = mapped_column(String(40))
+    attempts: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str] = mapped_column(String(40))
+    score: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(24), default="running")
+    agent: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

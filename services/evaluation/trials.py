@@ -1,0 +1,270 @@
+"""One Harbor trial (a task × an attempt) on the gym's own sandbox service.
+
+:func:`run_trial` is what the evaluation service calls. It builds Harbor's ``TrialConfig``
+with the gym's environment (:class:`~services.evaluation.harbor_env.GymSandboxEnvironment`,
+by import path) and the agent the request names — the gym's
+:class:`~services.evaluation.harbor_agent.HarnessAgent`, or Harbor's own ``oracle`` (the
+task's solution) or ``nop`` (an empty answer) — runs Harbor's ``Trial`` and maps its
+``TrialResult`` to a :class:`TrialOutcome`.
+
+It never raises for a trial-level failure: a refused sandbox, a broken harness, a verifier
+that wrote no reward all end up in ``TrialOutcome.error``. And it always kills the trial's
+sandbox: Harbor stops the environment itself, and afterwards every sandbox the sandbox key
+still has running under this trial's name is killed as well (a start that was cut short can
+leave one that Harbor never heard of).
+
+The two keys are minted by the caller (the evaluation service) for this trial's job: the
+sandbox key (sandbox only, with a model door) and the door key (inference of one model).
+Neither is written into Harbor's trial directory; they reach the environment through
+:func:`~services.evaluation.harbor_env.bound_credentials`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlencode
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # Harbor imports litellm; stay offline
+
+import httpx  # noqa: E402
+from harbor.models.trial.config import (  # noqa: E402
+    AgentConfig,
+    EnvironmentConfig,
+    TaskConfig,
+    TrialConfig,
+    VerifierConfig,
+)
+from harbor.models.trial.paths import TrialPaths  # noqa: E402
+from harbor.models.trial.result import TrialResult  # noqa: E402
+from harbor.trial.trial import Trial  # noqa: E402
+
+from services.evaluation.benchmarks import TaskRef  # noqa: E402
+from services.evaluation.harbor_agent import (  # noqa: E402
+    INSTALL_LOG,
+    RUN_EXIT_CODE,
+    RUN_STDERR,
+    RUN_STDOUT,
+    TRAJECTORY_FILE,
+)
+from services.evaluation.harbor_env import SandboxCredentials, bound_credentials  # noqa: E402
+
+ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
+HARNESS_AGENT_IMPORT_PATH = "services.evaluation.harbor_agent:HarnessAgent"
+TRIAL_METADATA_KEY = "harbor.trial_name"
+"""The sandbox metadata the environment stamps with the trial's name (used to find leftovers)."""
+MAX_OUTPUT_CHARS = 64 * 1024
+SANDBOX_MARGIN_S = 600
+MAX_SANDBOX_TIMEOUT_S = 24 * 3600
+DEFAULT_AGENT_TIMEOUT_S = 600.0
+DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+AGENT_SETUP_TIMEOUT_S = 360.0
+_CLEANUP_TIMEOUT = httpx.Timeout(10.0, read=30.0)
+
+AgentKind = Literal["harness", "oracle", "nop"]
+
+
+@dataclass
+class TrialRequest:
+    task: TaskRef
+    harness_dir: Path | None
+    gateway_url: str
+    sandbox_key: str = field(repr=False)
+    door_key: str = field(repr=False)
+    model: str | None
+    sampling: dict[str, Any]
+    attempt: int
+    trials_dir: Path
+    template: str = "base"
+    agent: AgentKind = "harness"
+    agent_timeout_s: float | None = None
+    verifier_timeout_s: float | None = None
+
+
+@dataclass
+class TrialOutcome:
+    task_id: str
+    attempt: int
+    reward: float | None
+    trajectory: dict[str, Any] | None
+    verifier_output: str
+    agent_output: str
+    error: str | None
+    sandbox_id: str | None
+    started_at: str
+    finished_at: str
+    result_path: str | None
+
+
+async def run_trial(req: TrialRequest) -> TrialOutcome:
+    """Run one trial; see the module docstring. Cancellation propagates (after cleanup)."""
+    started_at = _now()
+    trial_name = f"{_safe(req.task.id)}__a{req.attempt}__{secrets.token_hex(4)}"
+    try:
+        config = build_trial_config(req, trial_name)
+    except (ValueError, TypeError) as exc:
+        return _outcome(req, started_at, error=f"{type(exc).__name__}: {exc}")
+
+    trial: Trial | None = None
+    result: TrialResult | None = None
+    error: str | None = None
+    sandbox_id: str | None = None
+    with bound_credentials(SandboxCredentials(req.sandbox_key, req.door_key)):
+        try:
+            trial = await Trial.create(config)
+            result = await trial.run()
+        except Exception as exc:  # noqa: BLE001 - a trial-level failure is recorded, never raised
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if trial is not None:
+                sandbox_id = getattr(trial.agent_environment, "sandbox_id", None)
+            await asyncio.shield(_kill_leftovers(req, trial_name, sandbox_id))
+
+    paths = TrialPaths(trial_dir=req.trials_dir / trial_name)
+    if result is not None and result.exception_info is not None and error is None:
+        info = result.exception_info
+        error = f"{info.exception_type}: {info.exception_message}"
+    rewards = result.verifier_result.rewards if result and result.verifier_result else None
+    reward = _reward(rewards)
+    if error is None and reward is None:
+        error = "the verifier produced no reward"
+    return TrialOutcome(
+        task_id=req.task.id,
+        attempt=req.attempt,
+        reward=reward,
+        trajectory=_read_json(paths.agent_dir / TRAJECTORY_FILE),
+        verifier_output=_read_text(paths.test_stdout_path),
+        agent_output=_agent_output(paths.agent_dir, req.agent),
+        error=error,
+        sandbox_id=sandbox_id,
+        started_at=started_at,
+        finished_at=_now(),
+        result_path=str(paths.result_path) if paths.result_path.is_file() else None,
+    )
+
+
+def build_trial_config(req: TrialRequest, trial_name: str) -> TrialConfig:
+    """Harbor's configuration of this trial (nothing secret in it: Harbor writes it to disk)."""
+    task_config = req.task.config
+    if task_config is None:
+        raise ValueError(f"task {req.task.id}: Harbor refuses its task.toml")
+    agent = _agent_config(req, task_config.metadata)
+    agent_timeout = req.agent_timeout_s or task_config.agent.timeout_sec or DEFAULT_AGENT_TIMEOUT_S
+    verifier_timeout = req.verifier_timeout_s or task_config.verifier.timeout_sec or DEFAULT_VERIFIER_TIMEOUT_S
+    lifetime = int(AGENT_SETUP_TIMEOUT_S + agent_timeout + verifier_timeout + SANDBOX_MARGIN_S)
+    return TrialConfig(
+        task=TaskConfig(path=req.task.path),
+        trial_name=trial_name,
+        trials_dir=req.trials_dir,
+        agent=agent,
+        environment=EnvironmentConfig(
+            import_path=ENVIRONMENT_IMPORT_PATH,
+            kwargs={
+                "gateway_url": req.gateway_url.rstrip("/"),
+                "template": req.template,
+                "sandbox_timeout_sec": min(lifetime, MAX_SANDBOX_TIMEOUT_S),
+                "door": req.agent == "harness",
+                "metadata": {"rsigym.task_id": req.task.id[:200], "rsigym.attempt": str(req.attempt)},
+            },
+        ),
+        verifier=VerifierConfig(override_timeout_sec=req.verifier_timeout_s),
+    )
+
+
+def _agent_config(req: TrialRequest, metadata: dict[str, Any]) -> AgentConfig:
+    timeout = {"override_timeout_sec": req.agent_timeout_s} if req.agent_timeout_s else {}
+    if req.agent == "oracle":
+        return AgentConfig(name="oracle", **timeout)
+    if req.agent == "nop":
+        return AgentConfig(name="nop", **timeout)
+    if req.agent != "harness":
+        raise ValueError(f"unknown agent {req.agent!r}; expected harness, oracle or nop")
+    if req.harness_dir is None:
+        raise ValueError("a harness trial needs harness_dir")
+    if not req.model:
+        raise ValueError("a harness trial needs a model")
+    return AgentConfig(
+        import_path=HARNESS_AGENT_IMPORT_PATH,
+        model_name=req.model,
+        kwargs={"harness_dir": str(Path(req.harness_dir).resolve()), "sampling": dict(req.sampling or {}),
+                "task_metadata": dict(metadata)},
+        **timeout,
+    )
+
+
+async def _kill_leftovers(req: TrialRequest, trial_name: str, sandbox_id: str | None) -> None:
+    """Kill the trial's sandbox if Harbor did not, and any other this trial left running."""
+    headers = {"X-API-Key": req.sandbox_key}
+    base = req.gateway_url.rstrip("/") + "/sandbox"
+    try:
+        async with httpx.AsyncClient(timeout=_CLEANUP_TIMEOUT) as client:
+            ids = {sandbox_id} if sandbox_id else set()
+            listed = await client.get(f"{base}/v2/sandboxes", headers=headers,
+                                      params={"metadata": urlencode({TRIAL_METADATA_KEY: trial_name})})
+            if listed.status_code == 200:
+                ids |= {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
+            for sid in ids:
+                await client.delete(f"{base}/sandboxes/{sid}", headers=headers)
+    except httpx.HTTPError:
+        pass  # the sandbox's own timeout still ends it; nothing more can be done from here
+
+
+def _reward(rewards: dict[str, Any] | None) -> float | None:
+    if not rewards:
+        return None
+    value = rewards.get("reward", next(iter(rewards.values())) if len(rewards) == 1 else None)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _agent_output(agent_dir: Path, agent: str) -> str:
+    if agent == "oracle":
+        return _read_text(agent_dir / "oracle.txt")
+    if agent != "harness":
+        return ""
+    parts = []
+    for name, label in ((INSTALL_LOG, "install"), (RUN_EXIT_CODE, "exit code"), (RUN_STDOUT, "stdout"),
+                        (RUN_STDERR, "stderr")):
+        path = agent_dir / name
+        if path.is_file():
+            parts.append(f"--- {label}\n{_read_text(path)}")
+    return _tail("\n".join(parts))
+
+
+def _outcome(req: TrialRequest, started_at: str, *, error: str) -> TrialOutcome:
+    return TrialOutcome(task_id=req.task.id, attempt=req.attempt, reward=None, trajectory=None, verifier_output="",
+                        agent_output="", error=error, sandbox_id=None, started_at=started_at, finished_at=_now(),
+                        result_path=None)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return _tail(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return ""
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= MAX_OUTPUT_CHARS else "…" + text[-MAX_OUTPUT_CHARS:]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "task"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()

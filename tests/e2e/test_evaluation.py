@@ -1,0 +1,236 @@
+"""Evaluation end to end, as operator and agent do it: bundled benchmarks registered and
+validated (every oracle 1, every empty answer 0), base vs trained checkpoint on the
+arithmetic dev split through the SDK, result detail by policy, hidden splits, a probing
+harness that finds no way out of its trial, and scoring on the operator's budget."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import rsigym
+from gateway.builder import build_embedded
+from services.core.config import EvaluationConfig, GymConfig
+from services.core.settings import GymSettings, ProviderSecrets
+from services.models.synthetic import subtraction
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
+from tests.fakes.servers import serve
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+                 for n in ("bash", "read_file", "write_file", "finish")]
+
+
+class Live:
+    def __init__(self, url: str, gym: Any):
+        self.url, self.gym = url, gym
+        self.http = httpx.Client(base_url=url, timeout=120, headers=admin_headers())
+
+    def key(self, budget: float = 5.0, track: str = "joint") -> dict[str, Any]:
+        r = self.http.post("/admin/v1/keys", json={"track": track, "budget_usd": budget})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def sdk(self, key: dict[str, Any]) -> rsigym.Gym:
+        return rsigym.Gym(base_url=self.url, api_key=key["key"], timeout=120)
+
+    def wait_benchmark(self, name: str, timeout: float = 900) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = {b["name"]: b for b in self.http.get("/admin/v1/benchmarks").json()["data"]}
+            if rows[name]["status"] != "validating":
+                return rows[name]
+            time.sleep(1)
+        raise AssertionError(f"benchmark {name} still validating")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    data = tmp_path_factory.mktemp("gym")
+    config = GymConfig(evaluation=EvaluationConfig(workers=2, trial_concurrency=4))
+    gym = build_embedded(GymSettings(data_dir=data, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),
+                         config=config, provider_secrets=ProviderSecrets({}), run_reaper=False)
+    with serve(gym.app) as url:
+        live = Live(url, gym)
+        for name in ("arithmetic", "shell"):
+            r = live.http.post("/admin/v1/benchmarks", json={"path": str(BENCHMARKS / name)})
+            assert r.status_code == 201, r.text
+        yield live
+    gym.service_apps["evaluation"].state.evaluation.runner.shutdown()
+    gym.service_apps["training"].state.training.runner.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trained(live: Live) -> dict[str, Any]:
+    """A subtraction LoRA trained in the harness's prompt shape, on questions the benchmark
+    does not contain."""
+    key = live.key(5.0)
+    gym = live.sdk(key)
+    banned = {(BENCHMARKS / "arithmetic" / s / t.name / "instruction.md").read_text().strip()
+              for s in ("dev", "official") for t in (BENCHMARKS / "arithmetic" / s).iterdir()}
+    rng, rows = random.Random(11), []
+    while len(rows) < 3000:
+        messages = subtraction(rng)
+        if messages[0]["content"] not in banned:
+            rows.append({"messages": messages, "tools": HARNESS_TOOLS})
+    dataset = gym.training.upload_dataset(rows, name="subtraction-with-tools")
+    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=400, learning_rate=3e-3,
+                                  batch_size=16, max_length=64, seed=1, schedule="linear")
+    job = gym.training.wait(job.id, timeout=900, poll=2)
+    assert job.status == "succeeded", (job.status, job.error)
+    return {"key": key, "gym": gym, "checkpoint": job.checkpoints[-1]}
+
+
+def test_bundled_benchmarks_validate_every_oracle_1_and_every_empty_answer_0(live: Live) -> None:
+    for name in ("arithmetic", "shell"):
+        bench = live.wait_benchmark(name)
+        v = bench["validation"]
+        print(f"\n{name}: {v}")
+        assert bench["status"] == "ready", v
+        assert v["tasks"] == 120 and v["oracle_scored_1"] == 120 and v["empty_scored_0"] == 120
+
+
+def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: Live, trained: dict[str, Any]) -> None:
+    live.wait_benchmark("arithmetic")
+    gym: rsigym.Gym = trained["gym"]
+    before = gym.balance()
+    base = gym.evaluation.run("arithmetic", model="tiny", split="dev")
+    tuned = gym.evaluation.run("arithmetic", model=trained["checkpoint"], split="dev")
+    base = gym.evaluation.wait(base.id, timeout=900)
+    tuned = gym.evaluation.wait(tuned.id, timeout=900)
+    print(f"\narithmetic dev (60 tasks, minimal harness): base {base.score:.3f}, checkpoint {tuned.score:.3f}")
+    assert base.status == tuned.status == "succeeded"
+    assert tuned.score > base.score + 0.2
+    results = gym.evaluation.results(tuned.id)
+    assert len(results) == 60 and {r.task_id for r in results} == {f"sub-{i:04d}" for i in range(1, 61)}
+    assert all(r.reward in (0.0, 1.0) and r.error is None for r in results)
+    assert all(r.trajectory and r.trajectory["steps"] for r in results)
+    assert sum(r.reward for r in results) / 60 == pytest.approx(tuned.score)
+    after = gym.balance()
+    assert after.spent_usd > before.spent_usd and after.reserved_usd == 0  # sandbox seconds + tokens, metered
+
+    # a key of the same run that sees aggregates only: the score, not the tasks
+    child = gym.keys.mint(name="aggregate-only", budget_usd=0.5,
+                            policy={"services": {"evaluation": {"detail": "aggregate"}}})
+    narrow = rsigym.Gym(base_url=live.url, api_key=child.key)
+    job = narrow.evaluation.get(tuned.id)
+    assert job.score == tuned.score and job.detail == "aggregate"
+    with pytest.raises(rsigym.PermissionDeniedError):
+        narrow.evaluation.results(tuned.id)
+
+
+def test_hidden_official_split_is_for_operators_only(live: Live) -> None:
+    live.wait_benchmark("arithmetic")
+    gym = live.sdk(live.key(1.0))
+    listed = {b.name: b for b in gym.evaluation.benchmarks()}
+    assert set(listed["arithmetic"].splits) == {"dev"}
+    with pytest.raises(rsigym.NotFoundError):
+        gym.evaluation.run("arithmetic", model="tiny", split="official")
+    operator = {b["name"]: b for b in live.http.get("/admin/v1/benchmarks").json()["data"]}
+    assert set(operator["arithmetic"]["splits"]) == {"dev", "official"}
+
+
+def _probe_archive() -> bytes:
+    """A harness that looks for a way out of its trial and reports what it found."""
+    script = r'''
+import json, os, subprocess, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+door = base.rsplit("/inference/", 1)[0]
+found = {"env_keys": sorted(k for k, v in os.environ.items() if "rsk-" in v or "rsa-" in v),
+         "openai_api_key": os.environ.get("OPENAI_API_KEY")}
+def call(url, body=None):
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None,
+                                 headers={"content-type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=20).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except Exception as e:
+        return type(e).__name__
+msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+found["evaluated_model"] = call(base + "/chat/completions", dict(msg, model=os.environ["RSIGYM_MODEL"]))
+found["other_model"] = call(base + "/chat/completions", dict(msg, model="not-the-evaluated-one"))
+found["rollout"] = call(door + "/rollout/v1/chat/completions", dict(msg, model="teacher"))
+found["training"] = call(door + "/training/v1/jobs")
+found["balance"] = call(door + "/v1/balance")
+found["internet"] = call("http://1.1.1.1/")
+found["host_gateway"] = call("http://10.0.2.2:8700/healthz")
+grep = subprocess.run("grep -rlsE 'rsk-|rsa-|RSIGYM_ADMIN' / --exclude-dir=proc --exclude-dir=sys "
+                      "--exclude-dir=usr --exclude-dir=lib --exclude-dir=harness 2>/dev/null | head -5",
+                      shell=True, capture_output=True, text=True).stdout.split()
+found["files_with_secrets"] = grep
+print("PROBE " + json.dumps(found))
+open(json.loads(os.environ["RSIGYM_TASK_METADATA"])["answer_file"], "w").write("0")
+'''
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("harness.toml", b'[harness]\nname = "probe"\nrun = "/usr/bin/python3 /harness/probe.py"\n'),
+                           ("probe.py", script.encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_harness_finds_no_way_out_of_its_trial(live: Live, trained: dict[str, Any]) -> None:
+    live.wait_benchmark("arithmetic")
+    gym: rsigym.Gym = trained["gym"]
+    harness = gym.evaluation.upload_harness(_probe_archive())
+    job = gym.evaluation.run("arithmetic", model=trained["checkpoint"], split="dev", harness=harness.id, limit=1)
+    job = gym.evaluation.wait(job.id, timeout=300)
+    [result] = gym.evaluation.results(job.id)
+    line = next(ln for ln in result.agent_output.splitlines() if ln.startswith("PROBE "))
+    found = json.loads(line[len("PROBE "):])
+    print("\n" + json.dumps(found))
+    assert found["evaluated_model"] == 200  # control: the one door works
+    assert found["other_model"] in (403, 404)
+    assert found["rollout"] == 403 and found["training"] == 403 and found["balance"] == 403
+    assert found["internet"] != 200 and found["host_gateway"] != 200
+    assert found["env_keys"] == [] and found["openai_api_key"] == "door"
+    assert found["files_with_secrets"] == []
+
+
+def test_operator_scores_a_submission_on_its_own_budget(live: Live, trained: dict[str, Any]) -> None:
+    live.wait_benchmark("arithmetic")
+    gym: rsigym.Gym = trained["gym"]
+    archive = gym.evaluation.upload_harness(_minimal_archive())
+    submission = gym.submit(checkpoint=trained["checkpoint"], harness=archive.id)
+    spent_before = gym.balance().spent_usd
+    run_id = trained["key"]["id"]
+    r = live.http.post(f"/admin/v1/runs/{run_id}/score", json={"attempts": 3, "benchmarks": ["arithmetic"]})
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 1200
+    while time.monotonic() < deadline:
+        scores = [s for s in live.http.get("/admin/v1/scores").json()["data"] if s["benchmark"] == "arithmetic"]
+        if scores and all(s["status"] in ("succeeded", "failed", "cancelled") for s in scores):
+            break
+        time.sleep(2)
+    by_run = {s["run_id"]: s for s in scores}
+    print(f"\nofficial avg@3: initial {by_run['initial']['score']:.4f}, submitted {by_run[run_id]['score']:.4f}")
+    assert by_run["initial"]["status"] == by_run[run_id]["status"] == "succeeded"
+    assert by_run[run_id]["submission_id"] == submission.id and by_run[run_id]["attempts"] == 3
+    assert by_run[run_id]["score"] > by_run["initial"]["score"]
+    assert gym.balance().spent_usd == pytest.approx(spent_before)  # the operator paid, not the run
+    detail = live.http.get(f"/admin/v1/evaluation/jobs/{by_run[run_id]['job_id']}/results").json()["data"]
+    assert len(detail) == 180  # 60 official tasks × 3 attempts, stored with the score
+
+
+def _minimal_archive() -> bytes:
+    from services.evaluation.harnesses import MINIMAL_DIR
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(MINIMAL_DIR.iterdir()):
+            tar.add(path, arcname=path.name)
+    return buf.getvalue()
