@@ -76,8 +76,12 @@ class InferenceService:
     def __init__(self, config: GymConfig, store: Store, engine: InferenceEngine):
         self.config, self.store, self.engine = config, store, engine
 
-    def _allowed(self, identity: Identity, base: BaseModel_) -> bool:
-        return all(ServicePolicy.model_validate(p).allows_model(base.name) for p in identity.policies)
+    def _allowed(self, identity: Identity, base: BaseModel_, adapter: Adapter | None = None) -> bool:
+        """Every key of the chain allows the base model, or names this very checkpoint (a
+        key scoped to one checkpoint — an evaluation's model door — may call only it)."""
+        return all(ServicePolicy.model_validate(p).allows_model(base.name)
+                   or (adapter is not None and ServicePolicy.model_validate(p).allows_model(adapter.key))
+                   for p in identity.policies)
 
     def list_models(self, identity: Identity) -> list[dict[str, Any]]:
         from sqlalchemy import select
@@ -95,7 +99,7 @@ class InferenceService:
     def _prepare(self, identity: Identity, body: dict[str, Any]) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
         request = parse_inference_request(body)
         base, adapter = resolve_model(self.config, self.store, request.model, identity.run_id, identity.policies)
-        if not self._allowed(identity, base):
+        if not self._allowed(identity, base, adapter):
             raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         sampling = Sampling(max_tokens=max_tokens_of(request, self.config),

@@ -122,7 +122,7 @@ def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: 
 
     # a key of the same run that sees aggregates only: the score, not the tasks
     child = gym.keys.mint(name="aggregate-only", budget_usd=0.5,
-                            policy={"services": {"evaluation": {"detail": "aggregate"}}})
+                            policy={"services": {"evaluation": {"detail": "aggregate", "max_concurrency": 2}}})
     narrow = rsigym.Gym(base_url=live.url, api_key=child.key)
     job = narrow.evaluation.get(tuned.id)
     assert job.score == tuned.score and job.detail == "aggregate"
@@ -147,7 +147,9 @@ def _probe_archive() -> bytes:
 import json, os, subprocess, urllib.request
 base = os.environ["OPENAI_BASE_URL"]
 door = base.rsplit("/inference/", 1)[0]
-found = {"env_keys": sorted(k for k, v in os.environ.items() if "rsk-" in v or "rsa-" in v),
+import re
+secret = re.compile(r"(rsk|rsa)-[A-Za-z0-9_-]{40,}")
+found = {"env_keys": sorted(k for k, v in os.environ.items() if secret.search(v)),
          "openai_api_key": os.environ.get("OPENAI_API_KEY")}
 def call(url, body=None):
     req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None,
@@ -166,10 +168,10 @@ found["training"] = call(door + "/training/v1/jobs")
 found["balance"] = call(door + "/v1/balance")
 found["internet"] = call("http://1.1.1.1/")
 found["host_gateway"] = call("http://10.0.2.2:8700/healthz")
-grep = subprocess.run("grep -rlsE 'rsk-|rsa-|RSIGYM_ADMIN' / --exclude-dir=proc --exclude-dir=sys "
-                      "--exclude-dir=usr --exclude-dir=lib --exclude-dir=harness 2>/dev/null | head -5",
+grep = subprocess.run("grep -rhoaE '(rsk|rsa)-[A-Za-z0-9_-]{40,}' / --exclude-dir=proc --exclude-dir=sys "
+                      "--exclude-dir=usr --exclude-dir=lib --exclude-dir=bin --exclude-dir=sbin 2>/dev/null | head -5",
                       shell=True, capture_output=True, text=True).stdout.split()
-found["files_with_secrets"] = grep
+found["secrets_in_files"] = grep
 print("PROBE " + json.dumps(found))
 open(json.loads(os.environ["RSIGYM_TASK_METADATA"])["answer_file"], "w").write("0")
 '''
@@ -198,7 +200,7 @@ def test_a_harness_finds_no_way_out_of_its_trial(live: Live, trained: dict[str, 
     assert found["rollout"] == 403 and found["training"] == 403 and found["balance"] == 403
     assert found["internet"] != 200 and found["host_gateway"] != 200
     assert found["env_keys"] == [] and found["openai_api_key"] == "door"
-    assert found["files_with_secrets"] == []
+    assert found["secrets_in_files"] == []
 
 
 def test_operator_scores_a_submission_on_its_own_budget(live: Live, trained: dict[str, Any]) -> None:
