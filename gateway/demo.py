@@ -66,13 +66,26 @@ TRAIN = {"tiny": {"steps": 400, "learning_rate": 3e-3, "batch_size": 16, "schedu
          "smollm2": {"steps": 120, "learning_rate": 1e-3, "batch_size": 16}}
 
 
-def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[float, float]:
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+                 for n in ("bash", "read_file", "write_file", "finish")]
+"""The minimal harness's tools: training in the prompt shape the harness will ask in."""
+
+
+def _benchmark_questions() -> set[str]:
+    return {p.read_text().strip() for p in (BENCHMARKS / "arithmetic").glob("*/*/instruction.md")}
+
+
+def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[float, float, str]:
     import random
 
     from services.models.synthetic import subtraction
 
-    rng = random.Random(7)
-    rows = [{"messages": subtraction(rng)} for _ in range(3000)]
+    rng, rows, banned = random.Random(7), [], _benchmark_questions()  # never train on benchmark questions
+    while len(rows) < 3000:
+        messages = subtraction(rng)
+        if messages[0]["content"] not in banned:
+            rows.append({"messages": messages, "tools": HARNESS_TOOLS})
     seen = {r["messages"][0]["content"] for r in rows}
     dataset = gym.training.upload_dataset(rows, name="subtraction")  # type: ignore[attr-defined]
     console.print(f"uploaded dataset {dataset.id}: {dataset.rows} rows, sha256 {dataset.sha256[:12]}…")
@@ -90,18 +103,54 @@ def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[flo
     held, qrng = [], random.Random(4242)
     while len(held) < questions:
         user, answer = subtraction(qrng)
-        if user["content"] not in seen:
+        if user["content"] not in seen and user["content"] not in banned:
             held.append((user["content"], answer["content"]))
 
     def score(model: str) -> float:
         right = 0
         for q, a in held:
             reply = gym.inference.chat(model=model, messages=[{"role": "user", "content": q}],  # type: ignore[attr-defined]
-                                       max_tokens=6, temperature=0)
+                                       tools=HARNESS_TOOLS, max_tokens=6, temperature=0)
             right += (reply.choices[0].message.content or "").strip() == a
         return right / len(held)
 
-    return score(base), score(job.checkpoints[-1])
+    return score(base), score(job.checkpoints[-1]), job.checkpoints[-1]
+
+
+def _sandbox(url: str, key: str) -> None:
+    """The agent's unmodified e2b SDK against the gym."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(template="base", timeout=120, api_key=key, api_url=f"{url}/sandbox",
+                         sandbox_url=f"{url}/sandbox/envd")
+    try:
+        sbx.files.write("/home/user/hello.py", "print(6 * 7)")
+        run = sbx.commands.run("python3 hello.py; curl -s -m 2 http://example.com >/dev/null || echo no-network")
+        console.print(f"e2b sandbox {sbx.sandbox_id}: {run.stdout.split()} exit {run.exit_code}; "
+                      f"files {[e.name for e in sbx.files.list('/home/user')]}")
+    finally:
+        sbx.kill()
+
+
+def _evaluate(gym: object, base: str, checkpoint: str, tasks: int = 30) -> tuple[float, float]:
+    deadline = time.monotonic() + 900
+    with console.status("waiting for the arithmetic benchmark's validation (every oracle 1, every empty answer 0)"):
+        while time.monotonic() < deadline:
+            bench = {b.name: b for b in gym.evaluation.benchmarks()}.get("arithmetic")  # type: ignore[attr-defined]
+            if bench is not None and bench.status != "validating":
+                break
+            time.sleep(2)
+    if bench is None or bench.status != "ready":
+        raise SystemExit(f"the arithmetic benchmark is not ready: {bench}")
+    jobs = {m: gym.evaluation.run("arithmetic", model=m, split="dev", limit=tasks)  # type: ignore[attr-defined]
+            for m in (base, checkpoint)}
+    done = {}
+    with console.status(f"evaluating base and checkpoint on {tasks} arithmetic dev tasks with the minimal harness"):
+        for m, job in jobs.items():
+            done[m] = gym.evaluation.wait(job.id, timeout=900)  # type: ignore[attr-defined]
+    for m, job in done.items():
+        console.print(f"evaluation {job.id}: {m} + minimal → {job.score:.3f} ({job.progress.done} trials)")
+    return done[base].score or 0.0, done[checkpoint].score or 0.0
 
 
 def run_demo(data_dir: Path | None = None, port: int = 8700, model: str = "tiny", models_dir: Path | None = None) -> int:
@@ -161,6 +210,8 @@ max_context = 2048
         console.rule("operator")
         created = json.loads(_rsigym("keys", "create", "--track", "joint", "--budget", "2", "--json", env=operator_env))
         console.print(f"rsigym keys create --track joint --budget 2 --json → id {created['id']}")
+        _rsigym("benchmarks", "register", str(BENCHMARKS / "arithmetic"), env=operator_env)
+        console.print("rsigym benchmarks register benchmarks/arithmetic → validating (oracle and empty runs, async)")
 
         console.rule("agent")
         gym = Gym(base_url=url, api_key=created["key"])
@@ -172,8 +223,13 @@ max_context = 2048
                               stream=True, stream_options={"include_usage": True}) as stream:
             text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         console.print(f"stream: {text[:70]!r}…  exact cost ${stream.cost_usd:.6f}")
-        base_acc, tuned_acc = _train_and_compare(gym, model)
+        _sandbox(url, created["key"])
+        base_acc, tuned_acc, checkpoint = _train_and_compare(gym, model)
         console.print(f"held-out subtraction exact match: base {model} {base_acc:.0%} → checkpoint {tuned_acc:.0%}")
+        base_eval, tuned_eval = _evaluate(gym, model, checkpoint)
+        harness = gym.evaluation.upload_harness(BENCHMARKS.parent / "agent_container" / "harness" / "minimal")
+        submission = gym.submit(checkpoint=checkpoint, harness=harness.id)
+        console.print(f"submitted {submission.id}: checkpoint {checkpoint} + harness {harness.id} (minimal, as an archive)")
         reviewer = gym.keys.mint(name="reviewer", budget_usd=0.0003,
                                  policy={"services": {"rollout": {"models": ["teacher"], "max_concurrency": 2,
                                                                   "fields": {"temperature": {"fixed": 0.0}}}}})
@@ -202,7 +258,16 @@ max_context = 2048
         except Exception as err:  # noqa: BLE001
             console.print(f"revoked child key → {type(err).__name__} ({getattr(err, 'status_code', '')})")
         console.print(_rsigym("ledger", created["id"], env=operator_env))
+        spent_before_scoring = gym.balance().spent_usd
+        console.print("rsigym score RUN --attempts 1 (the demo's shortcut; the official score is avg@3) …")
+        _rsigym("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
+        console.print(_rsigym("report", "--out", str(data / "report"), "--split", "official", env=operator_env))
+        charts = sorted(p.name for p in (data / "report").glob("*.png"))
+        console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
+                      f"${gym.balance().spent_usd - spent_before_scoring:.6f}")
         ok = (balance.spent_usd <= balance.budget_usd and balance.reserved_usd == 0 and refused is not None
-              and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc)
+              and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc and tuned_eval > base_eval
+              and (data / "report" / "report.json").exists() and charts
+              and gym.balance().spent_usd == spent_before_scoring)
         console.rule("[green]demo passed" if ok else "[red]demo failed")
         return 0 if ok else 1
