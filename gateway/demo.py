@@ -257,7 +257,13 @@ max_context = 2048
             child.balance()
         except Exception as err:  # noqa: BLE001
             console.print(f"revoked child key → {type(err).__name__} ({getattr(err, 'status_code', '')})")
-        console.print(_rsigym("ledger", created["id"], env=operator_env))
+        ledger = _rsigym("ledger", created["id"], "--json", env=operator_env)
+        rows = json.loads(ledger)["data"] if ledger.strip().startswith("{") else json.loads(ledger)
+        by_service: dict[str, float] = {}
+        for row in rows:
+            by_service[row["service"]] = by_service.get(row["service"], 0.0) + (row.get("actual_usd") or 0.0)
+        console.print(f"rsigym ledger {created['id']}: {len(rows)} rows; charged by service "
+                      + ", ".join(f"{k} ${v:.6f}" for k, v in sorted(by_service.items())))
         spent_before_scoring = gym.balance().spent_usd
         console.print("rsigym score RUN --attempts 1 (the demo's shortcut; the official score is avg@3) …")
         _rsigym("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
