@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from services.core.errors import GymError
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
 from services.core.store import Store
+from services.core.workers import JobPool
 from services.core.tables import utcnow
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.harnesses import HarnessStore
@@ -52,9 +51,7 @@ class EvaluationRunner:
         self.trials_root = trials_root
         self.trial_concurrency = trial_concurrency
         self.run_trial = runner
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rsigym-eval")
-        self._idle = threading.Condition()
-        self._active = 0
+        self.pool = JobPool(workers, "rsigym-eval")
 
     def recover(self) -> None:
         with self.store.transaction() as s:
@@ -65,19 +62,16 @@ class EvaluationRunner:
             self.submit(job_id)
 
     def submit(self, job_id: str) -> None:
-        with self._idle:
-            self._active += 1
         self.pool.submit(self._run_safely, job_id)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._active == 0, timeout)
+        return self.pool.wait_idle(timeout)
 
     def shutdown(self) -> None:
         with self.store.transaction() as s:
             s.execute(update(EvaluationJob).where(EvaluationJob.status.in_(("queued", "running")))
                       .values(cancel_requested=True))
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
 
     def _run_safely(self, job_id: str) -> None:
         try:
@@ -86,10 +80,6 @@ class EvaluationRunner:
             log.exception("evaluation job %s failed", job_id)
             message = err.message if isinstance(err, GymError) else f"{type(err).__name__}: {err}"
             self._finish(job_id, "failed", message)
-        finally:
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
 
     def _run(self, job_id: str) -> None:
         with self.store.transaction() as s:

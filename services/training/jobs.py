@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from services.core.ledger import Ledger, StepMeter
 from services.core.money import nusd_to_usd
 from services.core.redact import redact
 from services.core.store import Store
+from services.core.workers import JobPool
 from services.core.tables import utcnow
 from services.models.loading import resolve_model_dir, torch_device
 from services.training.datasets import DatasetStore, training_pairs
@@ -54,9 +53,7 @@ class JobRunner:
         self.tinker_client = tinker_client
         self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
         self.ledger = Ledger(store, config.ledger)
-        self.pool = ThreadPoolExecutor(max_workers=config.training.workers, thread_name_prefix="rsigym-train")
-        self._idle = threading.Condition()
-        self._active = 0
+        self.pool = JobPool(config.training.workers, "rsigym-train")
 
     def recover(self) -> None:
         """After a restart: a job that was running is failed (its process is gone); queued ones run."""
@@ -68,16 +65,13 @@ class JobRunner:
             self.submit(job_id)
 
     def submit(self, job_id: str) -> None:
-        with self._idle:
-            self._active += 1
         self.pool.submit(self._run_safely, job_id)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._active == 0, timeout)
+        return self.pool.wait_idle(timeout)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
 
     def _log(self, job_id: str, line: str) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -90,10 +84,6 @@ class JobRunner:
         except Exception as err:  # a job must end in a final state whatever happens
             log.exception("training job %s crashed", job_id)
             self._finish(job_id, "failed", f"internal error: {type(err).__name__}")
-        finally:
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
 
     def _finish(self, job_id: str, status: str, error: str | None) -> None:
         with self.store.transaction() as s:
