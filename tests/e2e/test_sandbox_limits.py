@@ -71,6 +71,8 @@ def test_budget_for_ten_sandbox_seconds_kills_the_sandbox(make_gym: Any, standin
             if record["state"] != "running":
                 break
             time.sleep(0.25)
+        print(f"\nbudget for 10 sandbox-seconds: ran {record['seconds']} s, cost ${record['cost_usd']}, "
+              f"state {record['state']}")
         assert record["state"] == "budget_exhausted", record
         assert "budget" in record["end_reason"]
         # it ran what the budget paid for, less at most one slice — and not a moment unpaid

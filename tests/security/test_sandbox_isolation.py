@@ -116,6 +116,7 @@ def test_fork_bomb_is_contained(env: dict[str, Any]) -> None:
             healthy.append(subprocess.run(["true"], timeout=10).returncode == 0)
             time.sleep(0.1)
         assert all(healthy)
+        print(f"\nfork bomb: peak {peak} processes (cap {cap}); host answered {len(healthy)} probes meanwhile")
         if os.geteuid() == 0:  # per-sandbox uid: the bomb ran into the sandbox's process cap
             assert cap // 2 <= peak <= cap, peak
     finally:
