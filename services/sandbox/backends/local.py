@@ -76,6 +76,8 @@ class LocalBackend:
         os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
         self.uid_base = uid_base
         self.privileged = os.geteuid() == 0
+        if self.privileged:
+            _require_traversable(self.root)
         self._sandboxes: dict[str, _Local] = {}
         self._uids: set[int] = set()
         self._lock = threading.Lock()
@@ -304,6 +306,15 @@ class LocalBackend:
             yield {"end": {"exit_code": -1, "status": "sandbox ended"}}
         finally:
             writer.close()
+
+
+def _require_traversable(root: Path) -> None:
+    """Sandbox uids start bubblewrap themselves, so they must be able to walk down to their
+    own directory: every parent of the root needs the others' execute bit."""
+    for parent in [root, *root.resolve().parents]:
+        if not os.stat(parent).st_mode & 0o001:
+            raise ValueError(f"sandbox root {root}: {parent} is not traversable by other users (needs o+x); "
+                             "choose another [sandbox] local_root")
 
 
 def _parse(line: bytes) -> dict[str, Any]:

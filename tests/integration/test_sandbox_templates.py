@@ -1,0 +1,71 @@
+"""Templates: a host profile shows only the listed host directories; a rootfs template shows
+the image's own tree instead of the host's."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from services.core.config import SandboxTemplate
+from services.sandbox.backends.base import SandboxSpec
+from services.sandbox.backends.local import LocalBackend
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def run(backend: LocalBackend, sandbox_id: str, cmd: str) -> str:
+    async def go() -> str:
+        out = b""
+        async for ev in backend.stream(sandbox_id, {"op": "start", "cmd": "/bin/bash", "args": ["-c", cmd]}):
+            out += base64.b64decode(ev.get("stdout", ""))
+        return out.decode()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def backend():
+    b = LocalBackend(None, 231_000)  # a fresh root under /tmp (pytest's tmp_path is 0700)
+    yield b
+    b.close()
+    shutil.rmtree(b.root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are used only when the gym runs as root")
+def test_a_root_the_sandbox_uids_cannot_reach_is_refused_at_start(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(ValueError, match="not traversable"):
+        LocalBackend(str(private / "sandboxes"), 231_000)
+
+
+def test_rootfs_template_replaces_the_hosts_tree(tmp_path: Path, backend: LocalBackend) -> None:
+    rootfs = backend.root.parent / f"{backend.root.name}-image"  # readable by the sandbox's uid
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "etc" / "image-release").write_text("rsigym-test-image 1\n")
+    for d in ("usr", "bin", "lib", "lib64"):  # the image borrows the host's binaries
+        if os.path.exists(f"/{d}"):
+            (rootfs / d).symlink_to(f"/{d}")
+    template = SandboxTemplate(name="image", kind="rootfs", rootfs=str(rootfs))
+    backend.create(SandboxSpec("sbx_rootfs", template))
+    try:
+        out = run(backend, "sbx_rootfs", "cat /etc/image-release; ls /etc; test -e /etc/hostname || echo no-host-etc")
+        assert "rsigym-test-image 1" in out and "no-host-etc" in out
+    finally:
+        backend.kill("sbx_rootfs")
+        shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def test_host_profile_binds_only_the_listed_dirs(backend: LocalBackend) -> None:
+    template = SandboxTemplate(name="slim", host_dirs=["/usr", "/bin", "/lib", "/lib64"])
+    backend.create(SandboxSpec("sbx_slim", template))
+    try:
+        out = run(backend, "sbx_slim", "ls /; test -e /etc/passwd && echo has-etc || echo no-etc")
+        assert "no-etc" in out and "usr" in out.split()
+    finally:
+        backend.kill("sbx_slim")
