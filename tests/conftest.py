@@ -137,6 +137,9 @@ def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> I
             if runner is not None:
                 runner.wait_idle(timeout=60)
                 runner.shutdown()
+            close = getattr(service_app.state, "close", None)
+            if close is not None:  # live sandboxes are killed, evaluation workers stopped
+                close()
 
 
 @pytest.fixture

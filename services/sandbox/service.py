@@ -208,6 +208,9 @@ class SandboxService:
         log.info("sandbox %s ended (%s): %.1f s, %d nUSD", sandbox_id, state, seconds, charged)
 
     def shutdown(self) -> None:
+        """Kill every live sandbox and stop the supervisor. Idempotent."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         for sandbox_id in list(self._live):
             try:
@@ -217,6 +220,7 @@ class SandboxService:
         self.backend.close()
         if self._doors is not None:
             self._doors.shutdown()
+            self._doors = None
 
     @property
     def doors(self) -> DoorServer:

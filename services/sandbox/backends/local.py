@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from services.sandbox.cgroups import SandboxCgroup
 log = logging.getLogger("rsigym.sandbox")
 
 AGENT_SOURCE = Path(__file__).with_name("inbox_agent.py")
+UID_LOCKS = Path("/tmp/rsigym-sandbox-uids")
 STREAM_LIMIT = 128 * 1024 * 1024
 START_TIMEOUT_S = 15.0
 
@@ -79,7 +81,8 @@ class LocalBackend:
         if self.privileged:
             _require_traversable(self.root)
         self._sandboxes: dict[str, _Local] = {}
-        self._uids: set[int] = set()
+        self._uids: dict[int, int] = {}
+        """uid → the fd of its host-wide lock file, held while a sandbox of ours runs as it."""
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -254,18 +257,33 @@ class LocalBackend:
         return _pids_of_uid(local.uid) if local and local.uid is not None else []
 
     def _take_uid(self) -> int:
+        """A uid no other sandbox on this host uses — other gyms included: each is claimed with
+        an flock on a host-wide lock file, held for the sandbox's life."""
+        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
         with self._lock:
             for n in range(10_000):
                 uid = self.uid_base + n
-                if uid not in self._uids and not _pids_of_uid(uid):
-                    self._uids.add(uid)
-                    return uid
+                if uid in self._uids:
+                    continue
+                fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                if _pids_of_uid(uid):  # a leftover of a crashed gym: leave that uid alone
+                    os.close(fd)
+                    continue
+                self._uids[uid] = fd
+                return uid
         raise ServiceUnavailable("no free sandbox uid on this host")
 
     def _free_uid(self, uid: int | None) -> None:
         if uid is not None:
             with self._lock:
-                self._uids.discard(uid)
+                fd = self._uids.pop(uid, None)
+            if fd is not None:
+                os.close(fd)  # releases the flock
 
     # -- agent protocol ----------------------------------------------------------------
 
