@@ -10,6 +10,7 @@ import io
 import json
 import shutil
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -399,3 +400,29 @@ def test_cli_eval_run_wait_status_and_results(
     assert code == 0 and (result["error"] or result["trajectory"]["steps"])
     code, out, _ = gym("eval", "ls")
     assert code == 0 and job_id in out and "succeeded" in out
+
+
+@needs_bwrap
+def test_cancel_keeps_the_trials_that_finished(served: str, store: Store, new_key: Callable[..., dict[str, Any]]) -> None:
+    """Results are written as each trial ends: a cancelled job keeps them, and runs no more."""
+    register_directly(store)
+    key = new_key()
+    with client(served, key) as gym:
+        job = gym.evaluation.run("arithmetic", model="tiny", limit=40, sampling={"temperature": 0, "max_tokens": 8})
+        deadline = time.monotonic() + 300
+        while gym.evaluation.get(job.id).progress.done < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        gym.evaluation.cancel(job.id)
+        final = gym.evaluation.wait(job.id, poll_s=0.5, timeout=300)
+        results = gym.evaluation.results(job.id)
+        assert final.status == "cancelled"
+        assert 2 <= len(results) == final.progress.done < 40
+        assert all(r.reward in (0.0, 1.0) or r.error for r in results)
+        balance = gym.balance()
+        assert balance.reserved_usd == 0 and balance.spent_usd > 0
+        # the job's minted keys were revoked when it ended
+        with httpx.Client(base_url=served, headers=admin_headers()) as c:
+            minted = [k for k in c.get("/admin/v1/keys").json()["data"] if (k.get("name") or "").startswith(
+                f"evaluation {job.id}")]
+        assert minted and all(k["status"] == "revoked" for k in minted)
