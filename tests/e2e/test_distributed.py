@@ -38,3 +38,31 @@ def test_gateway_and_service_as_separate_servers(tmp_path: Path, standin: Any, t
             assert direct.status_code == 401
     with pytest.raises(SystemExit):
         build_service("rollout", GymSettings(data_dir=tmp_path), config)
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="needs bubblewrap")
+def test_sandbox_service_as_its_own_server(tmp_path: Path, standin: Any) -> None:
+    """The unmodified e2b SDK through a gateway that forwards to a separately served sandbox
+    service; the service's daemon routes refuse a direct call, access token or not."""
+    from e2b import Sandbox
+
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret")
+    config = gym_config(standin[0])
+    service = build_service("sandbox", settings, config)
+    try:
+        with serve(service) as sandbox_url:
+            gym = build_gateway(settings, StoreSettings(), {"sandbox": sandbox_url}, config)
+            with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+                key = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1},
+                                  headers=admin_headers()).json()["key"]
+                sbx = Sandbox.create(template="base", timeout=60, api_key=key, api_url=f"{url}/sandbox",
+                                     sandbox_url=f"{url}/sandbox/envd")
+                try:
+                    assert sbx.commands.run("echo distributed").stdout.strip() == "distributed"
+                    direct = httpx.get(f"{sandbox_url}/envd/files", params={"path": "/etc/hostname"},
+                                       headers={"X-Access-Token": "anything", "E2b-Sandbox-Id": sbx.sandbox_id})
+                    assert direct.status_code == 401
+                finally:
+                    sbx.kill()
+    finally:
+        service.state.close()
