@@ -69,3 +69,17 @@ def test_host_profile_binds_only_the_listed_dirs(backend: LocalBackend) -> None:
         assert "no-etc" in out and "usr" in out.split()
     finally:
         backend.kill("sbx_slim")
+
+
+def test_cpu_time_and_file_size_limits_hold(backend: LocalBackend) -> None:
+    template = SandboxTemplate(name="tight", cpu_seconds=1, max_file_mb=1)
+    backend.create(SandboxSpec("sbx_tight", template))
+    try:
+        out = run(backend, "sbx_tight", "timeout 20 bash -c 'while :; do :; done'; echo cpu-exit=$?")
+        assert "cpu-exit=137" in out or "cpu-exit=152" in out, out  # SIGKILL or SIGXCPU at 1 s of CPU
+        out = run(backend, "sbx_tight", "head -c 3000000 /dev/zero > big 2>/dev/null; echo fsize-exit=$?; "
+                                        "stat -c %s big")
+        assert "fsize-exit=153" in out or "fsize-exit=1" in out, out  # SIGXFSZ, or EFBIG
+        assert out.strip().splitlines()[-1] == str(1024 * 1024)  # nothing beyond the 1 MiB limit was written
+    finally:
+        backend.kill("sbx_tight")
