@@ -73,6 +73,7 @@ class LocalBackend:
 
     def __init__(self, root: str | None, uid_base: int):
         self.bwrap = shutil.which("bwrap")
+        self._owns_root = root is None  # a fresh temporary root is removed again at close
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-"))
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
@@ -250,6 +251,8 @@ class LocalBackend:
     def close(self) -> None:
         for sandbox_id in list(self._sandboxes):
             self.kill(sandbox_id)
+        if self._owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def processes_of(self, sandbox_id: str) -> list[int]:
         """Host pids of every process of the sandbox (by its uid) — for tests and audits."""
