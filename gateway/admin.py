@@ -7,14 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 
 from gateway.auth import require_admin
 from gateway.context import gateway_of
-from gateway.proxy import operator_call
+from gateway.proxy import gateway_url_for, operator_call
 from services.core.http import request_id_of
 from gateway.schemas import CreateKey, EditPolicy, TopUp
-from services.core.errors import Unprocessable
+from services.core.errors import Unprocessable, validated
 from services.core.money import usd_to_nusd
 from services.core.policy import Policy
 from services.core.presets import preset_policy
@@ -23,12 +22,7 @@ router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
 
 
 def parse_policy(raw: dict[str, Any]) -> Policy:
-    try:
-        return Policy.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        param = "policy." + ".".join(str(p) for p in first["loc"])
-        raise Unprocessable(f"invalid policy: {param}: {first['msg']}", param=param) from err
+    return validated(Policy, raw, what="policy", error=Unprocessable, prefix="policy.")
 
 
 @router.post("/keys", status_code=201)
@@ -107,8 +101,8 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
 async def _to_evaluation(request: Request, method: str, path: str) -> Response:
     gw = gateway_of(request)
     body = await request.body() if method == "POST" else b""
-    gateway_url = (gw.context.settings.gateway_url or str(request.base_url)).rstrip("/")
-    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body, gateway_url)
+    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body,
+                                   gateway_url_for(gw, request))
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
 

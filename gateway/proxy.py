@@ -145,7 +145,7 @@ async def forward(request: Request, service: str, path: str) -> Response:
     await call.open(estimate)
     gw.metrics.in_flight.labels(service).inc()
     try:
-        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate, _gateway_url(gw, request)))
+        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate, gateway_url_for(gw, request)))
     except BaseException:
         gw.metrics.in_flight.labels(service).dec()
         await call.close(None)
@@ -187,7 +187,8 @@ async def forward(request: Request, service: str, path: str) -> Response:
     return Response(content, status_code=upstream.status_code, headers=headers)
 
 
-def _gateway_url(gw: Gateway, request: Request) -> str:
+def gateway_url_for(gw: Gateway, request: Request) -> str:
+    """Where services that call back (evaluation jobs, sandbox doors) reach this gateway."""
     return (gw.context.settings.gateway_url or str(request.base_url)).rstrip("/")
 
 

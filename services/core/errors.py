@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
 
 class GymError(Exception):
@@ -109,3 +110,15 @@ class UpstreamRateLimited(GymError):
 
 class UpstreamTimeout(GymError):
     status, type = 504, "upstream_timeout"
+
+
+def validated[M: BaseModel](model: type[M], data: Any, *, what: str, error: type[GymError] | None = None,
+                            prefix: str = "") -> M:
+    """``model.model_validate(data)``, or a refusal naming the first problem's field:
+    ``invalid <what>: <prefix><field>: <pydantic's message>`` (400 unless ``error`` says otherwise)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = prefix + ".".join(str(p) for p in first["loc"])
+        raise (error or InvalidRequest)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err

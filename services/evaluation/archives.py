@@ -332,6 +332,16 @@ def _parse_manifest(data: bytes) -> HarnessManifest:
         raise _refuse(f"{MANIFEST_NAME} is invalid: {problems}") from None
 
 
+def manifest_of(tree: Path | str) -> HarnessManifest:
+    """The manifest of an unpacked harness directory (the built-in one, or an extracted upload);
+    refused with the same messages as in an archive."""
+    try:
+        data = (Path(tree) / MANIFEST_NAME).read_bytes()
+    except OSError as exc:
+        raise _refuse(f"{MANIFEST_NAME} cannot be read: {exc.strerror}") from None
+    return _parse_manifest(data)
+
+
 def _read_manifest(tf: tarfile.TarFile, member: tarfile.TarInfo, limits: ArchiveLimits) -> bytes:
     if member.size > limits.max_manifest_bytes:
         raise _refuse(f"{MANIFEST_NAME} is {member.size} bytes; the limit is {limits.max_manifest_bytes}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -42,7 +41,8 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import Trajectory
 from pydantic import ValidationError
 
-from services.evaluation.archives import MANIFEST_NAME, HarnessManifest
+from services.core.errors import GymError
+from services.evaluation.archives import MANIFEST_NAME, HarnessManifest, manifest_of
 
 HARNESS_DIR = PurePosixPath("/harness")
 TASK_DIR = PurePosixPath("/task")
@@ -61,17 +61,10 @@ RUN_EXIT_CODE = "harness-exit-code.txt"
 
 def read_manifest(harness_dir: Path) -> HarnessManifest:
     """The ``[harness]`` table of ``harness_dir/harness.toml``; ``ValueError`` when unusable."""
-    path = harness_dir / MANIFEST_NAME
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8")).get("harness")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the harness manifest: {exc}") from exc
-    if not isinstance(table, dict):
-        raise ValueError(f"{path}: no [harness] table")
-    try:
-        return HarnessManifest.model_validate(table)
-    except ValidationError as exc:
-        raise ValueError(f"{path}: invalid manifest: {exc.errors()[0]['msg']}") from exc
+        return manifest_of(harness_dir)
+    except GymError as exc:
+        raise ValueError(f"{harness_dir / MANIFEST_NAME}: {exc.message}") from exc
 
 
 def harness_digest(harness_dir: Path) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tomllib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from sqlalchemy import select
 from services.core.errors import Conflict, NotFound
 from services.core.ids import new_id
 from services.core.store import Store
-from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive
+from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
 from services.evaluation.tables import HarnessRow
 
 MINIMAL = "minimal"
@@ -56,7 +55,7 @@ class HarnessStore:
                 os.unlink(tmp)
         files = sum(1 for p in dest.rglob("*") if p.is_file())
         size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-        manifest = _manifest_of(dest)
+        manifest = manifest_of(dest).model_dump(exclude_none=True)
         row = HarnessRow(id=new_id("hrn"), run_id=run_id, key_id=key_id, name=manifest["name"], sha256=digest,
                          bytes=size, files=files, manifest=manifest)
         with self.store.transaction() as s:
@@ -80,11 +79,6 @@ class HarnessStore:
 
     def owned(self, harness: str, run_id: str) -> None:
         self.directory(harness, run_id=run_id)
-
-
-def _manifest_of(tree: Path) -> dict[str, Any]:
-    data = tomllib.loads((tree / "harness.toml").read_text())
-    return dict(data["harness"])
 
 
 def build_minimal_archive(out_path: Path) -> Path:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
-from services.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unprocessable
+from services.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unprocessable, validated
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.keys import KeyRegistry
@@ -26,7 +26,7 @@ from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
-from services.training.tables import Checkpoint
+from services.training.registry import CheckpointRegistry
 
 log = logging.getLogger("rsigym.evaluation")
 OPERATOR_KEY_NAME = "rsigym-operator"
@@ -74,15 +74,6 @@ class ScoreRequest(BaseModel):
     split: str = "official"
 
 
-def _parse[M: BaseModel](model: type[M], body: dict[str, Any]) -> M:
-    try:
-        return model.model_validate(body)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        raise InvalidRequest(f"invalid request: {where}: {first['msg']}", param=where) from err
-
-
 def _detail(identity: Identity) -> Literal["full", "aggregate"]:
     if identity.operator:
         return "full"
@@ -116,6 +107,7 @@ class EvaluationService:
         self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
         self.harnesses = HarnessStore(self.store, data / "harnesses")
         self.keys = KeyRegistry(self.store)
+        self.checkpoints = CheckpointRegistry(self.store, context.data_dir / "checkpoints")  # reads only
         self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
                                        workers=context.config.evaluation.workers,
                                        trial_concurrency=context.config.evaluation.trial_concurrency)
@@ -150,7 +142,7 @@ class EvaluationService:
     # -- jobs --------------------------------------------------------------------------
 
     def create_job(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        req = _parse(JobRequest, body)
+        req = validated(JobRequest, body, what="request")
         bench_row = self.registry.get(req.benchmark)
         if bench_row.validation.get("status") != "ready":
             raise Conflict(f"benchmark {req.benchmark!r} is not ready ({bench_row.validation.get('status')})",
@@ -195,13 +187,13 @@ class EvaluationService:
         return job
 
     def _check_model(self, run_id: str, model: str) -> None:
-        if self.config.base_model(model) is not None:
-            return
-        with self.store.transaction() as s:
-            ckpt = s.get(Checkpoint, model) if model.startswith("ckpt_") else None
-            if ckpt is None or ckpt.run_id != run_id:
+        """A base model, or one of this run's checkpoints (404 otherwise)."""
+        if self.config.base_model(model) is None:
+            try:
+                self.checkpoints.get(model, run_id=run_id)
+            except NotFound:
                 raise NotFound(f"model {model!r} not found (a base model or one of this run's checkpoints)",
-                               param="model")
+                               param="model") from None
 
     def _job(self, identity: Identity, job_id: str) -> EvaluationJob:
         with self.store.transaction() as s:
@@ -242,7 +234,7 @@ class EvaluationService:
     # -- submissions and scores --------------------------------------------------------
 
     def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        req = _parse(SubmissionRequest, body)
+        req = validated(SubmissionRequest, body, what="request")
         with self.store.transaction() as s:
             track = s.scalar(select(ApiKey.track).where(ApiKey.id == identity.run_id))
         needs = TRACK_NEEDS.get(track or "", ())
@@ -283,7 +275,7 @@ class EvaluationService:
         """Score a run's latest submission on the official splits, avg@k, on the operator's key;
         score the initial system (base model + minimal) the same way once per benchmark."""
         self._operator(identity)
-        req = _parse(ScoreRequest, body)
+        req = validated(ScoreRequest, body, what="request")
         with self.store.transaction() as s:
             sub = s.scalars(select(SubmissionRow).where(SubmissionRow.run_id == run_id)
                             .order_by(SubmissionRow.created_at.desc())).first()
@@ -332,11 +324,7 @@ class EvaluationService:
     def _base_of(self, model: str) -> str:
         if self.config.base_model(model) is not None:
             return model
-        with self.store.transaction() as s:
-            ckpt = s.get(Checkpoint, model)
-            if ckpt is None:
-                raise NotFound(f"model {model!r} not found")
-            return ckpt.base_model
+        return self.checkpoints.get(model, run_id=None).base_model
 
     def scores(self, identity: Identity) -> list[dict[str, Any]]:
         self._operator(identity)

@@ -10,6 +10,7 @@ slot and records why the sandbox ended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
 from services.core.concurrency import ConcurrencySlots
-from services.core.errors import BudgetExhausted, GymError, InvalidRequest, NotFound, PermissionDenied
+from services.core.errors import BudgetExhausted, GymError, InvalidRequest, NotFound, PermissionDenied, validated
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.ledger import Ledger
@@ -96,12 +97,7 @@ class SandboxService:
                       .values(state="failed", end_reason="the gym restarted", ended_at=utcnow()))
 
     def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            req = CreateSandbox.model_validate(body)
-        except ValidationError as err:
-            first = err.errors()[0]
-            raise InvalidRequest(f"invalid sandbox request: {'.'.join(map(str, first['loc']))}: {first['msg']}",
-                                 param=".".join(map(str, first["loc"]))) from err
+        req = validated(CreateSandbox, body, what="sandbox request")
         template = self.config.template(req.template_id or self.config.default_template)
         if template is None:
             names = ", ".join(t.name for t in self.config.templates)
@@ -122,48 +118,33 @@ class SandboxService:
             door_port = DOOR_PORT
 
         sandbox_id = new_id("sbx")
-        lease = self.slots.acquire([tuple(c) for c in identity.concurrency_caps], SLOT_SERVICE,
-                                   ttl_s=self._lease_ttl())
-        meter = SliceMeter(self.ledger, identity.key_id, tuple(identity.chain_ids), sandbox_id,
-                           nusd_per_second(template.usd_per_hour), self.config.slice_s)
-        try:
+        with contextlib.ExitStack() as undo:  # every step is undone if a later one fails
+            lease = self.slots.acquire([tuple(c) for c in identity.concurrency_caps], SLOT_SERVICE,
+                                       ttl_s=self._lease_ttl())
+            undo.callback(self.slots.release, lease)
+            meter = SliceMeter(self.ledger, identity.key_id, tuple(identity.chain_ids), sandbox_id,
+                               nusd_per_second(template.usd_per_hour), self.config.slice_s)
             meter.open()
-        except BaseException:
-            self.slots.release(lease)
-            raise
-        spec = SandboxSpec(sandbox_id, template, identity.run_id, dict(req.env_vars), internet, dict(req.metadata),
-                           timeout, door_port)
-        try:
+            undo.callback(meter.close)  # before anything ran it settles 0
+            spec = SandboxSpec(sandbox_id, template, identity.run_id, dict(req.env_vars), internet,
+                               dict(req.metadata), timeout, door_port)
             ref = self.backend.create(spec)
-        except BaseException:
-            meter.close()  # nothing ran: settles 0
-            self.slots.release(lease)
-            raise
-        if req.rsigym_door is not None:
-            try:
+            undo.callback(self.backend.kill, sandbox_id)
+            if req.rsigym_door is not None:
                 self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "", identity.gateway_url or "",
                                 req.rsigym_door.key)
-            except BaseException:
-                self.backend.kill(sandbox_id)
-                meter.close()
-                self.slots.release(lease)
-                raise
-        meter.restart_clock()
-        now = utcnow()
-        row = SandboxRow(
-            id=sandbox_id, run_id=identity.run_id, key_id=identity.key_id, chain_ids=list(identity.chain_ids),
-            template=template.name, backend=self.backend.name, backend_ref=ref, sandbox_metadata=dict(req.metadata),
-            internet=internet, state="running", started_at=now, end_at=now + timedelta(seconds=timeout),
-            price_nusd_per_s=meter.price_nusd_per_s,
-        )
-        try:
+                undo.callback(self.doors.close, sandbox_id)
+            meter.restart_clock()
+            now = utcnow()
+            row = SandboxRow(
+                id=sandbox_id, run_id=identity.run_id, key_id=identity.key_id, chain_ids=list(identity.chain_ids),
+                template=template.name, backend=self.backend.name, backend_ref=ref,
+                sandbox_metadata=dict(req.metadata), internet=internet, state="running", started_at=now,
+                end_at=now + timedelta(seconds=timeout), price_nusd_per_s=meter.price_nusd_per_s,
+            )
             with self.store.transaction() as s:
                 s.add(row)
-        except BaseException:
-            self.backend.kill(sandbox_id)
-            meter.close()
-            self.slots.release(lease)
-            raise
+            undo.pop_all()
         with self._lock:
             self._live[sandbox_id] = _Live(meter, lease, time.monotonic() + timeout)
         log.info("sandbox %s started for run %s (template %s)", sandbox_id, identity.run_id, template.name)
@@ -279,12 +260,13 @@ class SandboxService:
             q = select(SandboxRow).where(SandboxRow.run_id == identity.run_id)
             if running_only:
                 q = q.where(SandboxRow.state == "running")
-            rows = list(s.scalars(q.order_by(SandboxRow.started_at.desc()).limit(limit)))
+            q = q.order_by(SandboxRow.started_at.desc())
+            rows = list(s.scalars(q if metadata else q.limit(limit)))
             for r in rows:
                 s.expunge(r)
-        if metadata:
+        if metadata:  # JSON matching differs between SQLite and PostgreSQL: filter here, then limit
             rows = [r for r in rows if all(r.sandbox_metadata.get(k) == v for k, v in metadata.items())]
-        return rows
+        return rows[:limit]
 
     # -- views -------------------------------------------------------------------------
 
