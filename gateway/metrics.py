@@ -19,6 +19,12 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.spend = Counter("rsigym_spend_usd", "USD settled", ["service"], registry=self.registry)
+        self.overrun = Counter(
+            "rsigym_provider_overrun_usd",
+            "USD a settled call really cost beyond its reservation (not charged to the run; recorded on the ledger row)",
+            ["service"],
+            registry=self.registry,
+        )
         self.reservations = Counter(
             "rsigym_reservations", "Reservation outcomes", ["service", "outcome"], registry=self.registry
         )

@@ -27,6 +27,11 @@ class RolloutModel(_Strict):
     input_usd_per_mtok: float = Field(ge=0)
     output_usd_per_mtok: float = Field(ge=0)
     max_output_tokens: int | None = Field(default=None, gt=0)
+    max_image_tokens: int = Field(default=4096, gt=0)
+    """Most input tokens the provider bills for one inline image (it is reserved per image,
+    whatever its size). The default covers GPT-4o/4.1 (≤ ~2.5k), Claude (≤ ~1.6k) and Gemini
+    (258 per tile, ≤ 16 tiles); raise it for models that bill images as more tokens, e.g.
+    gpt-4o-mini (up to ~48k). A provider bill above the reservation is recorded as an overrun."""
 
 
 class RolloutConfig(_Strict):
@@ -34,7 +39,9 @@ class RolloutConfig(_Strict):
     default_max_tokens: int = Field(default=1024, gt=0)
     max_tokens_cap: int = Field(default=8192, gt=0)
     request_timeout_s: float = Field(default=120.0, gt=0)
-    num_retries: int = Field(default=0, ge=0)
+    num_retries: int = Field(default=0, ge=0, le=0)
+    """Must be 0: a retry inside one metered call would bill attempts whose usage the gym
+    never sees. Agents retry themselves, each retry a call with its own reservation."""
 
     @field_validator("models")
     @classmethod
@@ -115,6 +122,7 @@ class SandboxTemplate(_Strict):
     python: str = "/usr/bin/python3"
     """The interpreter (inside the sandbox) that runs the sandbox agent."""
     cpu_count: int = Field(default=1, gt=0)
+    """CPUs the sandbox may keep busy at once: its cgroup's CFS quota where a cpu controller is writable."""
     disk_mb: int = Field(default=1024, gt=0)
 
 

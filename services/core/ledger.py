@@ -11,11 +11,16 @@ so the check and the hold cannot be separated by a concurrent call, on SQLite (d
 write lock) and on PostgreSQL (row lock, re-evaluated after the wait) alike. A call by a
 child key moves money on every key of its chain, root first (one lock order for all
 callers, so no deadlocks), inside one transaction.
+
+A settlement is never charged above its reservation, so no budget is ever exceeded. When the
+real cost is higher (a provider billed more than its bound), the difference is the row's
+``overrun_nusd`` and a warning: the key paid its reservation, the operator sees the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +36,7 @@ from services.core.money import format_usd, nusd_to_usd
 from services.core.store import Store
 from services.core.tables import ApiKey, LedgerEntry, utcnow
 
+log = logging.getLogger("rsigym.ledger")
 
 @dataclass(frozen=True)
 class Reservation:
@@ -177,7 +183,8 @@ class Ledger:
         )
 
     def settle(self, reservation_id: str, actual_nusd: int) -> int:
-        """Charge the real cost (clamped to the reservation) and free the hold.
+        """Charge the real cost (clamped to the reservation; any excess is recorded as the
+        row's overrun) and free the hold.
 
         Returns what was charged; 0 if the reservation was already closed (a second settle,
         or the reaper got there first) — nothing is ever charged twice.
@@ -195,27 +202,40 @@ class Ledger:
         self._close(reservation_id, "released", 0)
 
     def _close(
-        self, reservation_id: str, status: str, actual_nusd: int, *, expired_only: bool = False
+        self, reservation_id: str, status: str, actual_nusd: int | None, *, expired_only: bool = False
     ) -> tuple[int, Balance] | None:
-        """Close an open reservation: (charged, balance after); None when it was not open."""
+        """Close an open reservation: (charged, balance after); None when it was not open.
+
+        ``actual_nusd`` None charges the whole estimate (an expired hold: the work may have
+        happened), which is not an overrun.
+        """
         with self.store.transaction() as s:
             stmt = update(LedgerEntry).where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
             if expired_only:
                 stmt = stmt.where(LedgerEntry.expires_at < utcnow())
-            charge = max(0, actual_nusd)
+            if actual_nusd is None:
+                charged_sql, overrun_sql = LedgerEntry.estimate_nusd, 0
+            else:
+                charge = max(0, actual_nusd)
+                over = LedgerEntry.estimate_nusd < charge
+                # Never above the reservation: the hold is the most a call can cost; the rest is recorded.
+                charged_sql = case((over, LedgerEntry.estimate_nusd), else_=charge)
+                overrun_sql = case((over, charge - LedgerEntry.estimate_nusd), else_=0)
             closed = s.execute(
-                stmt.values(
-                    status=status,
-                    settled_at=utcnow(),
-                    # Never above the reservation: the hold is the most a call can cost.
-                    actual_nusd=case((LedgerEntry.estimate_nusd < charge, LedgerEntry.estimate_nusd), else_=charge),
-                )
-                .returning(LedgerEntry.key_id, LedgerEntry.run_id, LedgerEntry.estimate_nusd, LedgerEntry.actual_nusd)
+                stmt.values(status=status, settled_at=utcnow(), actual_nusd=charged_sql, overrun_nusd=overrun_sql)
+                .returning(LedgerEntry.key_id, LedgerEntry.run_id, LedgerEntry.estimate_nusd, LedgerEntry.actual_nusd,
+                           LedgerEntry.overrun_nusd, LedgerEntry.service, LedgerEntry.operation)
                 .execution_options(synchronize_session=False)
             ).first()
             if closed is None:
                 return None
-            key_id, run_id, estimate, charged = closed
+            key_id, run_id, estimate, charged, overrun, service, operation = closed
+            if overrun:
+                log.warning(
+                    "overrun: %s %s of run %s (%s) cost %s USD over its reservation of %s USD; "
+                    "the run was charged the reservation", service, operation, run_id, reservation_id,
+                    format_usd(overrun), format_usd(estimate),
+                )
             ids = [key_id] if key_id == run_id else [k.id for k in chain_of(s, key_id)]
             figures: list[Figures] = []
             for kid in ids:
@@ -255,8 +275,8 @@ class Ledger:
                 .where(LedgerEntry.status == "reserved", LedgerEntry.expires_at < utcnow())
                 .limit(limit)
             ).all()
-        # "charge" bills the whole estimate (the clamp in _close caps it there).
-        actual = 2**62 if self.config.expired_reservations == "charge" else 0
+        # "charge" bills the whole estimate (None: see _close).
+        actual = None if self.config.expired_reservations == "charge" else 0
         closed = (self._close(rid, "expired", actual, expired_only=True) for rid in ids)
         return sum(1 for charged in closed if charged is not None)
 
@@ -304,6 +324,7 @@ def ledger_row(r: LedgerEntry) -> dict[str, Any]:
         "status": r.status,
         "estimate_usd": nusd_to_usd(r.estimate_nusd),
         "actual_usd": None if r.actual_nusd is None else nusd_to_usd(r.actual_nusd),
+        "overrun_usd": nusd_to_usd(r.overrun_nusd or 0),
         "created_at": _iso(r.created_at),
         "expires_at": _iso(r.expires_at),
         "settled_at": _iso(r.settled_at),

@@ -109,6 +109,8 @@ class LedgerEntry(Base):
     request_id: Mapped[str | None] = mapped_column(String(64))
     estimate_nusd: Mapped[int] = mapped_column(BigInteger)
     actual_nusd: Mapped[int | None] = mapped_column(BigInteger)
+    overrun_nusd: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """What the real cost exceeded the reservation by (charged: never; recorded: always)."""
     status: Mapped[str] = mapped_column(String(16), default="reserved")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)

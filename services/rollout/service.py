@@ -1,27 +1,33 @@
-"""Rollout logic: frontier (catalogue) models for agents, metered token-exactly."""
+"""Rollout logic: frontier (catalogue) models for agents, metered token-exactly.
+
+The cost reported to the gateway is what the provider billed (its usage at catalogue prices,
+never clamped here; the gateway clamps to the reservation and records any excess). When the
+provider had the request but the gym cannot see what it billed — it timed out, broke a
+stream off, or reported no usage — the call costs its reservation (``Identity.estimate_nusd``),
+which is the most it could have billed. Refusals before the provider was contacted stay free.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from services.core.config import GymConfig, RolloutModel
-from services.core.errors import GymError, PermissionDenied
-from services.core.identity import COST_TRAILER_PREFIX, Identity
+from services.core.errors import GymError, PermissionDenied, UpstreamTimeout
+from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from services.core.money import nusd_to_usd
 from services.core.policy import ServicePolicy
 from services.rollout.backends.base import RolloutBackend
-from services.rollout.metering import (
-    call_cost_nusd,
-    catalogue_model,
-    count_prompt_tokens,
-    count_text_tokens,
-    effective_max_tokens,
-)
+from services.rollout.metering import call_cost_nusd, catalogue_model, effective_max_tokens
 from services.rollout.schemas import ChatRequest, parse_chat_request
 
+log = logging.getLogger("rsigym.rollout")
+
 _CHOICE_KEYS = ("index", "message", "delta", "finish_reason", "logprobs")
+_BILLED_FAILURES = (UpstreamTimeout,)
+"""Provider failures after it had the request: it may have generated (and billed) anyway."""
 
 
 def _allowed(identity: Identity, model: str) -> bool:
@@ -43,6 +49,25 @@ def _usage(prompt: int, completion: int, cost_nusd: int) -> dict[str, Any]:
         "total_tokens": prompt + completion,
         "cost_usd": nusd_to_usd(cost_nusd),
     }
+
+
+def _reported(usage: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(prompt, completion) tokens the provider billed, or None when it did not say."""
+    if not usage or usage.get("prompt_tokens") is None:
+        return None
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def _charged(identity: Identity, cost_nusd: int) -> int:
+    """What the agent pays: the gateway charges at most the reservation (the excess is recorded
+    as an overrun, never billed to the run), so the usage shown to the agent says the same."""
+    return min(cost_nusd, identity.estimate_nusd) if identity.reservation_id else cost_nusd
+
+
+def _billed(err: GymError, cost_nusd: int) -> GymError:
+    """The error keeps its shape but carries the call's cost, so the gateway settles it."""
+    err.headers = {**err.headers, COST_HEADER: str(cost_nusd)}
+    return err
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -76,18 +101,24 @@ class RolloutService:
     async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """Returns the OpenAI-shaped completion and its cost in nano-USD."""
         request, model, max_tokens = self._prepare(identity, body)
-        raw = await self.backend.complete(model, request, max_tokens)
-        usage = raw.get("usage") or {}
-        prompt = int(usage.get("prompt_tokens") or count_prompt_tokens(model, request))
-        completion = int(usage.get("completion_tokens") or 0)
-        cost = call_cost_nusd(model, prompt, completion)
+        try:
+            raw = await self.backend.complete(model, request, max_tokens)
+        except _BILLED_FAILURES as err:
+            raise _billed(err, identity.estimate_nusd) from None
+        reported = _reported(raw.get("usage"))
+        if reported is None:
+            log.warning("%s: the provider reported no usage; billing the reservation", identity.request_id)
+            prompt, completion, cost = 0, 0, identity.estimate_nusd
+        else:
+            prompt, completion = reported
+            cost = call_cost_nusd(model, prompt, completion)
         return {
             "id": raw.get("id"),
             "object": "chat.completion",
             "created": raw.get("created"),
             "model": model.name,
             "choices": [_clean_choice(c) for c in raw.get("choices") or []],
-            "usage": _usage(prompt, completion, cost),
+            "usage": _usage(prompt, completion, _charged(identity, cost)),
         }, cost
 
     async def open_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -96,35 +127,39 @@ class RolloutService:
         The stream ends with an SSE comment carrying the exact cost for the gateway to settle.
         """
         request, model, max_tokens = self._prepare(identity, body)
-        chunks = await self.backend.stream(model, request, max_tokens)
-        return self._relay(request, model, chunks)
+        try:
+            chunks = await self.backend.stream(model, request, max_tokens)
+        except _BILLED_FAILURES as err:
+            raise _billed(err, identity.estimate_nusd) from None
+        return self._relay(identity, request, model, chunks)
 
-    async def _relay(self, request: ChatRequest, model: RolloutModel, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async def _relay(self, identity: Identity, request: ChatRequest, model: RolloutModel,
+                     chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
         want_usage = bool(request.stream_options and request.stream_options.include_usage)
         usage: dict[str, Any] | None = None
-        streamed: list[str] = []
         error: GymError | None = None
         try:
             async for chunk in chunks:
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 choices = [_clean_choice(c) for c in chunk.get("choices") or []]
-                for choice in choices:
-                    streamed.append(str((choice.get("delta") or {}).get("content") or ""))
                 if choices:
                     yield sse({"id": chunk.get("id"), "object": "chat.completion.chunk", "created": chunk.get("created"),
                                "model": model.name, "choices": choices})
         except GymError as err:
             error = err
-        if usage:
-            prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        else:  # the provider sent no usage (or broke off): count what was actually streamed
-            prompt, completion = count_prompt_tokens(model, request), count_text_tokens(model, "".join(streamed))
-        cost = call_cost_nusd(model, prompt, completion)
+        reported = _reported(usage) if error is None else None
+        if reported is None:  # broke off, or no usage: it may have generated more than was streamed
+            log.warning("%s: the provider stream %s; billing the reservation", identity.request_id,
+                        "broke off" if error is not None else "reported no usage")
+            prompt, completion, cost = 0, 0, identity.estimate_nusd
+        else:
+            prompt, completion = reported
+            cost = call_cost_nusd(model, prompt, completion)
         if error is not None:
             yield sse({"error": {"type": error.type, "message": error.message, "param": error.param}})
         elif want_usage:
             yield sse({"object": "chat.completion.chunk", "model": model.name, "choices": [],
-                       "usage": _usage(prompt, completion, cost)})
+                       "usage": _usage(prompt, completion, _charged(identity, cost))})
         yield COST_TRAILER_PREFIX + str(cost).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"

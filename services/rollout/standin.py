@@ -46,7 +46,13 @@ def _decode(tokens: list[int]) -> str:
 def _prompt_tokens(model: str, body: dict[str, Any]) -> int:
     import litellm
 
-    return int(litellm.token_counter(model=f"openai/{model}", messages=body["messages"], tools=body.get("tools")))
+    tokens = int(litellm.token_counter(model=f"openai/{model}", messages=body["messages"], tools=body.get("tools"),
+                                       tool_choice=body.get("tool_choice")))
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        # Like OpenAI's API, a structured-output schema is rendered into the prompt and billed.
+        tokens += len(_encode(json.dumps(fmt.get("json_schema") or {})))
+    return tokens
 
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:

@@ -87,6 +87,9 @@ class SliceMeter:
     def _settle(self, used_s: float) -> None:
         if self.reservation_id is None:
             return
-        self.charged_nusd += self.ledger.settle(self.reservation_id, math.ceil(self.price_nusd_per_s * used_s))
+        # A slice never costs more than its reservation: float rounding of paid_until - slice_started
+        # must not show up as a 1 nUSD overrun on the ledger.
+        cost = min(math.ceil(self.price_nusd_per_s * used_s), math.ceil(self.price_nusd_per_s * self.slice_s))
+        self.charged_nusd += self.ledger.settle(self.reservation_id, cost)
         self.seconds += used_s
         self.reservation_id = None

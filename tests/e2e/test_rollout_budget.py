@@ -14,8 +14,8 @@ from services.core.settings import StoreSettings
 from services.core.store import Store
 from services.core.tables import LedgerEntry
 from services.rollout.metering import estimate_chat
-from tests.conftest import PG_URL, admin_headers, bearer
-from tests.fakes.servers import serve
+from tests.conftest import PG_URL, admin_headers, bearer, gym_config
+from tests.fakes.servers import serve_gym
 
 BODY = {"model": "teacher", "messages": [{"role": "user", "content": "Tell me about research."}], "max_tokens": 8}
 
@@ -27,11 +27,16 @@ async def _fire(url: str, key: str, n: int) -> list[httpx.Response]:
 
 
 def _run(make_gym: Any, standin: Any, store: Store | None) -> None:
-    gym = make_gym(store)
+    # The reservation bounds the prompt (UTF-8 bytes + framing), so it is above the prompt the
+    # provider bills; with prompts free and all max_tokens generated, a call costs exactly its
+    # reservation and the budget covers exactly 50 calls, whatever the order they settle in.
+    config = gym_config(standin[0])
+    config.rollout.models[0].input_usd_per_mtok = 0.0
+    gym = make_gym(store, config=config)
     per_call = estimate_chat(BODY, gym.gateway.context)
     budget_usd = 50 * per_call / 1e9
     served_before = len(standin[1].state.requests)
-    with serve(gym.app) as url, httpx.Client(base_url=url) as client:
+    with serve_gym(gym) as url, httpx.Client(base_url=url) as client:
         created = client.post(
             "/admin/v1/keys",
             json={"policy": {"services": {"rollout": {}}}, "budget_usd": budget_usd},

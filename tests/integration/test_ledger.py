@@ -18,7 +18,7 @@ from services.core.store import Store
 from services.core.tables import ApiKey, LedgerEntry, utcnow
 
 
-def make_key(store: Store, budget: int, parent: str | None = None) -> str:
+def make_key(store: Store, budget: int | None, parent: str | None = None) -> str:
     view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=budget, parent_id=parent)
     return view["id"]
 

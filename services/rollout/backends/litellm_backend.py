@@ -51,7 +51,10 @@ class LiteLLMBackend:
             "messages": request.message_dicts(),
             "max_tokens": max_tokens,
             "timeout": self.config.request_timeout_s,
-            "num_retries": self.config.num_retries,
+            # One metered call is one attempt: a retry would bill usage the gym never sees
+            # (LiteLLM's own retries and the OpenAI SDK's default 2 alike).
+            "num_retries": 0,
+            "max_retries": 0,
             **request.sampling_params(),
         }
         if model.api_base:
