@@ -133,7 +133,8 @@ class JobRunner:
             with self.store.transaction() as s:
                 return bool(s.scalar(select(TrainingJob.cancel_requested).where(TrainingJob.id == job_id)))
 
-        sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths)
+        sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths,
+                               uid_base=self.config.sandbox.uid_base)
                    if request.custom_loss else None)
         common: dict[str, Any] = dict(
             model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs, request=request,

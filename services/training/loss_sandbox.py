@@ -1,23 +1,47 @@
-"""Custom losses run outside the training process, with nothing to steal and nowhere to write.
+"""Custom losses run outside the training process, with nothing to read, steal or write.
 
-The trainer computes logits; a separate process — new user, mount, PID, IPC and network
-namespaces (bubblewrap), an empty environment, the host read-only, one writable scratch dir —
-runs the agent's ``loss(logits, labels, mask)`` and sends back the loss and its gradient with
-respect to the logits, which the trainer backpropagates (Tinker's forward_backward_custom
-shape). The platform's credentials, sockets and data dir never exist in that process.
+The trainer computes logits; a separate process runs the agent's ``loss(logits, labels, mask)``
+and sends back the loss and its gradient with respect to the logits, which the trainer
+backpropagates (Tinker's forward_backward_custom shape). That process lives in bubblewrap's
+fresh mount, PID, network, IPC and UTS namespaces with an empty environment, and its root
+holds only what the loss needs, read-only: /usr and the /bin, /lib … links into it, the
+dynamic loader's cache, the interpreter (``sys.base_prefix``) and the venv with torch
+(``sys.prefix``) — plus its own scratch dir at /tmp/work, the one writable place, removed
+afterwards. No /home, /root (beyond the path down to the interpreter), /etc, data dir or
+checkout: the platform's credentials, other runs' files and .env files are not there at all.
+The seccomp deny-list of the local sandboxes (services/sandbox/seccomp.py) applies too.
+
+Uid: when the gym runs as root, bubblewrap runs privileged *without* a user namespace (a
+user namespace would map the loss to root and let it read whatever root can), builds the
+binds, keeps only CAP_SETUID/SETGID/SETPCAP, and ``setpriv`` inside drops to a uid of the
+host-wide pool the local sandboxes use (services/core/host_uids.py) — all capabilities, the
+bounding set and supplementary groups go, no_new_privs is set. When the gym is not root,
+bubblewrap runs unprivileged in a user namespace (``--disable-userns`` where supported) with
+the same binds; the loss then runs as the gym's own uid, which the minimal root still keeps
+away from the gym's files.
+
+What comes back on failure is the last line of the loss's stderr only (its exception),
+redacted like a log line and truncated: whatever the loss prints cannot be smuggled out
+in bulk.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.core.config import SandboxConfig
 from services.core.errors import Unprocessable
+from services.core.host_uids import HostUidPool, kill_uid
+from services.core.redact import redact
+from services.sandbox import seccomp
 
 RUNNER = r'''
 import io, sys, torch
@@ -33,61 +57,116 @@ out = io.BytesIO()
 torch.save({"loss": loss.detach(), "grad": logits.grad}, out)
 sys.stdout.buffer.write(out.getvalue())
 '''
+MAX_ERROR_CHARS = 300
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Bound read-only when they are directories, recreated as links when (usr-merge) they are links."""
+CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+"""All setpriv needs to drop to the loss uid (and empty its bounding set)."""
+DEFAULT_UID_BASE = SandboxConfig.model_fields["uid_base"].default
 
 
 class CustomLossError(Exception):
     """The agent's loss failed this step; the message is safe to show to the agent."""
 
 
-def sandbox_command(scratch: Path, argv: list[str]) -> list[str]:
+def _system_binds() -> list[str]:
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for path in SYSTEM_LINKS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    if os.path.exists("/etc/ld.so.cache"):
+        argv += ["--perms", "0755", "--dir", "/etc", "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for prefix in dict.fromkeys((sys.base_prefix, sys.prefix)):  # the interpreter, then the venv over it
+        # bubblewrap would create the dirs down to a bind 0700, closed to the loss uid; these are empty
+        for parent in reversed(Path(prefix).parents[:-1]):
+            argv += ["--perms", "0755", "--dir", str(parent)]
+        argv += ["--ro-bind", prefix, prefix]
+    return argv
+
+
+def sandbox_command(scratch: Path, argv: list[str], *, uid: int | None, filter_fd: int,
+                    hidden: Sequence[Path] = ()) -> list[str]:
+    """bubblewrap around ``argv``: privileged with a setpriv drop to ``uid`` when given (the gym is
+    root), else unprivileged in a user namespace. ``hidden``: host paths masked should they lie
+    under one of the binds (the gym's data dir)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise Unprocessable("custom losses need bubblewrap (bwrap) on the training host", param="loss")
-    return [
-        bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--clearenv",
-        "--ro-bind", "/", "/",
-        # Empty read-only mounts over the usual writable places; the loss's own dir is /tmp/work.
-        "--tmpfs", "/home", "--remount-ro", "/home", "--tmpfs", "/run", "--remount-ro", "/run",
-        "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        # The interpreter and its packages stay visible even when they live under /tmp.
-        "--ro-bind", sys.prefix, sys.prefix, "--ro-bind", sys.base_prefix, sys.base_prefix,
-        "--bind", str(scratch), "/tmp/work", "--remount-ro", "/tmp", "--chdir", "/tmp/work",
-        "--setenv", "HOME", "/tmp/work", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-        *argv,
-    ]
+    cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+           "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
+    if uid is None:
+        cmd += ["--unshare-user", *seccomp.disable_userns_flags(bwrap)]
+    else:
+        cmd += ["--cap-drop", "ALL", *(a for cap in CAPS for a in ("--cap-add", cap))]
+    cmd += _system_binds()
+    binds = [Path(p) for p in (sys.base_prefix, sys.prefix)]
+    for path in hidden:
+        if any(Path(path).is_relative_to(b) for b in binds):
+            cmd += ["--tmpfs", str(path), "--remount-ro", str(path)] if Path(path).is_dir() else \
+                   ["--ro-bind", "/dev/null", str(path)]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(scratch), "/tmp/work",
+            "--remount-ro", "/tmp", "--remount-ro", "/", "--chdir", "/tmp/work",
+            "--setenv", "HOME", "/tmp/work", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            "--setenv", "PATH", "/usr/bin:/bin", "--seccomp", str(filter_fd), "--"]
+    if uid is not None:
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+                "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return cmd + argv
+
+
+def failure_message(returncode: int, stderr: bytes) -> str:
+    """What the agent is told: the last line the loss wrote (its exception), redacted, truncated."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    last = redact(lines[-1]) if lines else f"exit status {returncode}"
+    if len(last) > MAX_ERROR_CHARS:
+        last = last[:MAX_ERROR_CHARS] + "…"
+    return "custom loss failed: " + last
 
 
 class LossSandbox:
-    def __init__(self, source: str, timeout_s: float, hidden: list[Path]):
-        """``hidden``: host paths masked inside the sandbox (the gym's data dir)."""
+    def __init__(self, source: str, timeout_s: float, hidden: list[Path], uid_base: int = DEFAULT_UID_BASE):
+        """``hidden``: host paths masked inside the sandbox (the gym's data dir), should a bind
+        cover them. ``uid_base``: the host-wide sandbox uid pool's (``[sandbox] uid_base``)."""
         self.source = source
         self.timeout_s = timeout_s
         self.hidden = [p for p in hidden if Path(p).exists()]
+        self.uids = HostUidPool(uid_base) if os.geteuid() == 0 else None
 
     def __call__(self, logits: Any, labels: Any, mask: Any) -> tuple[Any, Any]:
         import torch
 
         buf = io.BytesIO()
         torch.save({"logits": logits.detach().float().cpu(), "labels": labels.cpu(), "mask": mask.cpu()}, buf)
-        scratch = Path(tempfile.mkdtemp(prefix="rsigym-loss-"))
+        outer = Path(tempfile.mkdtemp(prefix="rsigym-loss-"))  # 0700: no other host user gets in
+        scratch = outer / "work"
+        filter_fd = seccomp.filter_fd()
+        uid: int | None = None
         try:
+            uid = self.uids.take() if self.uids is not None else None
+            scratch.mkdir()
             (scratch / "custom_loss.py").write_text(self.source)
             (scratch / "runner.py").write_text(RUNNER)
-            argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/work/runner.py", "/tmp/work/custom_loss.py"])
-            for path in self.hidden:  # mask the data dir (keys, tokens, other runs' files), read-only
-                mask = ["--tmpfs", str(path), "--remount-ro", str(path)] if Path(path).is_dir() else ["--ro-bind", "/dev/null", str(path)]
-                cut = argv.index("--ro-bind") + 3  # right after "--ro-bind / /"
-                argv[cut:cut] = mask
+            if uid is not None:  # the loss's own dir, writable by its uid; o+x lets capless bwrap chdir into it
+                for path in scratch.iterdir():
+                    os.chown(path, uid, uid)
+                os.chown(scratch, uid, uid)
+                os.chmod(scratch, 0o711)
+            argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/work/runner.py", "/tmp/work/custom_loss.py"],
+                                   uid=uid, filter_fd=filter_fd, hidden=self.hidden)
             try:
                 done = subprocess.run(argv, input=buf.getvalue(), capture_output=True, timeout=self.timeout_s,
-                                      env={}, check=False)
+                                      env={}, check=False, pass_fds=(filter_fd,))
             except subprocess.TimeoutExpired:
                 raise CustomLossError(f"custom loss timed out after {self.timeout_s:.0f} s") from None
             if done.returncode != 0:
-                tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
-                raise CustomLossError("custom loss failed: " + " | ".join(tail)[-600:])
+                raise CustomLossError(failure_message(done.returncode, done.stderr))
             out = torch.load(io.BytesIO(done.stdout), weights_only=True)
             return out["loss"], out["grad"]
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
+            os.close(filter_fd)
+            if uid is not None and self.uids is not None:
+                kill_uid(uid)  # the PID namespace took them with bubblewrap; belt and braces
+                self.uids.free(uid)
+            shutil.rmtree(outer, ignore_errors=True)

@@ -12,16 +12,21 @@ whole namespace: nothing of a sandbox survives it.
 Limits: when the gym runs as root each sandbox gets its own uid (uid_base + n), which makes
 RLIMIT_NPROC a per-sandbox process cap (a fork bomb stops there) and makes files of other
 sandboxes unreadable; RLIMIT_AS / RLIMIT_CPU / RLIMIT_FSIZE bound memory, CPU time and file
-size of every process; where a cgroup v1/v2 pids controller is writable the
-sandbox also gets a pids cgroup capping its whole process tree (see services/sandbox/cgroups.py
+size of every process; where cgroup v1/v2 pids and cpu controllers are writable the
+sandbox also gets a pids cgroup capping its whole process tree and a CFS quota of the
+template's cpu_count CPUs (see services/sandbox/cgroups.py for the fallback without them, and
 for why memory is not capped by a cgroup).
+
+Kernel surface: the sandbox's code may not create user namespaces of its own (bubblewrap's
+``--disable-userns``, where the installed bubblewrap has it — 0.8.0 and later — and the
+seccomp filter either way), and a seccomp deny-list (services/sandbox/seccomp.py) refuses the
+syscalls escapes are built on — keyrings, eBPF, perf, ptrace, mounts, modules … — with EPERM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import json
 import logging
 import os
@@ -38,13 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from services.core.errors import GymError, ServiceUnavailable, Unprocessable
+from services.core.host_uids import HostUidPool, kill_uid, pids_of_uid
+from services.sandbox import seccomp
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.cgroups import SandboxCgroup
 
 log = logging.getLogger("rsigym.sandbox")
 
 AGENT_SOURCE = Path(__file__).with_name("inbox_agent.py")
-UID_LOCKS = Path("/tmp/rsigym-sandbox-uids")
 STREAM_LIMIT = 128 * 1024 * 1024
 START_TIMEOUT_S = 15.0
 
@@ -78,12 +84,11 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
         self.uid_base = uid_base
+        self.uids = HostUidPool(uid_base)
         self.privileged = os.geteuid() == 0
         if self.privileged:
             _require_traversable(self.root)
         self._sandboxes: dict[str, _Local] = {}
-        self._uids: dict[int, int] = {}
-        """uid → the fd of its host-wide lock file, held while a sandbox of ours runs as it."""
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -96,12 +101,12 @@ class LocalBackend:
                 "the local sandbox backend gives sandboxes no network; internet needs the e2b backend",
                 param="allow_internet_access",
             )
-        uid = self._take_uid() if self.privileged else None
+        uid = self.uids.take() if self.privileged else None
         base = self.root / spec.sandbox_id
         try:
             local = self._start(spec, uid, base)
         except BaseException:
-            self._free_uid(uid)
+            self.uids.free(uid)
             shutil.rmtree(base, ignore_errors=True)
             raise
         with self._lock:
@@ -129,8 +134,7 @@ class LocalBackend:
                 for root, dirs, files in os.walk(d):
                     for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
                         os.chown(name, uid, uid)
-        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes)
-        argv = self._argv(spec, uid, base)
+        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes, spec.template.cpu_count)
         t = spec.template
         limits = {
             resource.RLIMIT_AS: t.memory_mb * 1024 * 1024,
@@ -147,11 +151,20 @@ class LocalBackend:
             for which, value in limits.items():
                 resource.setrlimit(which, (value, value))
 
-        with open(base / "agent.log", "wb") as errors:
-            process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                preexec_fn=before_exec, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-            )
+        filter_fd = seccomp.filter_fd()
+        try:
+            argv = self._argv(spec, uid, base, filter_fd)
+            with open(base / "agent.log", "wb") as errors:
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, pass_fds=(filter_fd,),
+                    preexec_fn=before_exec, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                )
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            raise
+        finally:
+            os.close(filter_fd)
         local = _Local(spec, uid, base, process, cgroup)
         if not self._wait_ready(local):
             self._terminate(local)
@@ -159,12 +172,15 @@ class LocalBackend:
             raise ServiceUnavailable(f"the sandbox failed to start: {err.decode(errors='replace').strip() or 'no output'}")
         return local
 
-    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path) -> list[str]:
+    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int) -> list[str]:
         t = spec.template
+        bwrap = self.bwrap or "bwrap"
         argv: list[str] = []
         if uid is not None:
             argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-        argv += [self.bwrap or "bwrap", "--die-with-parent", "--unshare-all", "--hostname", spec.sandbox_id[:63],
+        # --unshare-all only *tries* a user namespace; --disable-userns needs one for certain
+        argv += [bwrap, "--die-with-parent", "--unshare-all", "--unshare-user", *seccomp.disable_userns_flags(bwrap),
+                 "--seccomp", str(filter_fd), "--hostname", spec.sandbox_id[:63],
                  "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--bind", str(base / "fs"), "/"]
         if t.kind == "rootfs":
             if not t.rootfs or not Path(t.rootfs).is_dir():
@@ -228,7 +244,7 @@ class LocalBackend:
             return
         self._terminate(local)
         shutil.rmtree(local.dir, ignore_errors=True)
-        self._free_uid(local.uid)
+        self.uids.free(local.uid)
 
     def _terminate(self, local: _Local) -> None:
         with local.lock:
@@ -244,7 +260,7 @@ class LocalBackend:
             if local.process.stdout is not None:
                 local.process.stdout.close()
             if local.uid is not None:
-                _kill_uid(local.uid)  # belt and braces: the PID namespace already took them all
+                kill_uid(local.uid)  # belt and braces: the PID namespace already took them all
             if local.cgroup is not None:
                 local.cgroup.remove()
 
@@ -257,36 +273,7 @@ class LocalBackend:
     def processes_of(self, sandbox_id: str) -> list[int]:
         """Host pids of every process of the sandbox (by its uid) — for tests and audits."""
         local = self._sandboxes.get(sandbox_id)
-        return _pids_of_uid(local.uid) if local and local.uid is not None else []
-
-    def _take_uid(self) -> int:
-        """A uid no other sandbox on this host uses — other gyms included: each is claimed with
-        an flock on a host-wide lock file, held for the sandbox's life."""
-        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
-        with self._lock:
-            for n in range(10_000):
-                uid = self.uid_base + n
-                if uid in self._uids:
-                    continue
-                fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                if _pids_of_uid(uid):  # a leftover of a crashed gym: leave that uid alone
-                    os.close(fd)
-                    continue
-                self._uids[uid] = fd
-                return uid
-        raise ServiceUnavailable("no free sandbox uid on this host")
-
-    def _free_uid(self, uid: int | None) -> None:
-        if uid is not None:
-            with self._lock:
-                fd = self._uids.pop(uid, None)
-            if fd is not None:
-                os.close(fd)  # releases the flock
+        return pids_of_uid(local.uid) if local and local.uid is not None else []
 
     # -- agent protocol ----------------------------------------------------------------
 
@@ -351,41 +338,6 @@ def _readline_with_timeout(stream: Any, timeout: float) -> bytes | None:
 
     ready, _, _ = select.select([stream], [], [], max(timeout, 0))
     return stream.readline() if ready else None
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process still running as ``uid``. Through a pidfd, checked after it is
-    opened: a pid listed a moment ago may already belong to another sandbox's process (pids
-    are reused quickly on a busy host), and that one must not be hit."""
-    for _ in range(3):
-        pids = _pids_of_uid(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        time.sleep(0.05)
 
 
 def b64(data: bytes) -> str:

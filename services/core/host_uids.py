@@ -1,0 +1,92 @@
+"""A host-wide pool of unprivileged uids for untrusted code (local sandboxes, custom losses).
+
+Each uid is claimed with an flock on ``/tmp/rsigym-sandbox-uids/<uid>``, held for as long as
+the code runs as it, so two gyms on one host (or two pools in one process: an flock belongs to
+an open file, not to a process) never hand out the same uid. A uid that still owns processes
+(the leftover of a crashed gym) is skipped. Only meaningful when the gym runs as root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from services.core.errors import ServiceUnavailable
+
+UID_LOCKS = Path("/tmp/rsigym-sandbox-uids")
+POOL_SIZE = 10_000
+
+
+class HostUidPool:
+    def __init__(self, base: int):
+        self.base = base
+        self._held: dict[int, int] = {}
+        """uid → the fd of its host-wide lock file."""
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """A uid in base … base + POOL_SIZE - 1 that nothing else on this host runs as."""
+        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+        with self._lock:
+            for uid in range(self.base, self.base + POOL_SIZE):
+                if uid in self._held:
+                    continue
+                fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                if pids_of_uid(uid):  # a leftover of a crashed gym: leave that uid alone
+                    os.close(fd)
+                    continue
+                self._held[uid] = fd
+                return uid
+        raise ServiceUnavailable("no free sandbox uid on this host")
+
+    def free(self, uid: int | None) -> None:
+        if uid is None:
+            return
+        with self._lock:
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process still running as ``uid``. Through a pidfd, checked after it is
+    opened: a pid listed a moment ago may already belong to another sandbox's process (pids
+    are reused quickly on a busy host), and that one must not be hit."""
+    for _ in range(3):
+        pids = pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        time.sleep(0.05)
