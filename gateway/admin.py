@@ -10,19 +10,30 @@ from fastapi.responses import Response
 
 from gateway.auth import require_admin
 from gateway.context import gateway_of
-from gateway.proxy import gateway_url_for, operator_call
+from gateway.proxy import operator_call
 from services.core.http import request_id_of
 from gateway.schemas import CreateKey, EditPolicy, TopUp
 from services.core.errors import Unprocessable, validated
 from services.core.money import usd_to_nusd
 from services.core.policy import Policy
 from services.core.presets import preset_policy
+from services.core.spec import ServiceSpec
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
 
 
-def parse_policy(raw: dict[str, Any]) -> Policy:
-    return validated(Policy, raw, what="policy", error=Unprocessable, prefix="policy.")
+def parse_policy(raw: dict[str, Any], specs: dict[str, ServiceSpec]) -> Policy:
+    """A policy whose field rules name fields as request bodies spell them after the gateway's
+    canonicalisation: a rule on ``template_id`` would never see a body (it says ``templateID``)."""
+    policy = validated(Policy, raw, what="policy", error=Unprocessable, prefix="policy.")
+    for name, rules in policy.services.items():
+        spec = specs.get(name)
+        for path in rules.fields:
+            canonical = spec.canonical_rule_path(path) if spec else path
+            if canonical != path:
+                raise Unprocessable(f"policy rule on {path!r}: this field is spelled {canonical!r}; write the rule "
+                                    f"on {canonical!r}", param=f"policy.services.{name}.fields.{path}")
+    return policy
 
 
 @router.post("/keys", status_code=201)
@@ -30,7 +41,7 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     gw = gateway_of(request)
     if (body.track is None) == (body.policy is None):
         raise Unprocessable("give exactly one of track (a preset) or policy", param="track")
-    policy = preset_policy(body.track) if body.track else parse_policy(body.policy or {})
+    policy = preset_policy(body.track) if body.track else parse_policy(body.policy or {}, gw.specs)
     view, plaintext = await gw.store.call(
         partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(body.budget_usd), track=body.track, name=body.name)
     )
@@ -52,7 +63,7 @@ async def show_key(key_id: str, request: Request) -> dict[str, Any]:
 @router.patch("/keys/{key_id}")
 async def edit_policy(key_id: str, body: EditPolicy, request: Request) -> dict[str, Any]:
     gw = gateway_of(request)
-    return await gw.store.call(gw.registry.set_policy, key_id, parse_policy(body.policy))
+    return await gw.store.call(gw.registry.set_policy, key_id, parse_policy(body.policy, gw.specs))
 
 
 @router.post("/keys/{key_id}/topup")
@@ -101,8 +112,7 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
 async def _to_evaluation(request: Request, method: str, path: str) -> Response:
     gw = gateway_of(request)
     body = await request.body() if method == "POST" else b""
-    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body,
-                                   gateway_url_for(gw, request))
+    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body)
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
 

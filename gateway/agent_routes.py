@@ -26,7 +26,7 @@ async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, fl
 async def mint_child(body: MintChildKey, principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
     """A narrower key for a research role: subset of this key's permissions, same budget."""
     gw = gateway_of(request)
-    policy = parse_policy(body.policy) if body.policy is not None else principal.policies[-1]
+    policy = parse_policy(body.policy, gw.specs) if body.policy is not None else principal.policies[-1]
     view, plaintext = await gw.store.call(
         partial(
             gw.registry.create,

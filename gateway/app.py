@@ -8,10 +8,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import admin, agent_routes
+from gateway.auth import require_metrics_reader
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import forward
 from services.core.errors import GymError, StoreUnavailable
@@ -68,7 +69,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
                 "services": sorted(gw.specs)}
         return JSONResponse(body, status_code=200 if store_ok else 503)
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_reader)])
     async def metrics() -> Response:
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 

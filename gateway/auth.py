@@ -33,4 +33,14 @@ async def require_admin(request: Request) -> None:
         raise AuthenticationFailed("admin routes need the operator's admin token")
 
 
+async def require_metrics_reader(request: Request) -> None:
+    """``/metrics``: the admin token, or the scrape token (RSIGYM_METRICS_TOKEN) when one is set.
+    Metrics name services, models, refusal types and spend: not for whoever reaches the port."""
+    gw = gateway_of(request)
+    token = (presented_key(request) or "").encode()
+    accepted = [gw.admin_token, gw.context.settings.metrics_token or ""]
+    if not token or not any(t and hmac.compare_digest(token, t.encode()) for t in accepted):
+        raise AuthenticationFailed("/metrics needs the admin token or the gym's metrics scrape token")
+
+
 CurrentPrincipal = Annotated[Principal, Depends(current_principal)]

@@ -43,6 +43,31 @@ class Gym:
     admin_token: str
     service_apps: dict[str, FastAPI]
 
+    def listening_at(self, url: str) -> None:
+        """Embedded mode: where this gym's server listens (``rsigym up`` knows its --host and
+        --port), so evaluation trials and sandbox doors call back there. An operator's
+        RSIGYM_GATEWAY_URL wins. Without either, work that must call back is refused."""
+        settings = self.gateway.context.settings
+        if not settings.gateway_url:
+            settings.gateway_url = GymSettings(gateway_url=url).gateway_url
+
+
+def own_url(host: str, port: int) -> str:
+    """The URL a server bound to ``host:port`` is reached at from this host (a wildcard
+    bind is reached on loopback)."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def require_gateway_url(settings: GymSettings, part: str) -> None:
+    if not settings.gateway_url:
+        raise SystemExit(
+            f"distributed mode ({part}) needs RSIGYM_GATEWAY_URL: the address at which services, evaluation "
+            "trials and sandbox doors reach the gateway (it is never taken from a request's Host header)")
+
 
 def ensure_admin_token(settings: GymSettings) -> str:
     """RSIGYM_ADMIN_TOKEN, or a fresh token written to <data-dir>/admin-token (mode 0600)."""
@@ -106,6 +131,7 @@ def build_gateway(
     """Distributed mode: the same gateway, forwarding over HTTP to separately run services."""
     if not settings.internal_secret:
         raise SystemExit("distributed mode needs RSIGYM_INTERNAL_SECRET shared by the gateway and the services")
+    require_gateway_url(settings, "gateway")
     modules = service_modules()
     unknown = set(service_urls) - set(modules)
     if unknown:
@@ -133,6 +159,7 @@ def build_service(
         raise SystemExit(f"unknown service {name!r}; known: {', '.join(modules)}")
     if not settings.internal_secret:
         raise SystemExit("a service needs RSIGYM_INTERNAL_SECRET shared with the gateway")
+    require_gateway_url(settings, name)
     config = config or load_config(settings.config)
     provider_secrets = ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))

@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.auth import presented_key
 from gateway.context import Gateway, gateway_of
+from services.core.canonical import canonical_body
 from services.core.errors import AuthenticationFailed, GymError, InvalidRequest, NotFound, ServiceUnavailable
 from services.core.http import json_object, request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
@@ -117,6 +118,9 @@ class _Call:
                         )
                         gw.metrics.reservations.labels(self.service, "settled").inc()
                         gw.metrics.spend.labels(self.service).inc(nusd_to_usd(charged))
+                        overrun = actual_nusd - self.reservation.estimate_nusd
+                        if balance is not None and overrun > 0:  # charged the hold; the ledger row and log record the rest
+                            gw.metrics.overrun.labels(self.service).inc(nusd_to_usd(overrun))
             finally:
                 if self.lease is not None:
                     await gw.store.call(gw.slots.release, self.lease)
@@ -134,7 +138,8 @@ async def forward(request: Request, service: str, path: str) -> Response:
     started = time.perf_counter()
     principal = await _authenticate(gw, request, op)
     if op.json_body:
-        body = apply_chain(list(principal.policies), service, await _json_body(request), model_field=op.model_field)
+        body = canonical_body(await _json_body(request), op.spellings)  # one spelling per field, then policy
+        body = apply_chain(list(principal.policies), service, body, model_field=op.model_field)
         raw = json.dumps(body, separators=(",", ":")).encode()
     else:
         _check_grant(principal, service)
@@ -145,7 +150,7 @@ async def forward(request: Request, service: str, path: str) -> Response:
     await call.open(estimate)
     gw.metrics.in_flight.labels(service).inc()
     try:
-        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate, gateway_url_for(gw, request)))
+        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate))
     except BaseException:
         gw.metrics.in_flight.labels(service).dec()
         await call.close(None)
@@ -187,14 +192,8 @@ async def forward(request: Request, service: str, path: str) -> Response:
     return Response(content, status_code=upstream.status_code, headers=headers)
 
 
-def gateway_url_for(gw: Gateway, request: Request) -> str:
-    """Where services that call back (evaluation jobs, sandbox doors) reach this gateway."""
-    return (gw.context.settings.gateway_url or str(request.base_url)).rstrip("/")
-
-
-def _identity(call: _Call, estimate: int, gateway_url: str | None = None) -> Identity:
+def _identity(call: _Call, estimate: int) -> Identity:
     return Identity(
-        gateway_url=gateway_url,
         request_id=call.request_id,
         key_id=call.principal.key_id,
         run_id=call.principal.run_id,
@@ -281,12 +280,12 @@ async def _pass_through(call: _Call, upstream: httpx.Response) -> AsyncIterator[
 
 
 async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str,
-                        body: bytes = b"", gateway_url: str | None = None) -> httpx.Response:
+                        body: bytes = b"") -> httpx.Response:
     """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered."""
     if service not in gw.clients:
         raise NotFound(f"the {service} service is not part of this gym")
     identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
-                        operation="operator", operator=True, issued_at=time.time(), gateway_url=gateway_url)
+                        operation="operator", operator=True, issued_at=time.time())
     headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity",
                **sign(identity, gw.internal_secret, method, path, body)}
     try:

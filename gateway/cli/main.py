@@ -95,10 +95,11 @@ def up(
     """Run the embedded gym: gateway and every service in one process on one port."""
     import uvicorn
 
-    from gateway.builder import build_embedded
+    from gateway.builder import build_embedded, own_url
 
     settings = _settings(data_dir, config)
     gym = build_embedded(settings)
+    gym.listening_at(own_url(host, port))
     _prepare_models(gym.gateway.config, settings)
     token_note = "RSIGYM_ADMIN_TOKEN" if settings.admin_token else str(Path(settings.data_dir) / "admin-token")
     err_console.print(f"RSIGym embedded gym on http://{host}:{port}  (admin token: {token_note})")

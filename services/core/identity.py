@@ -42,8 +42,6 @@ class Identity(BaseModel):
     caps a service holds beyond one call (live sandboxes)."""
     reservation_id: str | None = None
     estimate_nusd: int = 0
-    gateway_url: str | None = None
-    """Where the gateway that forwarded this call can be reached (for work that calls back)."""
     operator: bool = False
     """An operator (admin token) call, e.g. an auditor reading a run's dataset."""
     issued_at: float

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+import httpx
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -30,9 +31,24 @@ class GymSettings(BaseSettings):
     port: int = 8700
     url: str = "http://127.0.0.1:8700"  # RSIGYM_URL, used by the operator CLI as a client
     gateway_url: str | None = None
-    """RSIGYM_GATEWAY_URL: how services and sandbox doors reach the gateway (default: the
-    address the calling request reached the gateway at)."""
+    """RSIGYM_GATEWAY_URL: where services, evaluation trials and sandbox model doors reach the
+    gateway — the only address a platform-minted credential is ever sent to. Never taken from a
+    request (``Host``, ``X-Forwarded-*`` and ``Forwarded`` are the caller's to forge). Embedded,
+    ``rsigym up`` sets it from its own --host/--port when unset; distributed mode requires it."""
+    metrics_token: str | None = None
+    """RSIGYM_METRICS_TOKEN: a scrape token that may read GET /metrics (which is otherwise
+    admin-only); it opens nothing else."""
     models_dir: Path | None = None  # RSIGYM_MODELS_DIR: built/converted base models (default <data-dir>/models)
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _plain_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        url = httpx.URL(value)
+        if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment or url.userinfo:
+            raise ValueError("RSIGYM_GATEWAY_URL must be a plain http(s)://host[:port][/prefix] URL")
+        return value.rstrip("/")
 
     def resolved_models_dir(self) -> Path:
         return Path(self.models_dir) if self.models_dir else Path(self.data_dir) / "models"

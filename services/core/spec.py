@@ -8,11 +8,14 @@ operation's worst case with the service's own estimator before forwarding.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from services.core.canonical import Spellings, spellings_of
 from services.core.config import GymConfig
 from services.core.settings import GymSettings, ProviderSecrets
 from services.core.store import Store
@@ -55,11 +58,21 @@ class Operation:
     auth: str = "key"
     """``key``: the run key. ``sandbox_token``: the run key, or a sandbox access token (what
     E2B's SDK sends its sandbox daemon) — see services/sandbox/tokens.py."""
+    schema: type[BaseModel] | None = None
+    """The request body's schema (``json_body`` operations): every spelling it accepts for a
+    field is rewritten to one before policies match (services/core/canonical.py)."""
+    synonyms: Mapping[str, str] = field(default_factory=dict)
+    """Other names the API gives a schema field (``max_completion_tokens`` → ``max_tokens``)."""
+    spellings: Spellings | None = field(init=False, repr=False, compare=False, default=None)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         regex = re.sub(r"\\\{[a-z_]+\\\}", r"[^/]+", re.escape(self.path))
         object.__setattr__(self, "_pattern", re.compile(f"^{regex}$"))
+        if self.json_body and self.schema is None:
+            raise ValueError(f"{self.method} {self.path}: a JSON-body operation declares its schema")
+        if self.schema is not None:
+            object.__setattr__(self, "spellings", spellings_of(self.schema, self.synonyms))
 
     @property
     def metered(self) -> bool:
@@ -76,3 +89,11 @@ class ServiceSpec:
 
     def match(self, method: str, path: str) -> Operation | None:
         return next((op for op in self.operations if op.matches(method, path)), None)
+
+    def canonical_rule_path(self, path: str) -> str:
+        """A policy rule's path as the bodies of this service's operations spell it; a rule
+        written under another spelling would never match a canonicalised body."""
+        for op in self.operations:
+            if op.spellings is not None and (canonical := op.spellings.canonical_path(path)) != path:
+                return canonical
+        return path

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from services.core.service_app import create_service_app
 from services.core.spec import Operation, ServiceContext, ServiceSpec
 from services.evaluation.api import router
-from services.evaluation.service import EvaluationService
+from services.evaluation.service import EvaluationService, JobRequest, SubmissionRequest
 
 SPEC = ServiceSpec(
     name="evaluation",
@@ -19,12 +19,12 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/benchmarks", "benchmarks.list"),
         Operation("POST", "/v1/harnesses", "harnesses.upload"),
         Operation("GET", "/v1/harnesses", "harnesses.list"),
-        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="model"),
+        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="model", schema=JobRequest),
         Operation("GET", "/v1/jobs", "jobs.list"),
         Operation("GET", "/v1/jobs/{id}", "jobs.get"),
         Operation("GET", "/v1/jobs/{id}/results", "jobs.results"),
         Operation("POST", "/v1/jobs/{id}/cancel", "jobs.cancel"),
-        Operation("POST", "/v1/submissions", "submissions.create", json_body=True),
+        Operation("POST", "/v1/submissions", "submissions.create", json_body=True, schema=SubmissionRequest),
         Operation("GET", "/v1/submissions", "submissions.list"),
     ),
 )

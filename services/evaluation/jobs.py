@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from services.core.errors import GymError
+from services.core.errors import GymError, ServiceUnavailable
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
 from services.core.store import Store
@@ -45,12 +45,16 @@ def job_score(rewards: dict[str, list[float | None]]) -> float | None:
 
 class EvaluationRunner:
     def __init__(self, store: Store, registry: BenchmarkRegistry, harnesses: HarnessStore, trials_root: Path,
-                 *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial):
+                 *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial,
+                 gateway_url: Callable[[], str | None] = lambda: None):
         self.store, self.registry, self.harnesses = store, registry, harnesses
         self.keys = KeyRegistry(store)
         self.trials_root = trials_root
         self.trial_concurrency = trial_concurrency
         self.run_trial = runner
+        self.gateway_url = gateway_url
+        """Where trials reach the gateway: the gym's configured address, read when a job runs
+        (never the row's, never a request's), since the trial's keys are sent there."""
         self.pool = JobPool(workers, "rsigym-eval")
 
     def recover(self) -> None:
@@ -99,9 +103,13 @@ class EvaluationRunner:
         benchmark = self.registry.load(job.benchmark)
         tasks = {t.id: t for split, t in benchmark.tasks() if job.split in ("*", split.name)}
         harness_dir = self.harnesses.directory(job.harness, run_id=None) if job.purpose != "validation" else None
+        gateway = self.gateway_url()
+        if not gateway:
+            raise ServiceUnavailable("the gym does not know its own address (RSIGYM_GATEWAY_URL)")
         sandbox_key, door_key, minted = self._mint_keys(job)
         try:
-            asyncio.run(self._trials(job, [tasks[t] for t in job.task_ids], harness_dir, sandbox_key, door_key))
+            asyncio.run(self._trials(job, [tasks[t] for t in job.task_ids], harness_dir, sandbox_key, door_key,
+                                     gateway))
         finally:
             for key_id in minted:
                 try:
@@ -127,7 +135,7 @@ class EvaluationRunner:
         return sandbox_key, door_key, [sandbox_view["id"], door_view["id"]]
 
     async def _trials(self, job: EvaluationJob, tasks: list[TaskRef], harness_dir: Path | None, sandbox_key: str,
-                      door_key: str) -> None:
+                      door_key: str, gateway_url: str) -> None:
         gate = asyncio.Semaphore(self.trial_concurrency)
         trials_dir = self.trials_root / job.id
 
@@ -136,7 +144,7 @@ class EvaluationRunner:
                 if await asyncio.to_thread(self._cancelled, job.id):
                     return
                 request = TrialRequest(
-                    task=task, harness_dir=harness_dir, gateway_url=job.gateway_url, sandbox_key=sandbox_key,
+                    task=task, harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
                     door_key=door_key, model=job.model, sampling=dict(job.sampling), attempt=attempt,
                     trials_dir=trials_dir, agent=agent)  # type: ignore[arg-type]
                 outcome = await self.run_trial(request)

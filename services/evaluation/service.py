@@ -14,7 +14,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
-from services.core.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, Unprocessable, validated
+from services.core.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    ServiceUnavailable,
+    Unprocessable,
+    validated,
+)
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.keys import KeyRegistry
@@ -110,7 +118,8 @@ class EvaluationService:
         self.checkpoints = CheckpointRegistry(self.store, context.data_dir / "checkpoints")  # reads only
         self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
                                        workers=context.config.evaluation.workers,
-                                       trial_concurrency=context.config.evaluation.trial_concurrency)
+                                       trial_concurrency=context.config.evaluation.trial_concurrency,
+                                       gateway_url=lambda: context.settings.gateway_url)
 
     # -- benchmarks --------------------------------------------------------------------
 
@@ -125,7 +134,7 @@ class EvaluationService:
         row, bench = self.registry.register(path, replace=bool(body.get("replace")))
         model = self.config.models[0].name
         task_ids = [t.id for _, t in bench.tasks()]
-        job = self._new_job(identity.gateway_url, run_id="operator", key_id=self._operator_key(),
+        job = self._new_job(run_id="operator", key_id=self._operator_key(),
                             purpose="validation", benchmark=bench.name, split="*", model=model, harness=MINIMAL,
                             attempts=1, sampling={}, task_ids=task_ids, trials=2 * len(task_ids))
         self.registry.set_validation_job(bench.name, job.id)
@@ -164,19 +173,20 @@ class EvaluationService:
         else:
             task_ids = all_ids
         task_ids = task_ids[: req.limit] if req.limit else task_ids
-        job = self._new_job(identity.gateway_url, run_id=identity.run_id, key_id=identity.key_id, purpose="agent",
+        job = self._new_job(run_id=identity.run_id, key_id=identity.key_id, purpose="agent",
                             benchmark=req.benchmark, split=req.split, model=req.model, harness=req.harness,
                             attempts=req.attempts, sampling=req.sampling.model_dump(exclude_none=True),
                             task_ids=task_ids, trials=len(task_ids) * req.attempts)
         self.runner.submit(job.id)
         return job_view(job)
 
-    def _new_job(self, gateway_url: str | None, *, run_id: str, key_id: str, purpose: str, benchmark: str,
+    def _new_job(self, *, run_id: str, key_id: str, purpose: str, benchmark: str,
                  split: str, model: str, harness: str, attempts: int, sampling: dict[str, Any], task_ids: list[str],
                  trials: int) -> EvaluationJob:
-        url = self.context.settings.gateway_url or gateway_url
+        url = self.context.settings.gateway_url  # never a request's Host: the trials' keys go there
         if not url:
-            raise InvalidRequest("the evaluation service does not know the gateway's address (RSIGYM_GATEWAY_URL)")
+            raise ServiceUnavailable("evaluations are unavailable: the gym does not know its own address "
+                                     "(RSIGYM_GATEWAY_URL, or `rsigym up`'s --host/--port)")
         job = EvaluationJob(id=new_id("evj"), run_id=run_id, key_id=key_id, purpose=purpose, benchmark=benchmark,
                             split=split, model=model, harness=harness, attempts=attempts, sampling=sampling,
                             task_ids=task_ids, gateway_url=url, status="queued", trials_total=trials, trials_done=0)
@@ -300,7 +310,7 @@ class EvaluationService:
             for scored_run, submission_id, model, harness, agent_name in plans:
                 if scored_run == "initial" and self._baseline(bench.name, req.split, model, req.attempts):
                     continue
-                job = self._new_job(identity.gateway_url, run_id=scored_run if scored_run != "initial" else "operator",
+                job = self._new_job(run_id=scored_run if scored_run != "initial" else "operator",
                                     key_id=key_id, purpose="baseline" if scored_run == "initial" else "score",
                                     benchmark=bench.name, split=req.split, model=model, harness=harness,
                                     attempts=req.attempts, sampling={}, task_ids=task_ids,

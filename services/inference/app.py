@@ -16,13 +16,15 @@ from services.inference.backends.base import Adapter, Generation, InferenceEngin
 from services.inference.backends.local import LocalEngine
 from services.inference.metering import estimate_chat
 from services.inference.service import InferenceService
+from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest
 
 SPEC = ServiceSpec(
     name="inference",
     operations=(
         Operation("GET", "/v1/models", "models.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
-        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True),
+        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True,
+                  schema=ChatRequest, synonyms=CHAT_SYNONYMS),
     ),
 )
 

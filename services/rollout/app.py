@@ -10,13 +10,15 @@ from services.rollout.api import router
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.backends.litellm_backend import LiteLLMBackend
 from services.rollout.metering import estimate_chat
+from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest
 from services.rollout.service import RolloutService
 
 SPEC = ServiceSpec(
     name="rollout",
     operations=(
         Operation("GET", "/v1/models", "models.list"),
-        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True, model_field="model"),
+        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True, model_field="model",
+                  schema=ChatRequest, synonyms=CHAT_SYNONYMS),
     ),
 )
 

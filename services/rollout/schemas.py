@@ -151,3 +151,9 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         if first["type"] == "extra_forbidden":
             raise Unprocessable(f"unsupported field {param!r}", param=param) from err
         raise Unprocessable(f"{param}: {first['msg']}", param=param) from err
+
+
+CHAT_SYNONYMS = {"max_completion_tokens": "max_tokens"}
+"""OpenAI names one cap twice; the gateway rewrites the newer name to ``max_tokens`` before any
+policy rule sees the body (services/core/canonical.py), so a rule on one cannot be dodged by
+the other."""

@@ -22,7 +22,7 @@ from services.core.spec import Operation, ServiceContext, ServiceSpec
 from services.sandbox.api import router
 from services.sandbox.backends.base import SandboxBackend
 from services.sandbox.envd import CURRENT_IDENTITY, connect_apps
-from services.sandbox.service import SandboxService
+from services.sandbox.service import CreateSandbox, SandboxService
 
 MAX_RPC_BODY = 16 * 1024 * 1024
 
@@ -36,8 +36,8 @@ _DAEMON = dict(auth="sandbox_token")
 SPEC = ServiceSpec(
     name="sandbox",
     operations=(
-        _op("POST", "/sandboxes", "sandboxes.create", json_body=True),
-        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True),
+        _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
+        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
         _op("GET", "/sandboxes", "sandboxes.list"),
         _op("GET", "/v2/sandboxes", "sandboxes.list"),
         _op("GET", "/sandboxes/{id}", "sandboxes.get"),

@@ -92,7 +92,7 @@ class DoorServer:
                       gateway: str, key: str, sandbox_id: str) -> None:
         target = request.target.decode("latin-1")
         path = target.split("?", 1)[0]
-        if not path.startswith(ALLOWED_PREFIX) or ".." in path:
+        if not path.startswith(ALLOWED_PREFIX) or ".." in path or "%2e" in path.lower():
             log.info("door of %s refused %s %s", sandbox_id, request.method.decode(), path)
             await _send_json(conn, writer, 403, {"type": "error", "error": {
                 "type": "permission_denied", "message": "this sandbox's door leads to /inference/v1/ only",

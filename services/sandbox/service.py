@@ -22,9 +22,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
 from services.core.concurrency import ConcurrencySlots
-from services.core.errors import BudgetExhausted, GymError, InvalidRequest, NotFound, PermissionDenied, validated
+from services.core.errors import (
+    BudgetExhausted,
+    GymError,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    ServiceUnavailable,
+    validated,
+)
 from services.core.identity import Identity
 from services.core.ids import new_id
+from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
 from services.core.money import nusd_to_usd
 from services.core.spec import ServiceContext
@@ -65,6 +74,17 @@ class CreateSandbox(BaseModel):
     """The gym's extension: a model door (keys with a platform-granted ``door`` only)."""
 
 
+def reachable(row: SandboxRow, identity: Identity) -> bool:
+    """A sandbox belongs to the key that created it and that key's ancestors — not to sibling
+    keys of the same run (a worker cannot exec into a reviewer's sandbox). A sandbox with a model
+    door (an evaluation trial's, made with a platform-minted key) belongs to its creator alone."""
+    if row.run_id != identity.run_id:
+        return False
+    if row.owner_only:
+        return row.key_id == identity.key_id
+    return identity.key_id in (row.chain_ids or [row.key_id])
+
+
 @dataclass
 class _Live:
     meter: SliceMeter
@@ -79,6 +99,7 @@ class SandboxService:
         self.store = context.store
         self.ledger = Ledger(context.store, context.config.ledger)
         self.slots = ConcurrencySlots(context.store)
+        self.keys = KeyRegistry(context.store)
         self.backend = backend
         self.secret = context.internal_secret
         self._doors: DoorServer | None = None
@@ -113,8 +134,12 @@ class SandboxService:
         if req.rsigym_door is not None:
             if not any(p.get("door") for p in identity.policies):
                 raise PermissionDenied("model doors are for the platform's evaluation keys", param="rsigymDoor")
-            if not identity.gateway_url or self.backend.name != "local":
-                raise InvalidRequest("a model door needs the local backend and a reachable gateway", param="rsigymDoor")
+            if self.backend.name != "local":
+                raise InvalidRequest("a model door needs the local sandbox backend", param="rsigymDoor")
+            if not self.context.settings.gateway_url:
+                raise ServiceUnavailable("model doors are unavailable: the gym does not know its own address "
+                                         "(RSIGYM_GATEWAY_URL, or `rsigym up`'s --host/--port)")
+            self._check_door_key(identity, req.rsigym_door.key)
             door_port = DOOR_PORT
 
         sandbox_id = new_id("sbx")
@@ -131,15 +156,16 @@ class SandboxService:
             ref = self.backend.create(spec)
             undo.callback(self.backend.kill, sandbox_id)
             if req.rsigym_door is not None:
-                self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "", identity.gateway_url or "",
-                                req.rsigym_door.key)
+                self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "",
+                                self.context.settings.gateway_url or "", req.rsigym_door.key)
                 undo.callback(self.doors.close, sandbox_id)
             meter.restart_clock()
             now = utcnow()
             row = SandboxRow(
                 id=sandbox_id, run_id=identity.run_id, key_id=identity.key_id, chain_ids=list(identity.chain_ids),
                 template=template.name, backend=self.backend.name, backend_ref=ref,
-                sandbox_metadata=dict(req.metadata), internet=internet, state="running", started_at=now,
+                sandbox_metadata=dict(req.metadata), internet=internet, owner_only=door_port is not None,
+                state="running", started_at=now,
                 end_at=now + timedelta(seconds=timeout), price_nusd_per_s=meter.price_nusd_per_s,
             )
             with self.store.transaction() as s:
@@ -152,6 +178,16 @@ class SandboxService:
         if door_port is not None:
             view["rsigymDoorUrl"] = f"http://127.0.0.1:{door_port}/inference/v1"
         return view
+
+    def _check_door_key(self, identity: Identity, key: str) -> None:
+        """The door's key must be a live key of the caller's own run: a door never carries a
+        foreign (or made-up) credential to the gateway."""
+        try:
+            door = self.keys.authenticate(key)
+        except GymError:
+            door = None
+        if door is None or door.run_id != identity.run_id:
+            raise PermissionDenied("the door key must be an active key of this run", param="rsigymDoor.key")
 
     def kill(self, identity: Identity, sandbox_id: str) -> None:
         self.owned(identity, sandbox_id)
@@ -244,13 +280,14 @@ class SandboxService:
     # -- reads -------------------------------------------------------------------------
 
     def owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> SandboxRow:
-        """The caller's own sandbox, or 404 — a run never learns of another run's sandboxes."""
+        """A sandbox the caller may reach, or 404 — a key never learns of sandboxes that are
+        not its own (another run's, a sibling key's, an evaluation trial's)."""
         with self.store.transaction() as s:
             row = s.get(SandboxRow, sandbox_id)
-            if row is None or row.run_id != identity.run_id or (running and row.state != "running"):
+            if row is None or not reachable(row, identity) or (running and row.state != "running"):
                 raise NotFound(f"sandbox {sandbox_id} not found" + (
                     f" (it ended: {row.state}, {row.end_reason})"
-                    if row is not None and row.run_id == identity.run_id and row.state != "running" else ""))
+                    if row is not None and reachable(row, identity) and row.state != "running" else ""))
             s.expunge(row)
             return row
 
@@ -261,10 +298,12 @@ class SandboxService:
             if running_only:
                 q = q.where(SandboxRow.state == "running")
             q = q.order_by(SandboxRow.started_at.desc())
-            rows = list(s.scalars(q if metadata else q.limit(limit)))
+            rows = list(s.scalars(q))
             for r in rows:
                 s.expunge(r)
-        if metadata:  # JSON matching differs between SQLite and PostgreSQL: filter here, then limit
+        # Ownership is per key (JSON matching differs between SQLite and PostgreSQL): filter here, then limit.
+        rows = [r for r in rows if reachable(r, identity)]
+        if metadata:
             rows = [r for r in rows if all(r.sandbox_metadata.get(k) == v for k, v in metadata.items())]
         return rows[:limit]
 

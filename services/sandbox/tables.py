@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, Index, String, Text
+from sqlalchemy import JSON, BigInteger, Float, Index, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.tables import Base, UTCDateTime, utcnow
@@ -19,6 +19,10 @@ class SandboxRow(Base):
     run_id: Mapped[str] = mapped_column(String(40))
     key_id: Mapped[str] = mapped_column(String(40))
     chain_ids: Mapped[list[str]] = mapped_column(JSON)
+    """The creator key and its ancestors, root first: the keys that may reach this sandbox."""
+    owner_only: Mapped[bool] = mapped_column(default=False, server_default=false())
+    """Reachable by the creator key alone, not its ancestors: a sandbox with a model door (an
+    evaluation trial's, created with a platform-minted key) is the evaluation service's only."""
     template: Mapped[str] = mapped_column(String(64))
     backend: Mapped[str] = mapped_column(String(16))
     backend_ref: Mapped[str | None] = mapped_column(String(200))

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from services.core.service_app import create_service_app
 from services.core.spec import Operation, ServiceContext, ServiceSpec
 from services.training.api import router
+from services.training.schemas import JobRequest
 from services.training.service import TrainingService
 
 SPEC = ServiceSpec(
@@ -17,7 +18,7 @@ SPEC = ServiceSpec(
         Operation("POST", "/v1/datasets", "datasets.upload"),
         Operation("GET", "/v1/datasets", "datasets.list"),
         Operation("GET", "/v1/datasets/{id}/content", "datasets.content"),
-        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="base_model"),
+        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="base_model", schema=JobRequest),
         Operation("GET", "/v1/jobs", "jobs.list"),
         Operation("GET", "/v1/jobs/{id}", "jobs.get"),
         Operation("POST", "/v1/jobs/{id}/cancel", "jobs.cancel"),

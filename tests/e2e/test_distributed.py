@@ -12,17 +12,19 @@ import pytest
 from gateway.builder import build_gateway, build_service
 from services.core.settings import GymSettings, StoreSettings
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, admin_headers, bearer, gym_config
-from tests.fakes.servers import serve
+from tests.fakes.servers import free_port, serve
 
 
 def test_gateway_and_service_as_separate_servers(tmp_path: Path, standin: Any, teacher_secret: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TEACHER_ENV, teacher_secret)
-    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret")
+    port = free_port()
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret",
+                           gateway_url=f"http://127.0.0.1:{port}")
     config = gym_config(standin[0])
     with serve(build_service("rollout", settings, config)) as rollout_url:
         gym = build_gateway(settings, StoreSettings(), {"rollout": rollout_url}, config)
-        with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with serve(gym.app, port=port) as url, httpx.Client(base_url=url, timeout=60) as client:
             created = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1}, headers=admin_headers()).json()
             body = {"model": "teacher", "messages": [{"role": "user", "content": "What is 9 + 9?"}], "max_tokens": 4}
             r = client.post("/rollout/v1/chat/completions", json=body, headers=bearer(created["key"]))
@@ -46,13 +48,15 @@ def test_sandbox_service_as_its_own_server(tmp_path: Path, standin: Any) -> None
     service; the service's daemon routes refuse a direct call, access token or not."""
     from e2b import Sandbox
 
-    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret")
+    port = free_port()
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret",
+                           gateway_url=f"http://127.0.0.1:{port}")
     config = gym_config(standin[0])
     service = build_service("sandbox", settings, config)
     try:
         with serve(service) as sandbox_url:
             gym = build_gateway(settings, StoreSettings(), {"sandbox": sandbox_url}, config)
-            with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+            with serve(gym.app, port=port) as url, httpx.Client(base_url=url, timeout=60) as client:
                 key = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1},
                                   headers=admin_headers()).json()["key"]
                 sbx = Sandbox.create(template="base", timeout=60, api_key=key, api_url=f"{url}/sandbox",

@@ -15,16 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import rsigym
-from gateway.builder import build_embedded
-from services.core.config import EvaluationConfig, GymConfig
-from services.core.settings import GymSettings, ProviderSecrets
 from services.models.synthetic import subtraction
-from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
-from tests.fakes.servers import serve
+from tests.fakes.live_gym import LiveGym as Live
+from tests.fakes.live_gym import live_gym
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -32,43 +28,13 @@ HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"ty
                  for n in ("bash", "read_file", "write_file", "finish")]
 
 
-class Live:
-    def __init__(self, url: str, gym: Any):
-        self.url, self.gym = url, gym
-        self.http = httpx.Client(base_url=url, timeout=120, headers=admin_headers())
-
-    def key(self, budget: float = 5.0, track: str = "joint") -> dict[str, Any]:
-        r = self.http.post("/admin/v1/keys", json={"track": track, "budget_usd": budget})
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def sdk(self, key: dict[str, Any]) -> rsigym.Gym:
-        return rsigym.Gym(base_url=self.url, api_key=key["key"], timeout=120)
-
-    def wait_benchmark(self, name: str, timeout: float = 900) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rows = {b["name"]: b for b in self.http.get("/admin/v1/benchmarks").json()["data"]}
-            if rows[name]["status"] != "validating":
-                return rows[name]
-            time.sleep(1)
-        raise AssertionError(f"benchmark {name} still validating")
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    data = tmp_path_factory.mktemp("gym")
-    config = GymConfig(evaluation=EvaluationConfig(workers=2, trial_concurrency=4))
-    gym = build_embedded(GymSettings(data_dir=data, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),
-                         config=config, provider_secrets=ProviderSecrets({}), run_reaper=False)
-    with serve(gym.app) as url:
-        live = Live(url, gym)
-        for name in ("arithmetic", "shell"):
-            r = live.http.post("/admin/v1/benchmarks", json={"path": str(BENCHMARKS / name)})
+    with live_gym(tmp_path_factory.mktemp("gym")) as served:
+        for name in ("arithmetic", "shell"):  # validation runs in the background
+            r = served.http.post("/admin/v1/benchmarks", json={"path": str(BENCHMARKS / name)})
             assert r.status_code == 201, r.text
-        yield live
-    gym.service_apps["evaluation"].state.evaluation.runner.shutdown()
-    gym.service_apps["training"].state.training.runner.shutdown()
+        yield served
 
 
 @pytest.fixture(scope="module")

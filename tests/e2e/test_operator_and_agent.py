@@ -14,12 +14,12 @@ import rsigym
 from gateway.cli.main import app as operator_cli
 from rsigym.cli import main as agent_cli
 from tests.conftest import ADMIN_TOKEN
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 
 @pytest.fixture
 def running(gym: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         monkeypatch.setenv("RSIGYM_URL", url)
         monkeypatch.setenv("RSIGYM_ADMIN_TOKEN", ADMIN_TOKEN)
         yield url

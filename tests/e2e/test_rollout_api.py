@@ -13,12 +13,12 @@ import pytest
 
 from services.rollout.standin import create_standin_app
 from tests.conftest import admin_headers, bearer, create_key, gym_config
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve, serve_gym
 
 
 @pytest.fixture
 def live(gym: Any) -> Any:
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         client = httpx.Client(base_url=url, timeout=60)
         key = create_key(client, 1.0)
         yield url, client, key
@@ -173,7 +173,7 @@ def test_concurrency_cap_refuses_with_429_while_a_stream_is_open(make_gym: Any, 
 
 
 def test_openai_client_sees_402_as_a_status_error(gym: Any) -> None:
-    with serve(gym.app) as url, httpx.Client(base_url=url) as client:
+    with serve_gym(gym) as url, httpx.Client(base_url=url) as client:
         key = create_key(client, 0.0)["key"]
         oai = openai.OpenAI(base_url=f"{url}/rollout/v1", api_key=key, max_retries=0)
         with pytest.raises(openai.APIStatusError) as info:

@@ -14,14 +14,14 @@ from e2b import CommandExitException
 from e2b.exceptions import NotFoundException, SandboxException
 
 from tests.conftest import admin_headers, create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="needs bubblewrap")
 
 
 @pytest.fixture
 def served(gym: Any) -> Iterator[tuple[str, Any]]:
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         yield url, gym
 
 

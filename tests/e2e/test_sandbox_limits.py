@@ -15,7 +15,7 @@ import pytest
 from services.core.config import SandboxConfig, SandboxTemplate
 from services.core.store import Store
 from tests.conftest import create_key, gym_config
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -28,7 +28,7 @@ def _config(standin_url: str, **sandbox: Any) -> Any:
 
 def test_twenty_concurrent_creates_on_a_key_capped_at_five(make_gym: Any, store: Store, standin: Any) -> None:
     gym = make_gym(store=store, config=_config(standin[0]))
-    with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+    with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=60) as client:
         key = create_key(client, budget_usd=5.0, track="joint")  # the joint preset caps sandboxes at 5
         headers = {"X-API-Key": key["key"]}
 
@@ -58,7 +58,7 @@ def test_budget_for_ten_sandbox_seconds_kills_the_sandbox(make_gym: Any, standin
     # $0.36 per hour = $0.0001 per second: a $0.001 budget pays for exactly 10 sandbox-seconds
     config = _config(standin[0], slice_s=1.0, templates=[SandboxTemplate(name="base", usd_per_hour=0.36)])
     gym = make_gym(config=config)
-    with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as client:
+    with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=60) as client:
         key = create_key(client, budget_usd=0.001, track="joint")
         headers = {"X-API-Key": key["key"]}
         created = client.post("/sandbox/v2/sandboxes", json={"templateID": "base", "timeout": 600}, headers=headers)

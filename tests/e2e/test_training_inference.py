@@ -19,7 +19,7 @@ from gateway.builder import build_embedded
 from services.core.settings import GymSettings, ProviderSecrets
 from services.models.synthetic import subtraction
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 LORA_STEPS = 400
 LORA_LR = 3e-3
@@ -55,7 +55,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     data = tmp_path_factory.mktemp("gym")
     gym = build_embedded(GymSettings(data_dir=data, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),
                          provider_secrets=ProviderSecrets({}), run_reaper=False)
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         yield Live(url, gym)
     gym.service_apps["training"].state.training.runner.shutdown()
 

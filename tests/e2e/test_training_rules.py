@@ -15,7 +15,7 @@ import pytest
 import rsigym
 from services.core.money import token_cost_nusd
 from tests.conftest import admin_headers, bearer, create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 # Every row renders to the same number of tokens, so every step costs the same.
 ROWS = [{"messages": [{"role": "user", "content": "Repeat: red lion"}, {"role": "assistant", "content": "red lion"}]}] * 64
@@ -25,7 +25,7 @@ ROWS = [{"messages": [{"role": "user", "content": "Repeat: red lion"}, {"role": 
 def live(gym: Any) -> Iterator[tuple[str, Any, Any]]:
     import httpx
 
-    with serve(gym.app) as url, httpx.Client(base_url=url, timeout=120) as http:
+    with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=120) as http:
         yield url, http, gym
 
 

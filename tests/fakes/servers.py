@@ -36,3 +36,13 @@ def serve(app: Any, port: int | None = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@contextmanager
+def serve_gym(gym: Any) -> Iterator[str]:
+    """Serve an embedded gym as ``rsigym up`` does: it is told the address it listens at, which
+    is where its evaluation trials and sandbox doors call back (never a request's Host)."""
+    port = free_port()
+    gym.listening_at(f"http://127.0.0.1:{port}")
+    with serve(gym.app, port=port) as url:
+        yield url

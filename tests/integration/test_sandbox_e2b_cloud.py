@@ -29,7 +29,7 @@ from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.e2b_cloud import E2BCloudBackend
 from tests.conftest import TEACHER_ENV, create_key, gym_config
 from tests.fakes.fake_e2b import FakeE2BState, create_fake_e2b
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve, serve_gym
 
 PLATFORM_KEY = "e2b_platform_" + secrets.token_hex(16)
 TEMPLATE = SandboxTemplate(name="base", e2b_template="rsigym-base")
@@ -291,7 +291,7 @@ def test_agent_sdk_through_the_gym_reaches_e2b_only_with_the_platform_key(
     config = GymConfig.model_validate({**gym_config(standin[0]).model_dump(), "sandbox": sandbox_config(url)})
     gym = make_gym(config=with_sandbox_url(config, url),
                    secrets_={TEACHER_ENV: teacher_secret, "E2B_API_KEY": PLATFORM_KEY})
-    with serve(gym.app) as gym_url:
+    with serve_gym(gym) as gym_url:
         with httpx.Client(base_url=gym_url) as c:
             created = create_key(c, budget_usd=1.0)
         key = created["key"]

@@ -27,7 +27,7 @@ from services.core.policy import Policy
 from services.evaluation.benchmarks import TaskRef, load_benchmark
 from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial
 from tests.conftest import create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -62,7 +62,7 @@ class Served:
 
 @pytest.fixture
 def served(gym: Any, tmp_path: Path) -> Iterator[Served]:
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         with httpx.Client(base_url=url) as c:
             run = create_key(c, budget_usd=5.0)
         registry = KeyRegistry(gym.gateway.store)

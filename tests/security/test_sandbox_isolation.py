@@ -19,7 +19,7 @@ import pytest
 from e2b import Sandbox
 
 from tests.conftest import create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 HOST_SECRET = "rsigym-host-secret-5f1d0c"
@@ -28,7 +28,7 @@ HOST_SECRET = "rsigym-host-secret-5f1d0c"
 @pytest.fixture
 def env(gym: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     monkeypatch.setenv("RSIGYM_TEST_HOST_SECRET", HOST_SECRET)  # in the gateway's own environment
-    with serve(gym.app) as url, httpx.Client(base_url=url) as client:
+    with serve_gym(gym) as url, httpx.Client(base_url=url) as client:
         key = create_key(client, budget_usd=1.0)["key"]
         opts = {"api_key": key, "api_url": f"{url}/sandbox", "sandbox_url": f"{url}/sandbox/envd"}
         backend = gym.service_apps["sandbox"].state.sandbox.backend

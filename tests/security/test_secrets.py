@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import MetaData, select
 
 from services.core.config import GymConfig
-from tests.conftest import TEACHER_ENV, bearer, client_for, create_key, gym_config
+from tests.conftest import TEACHER_ENV, admin_headers, bearer, client_for, create_key, gym_config
 
 WRONG_ENV = "RSIGYM_TEST_WRONG_KEY"
 
@@ -48,7 +48,7 @@ def test_provider_secrets_never_leave_the_platform(make_gym: Any, standin: Any, 
     unreachable = call("offline")
     assert unreachable.status_code == 502
     seen.append(client.get("/rollout/v1/models", headers=bearer(key)).text)
-    seen.append(client.get("/metrics").text)
+    seen.append(client.get("/metrics", headers=admin_headers()).text)
     logging.getLogger("some.library").debug("upstream call with key %s", teacher_secret)  # even if a library logged it
 
     out, err = capfd.readouterr()

@@ -26,7 +26,7 @@ from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
 from services.evaluation.tables import EvaluationJob, ScoreRow
 from tests.conftest import ADMIN_TOKEN, create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 ROOT = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -44,7 +44,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture
 def served(make_gym: Callable[..., Any], store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     gym = make_gym(store=store)
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         monkeypatch.setenv("RSIGYM_URL", url)
         monkeypatch.setenv("RSIGYM_ADMIN_TOKEN", ADMIN_TOKEN)
         yield url

@@ -34,7 +34,7 @@ from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
 from services.evaluation.tables import BenchmarkRow
 from tests.conftest import admin_headers, create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 ROOT = Path(__file__).resolve().parents[3]
 MINIMAL = ROOT / "agent_container" / "harness" / "minimal"
@@ -52,7 +52,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 @pytest.fixture
 def served(make_gym: Callable[..., Any], store: Store) -> Iterator[str]:
     gym = make_gym(store=store)
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         yield url
     runner = gym.service_apps["evaluation"].state.evaluation.runner
     runner.wait_idle(timeout=120)

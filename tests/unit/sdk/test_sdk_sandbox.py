@@ -17,14 +17,14 @@ from rsigym import APITimeoutError, AsyncGym, Gym, NotFoundError, RateLimitError
 from rsigym.resources.sandbox import CommandOutput, EnvelopeDecoder, Sandbox, envelope
 
 from tests.conftest import create_key
-from tests.fakes.servers import serve
+from tests.fakes.servers import serve_gym
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
 @pytest.fixture
 def served(gym: Any) -> Iterator[str]:
-    with serve(gym.app) as url:
+    with serve_gym(gym) as url:
         yield url
 
 

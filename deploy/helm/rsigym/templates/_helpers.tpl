@@ -34,3 +34,8 @@ rsigym/role: {{ .role }}
 {{- define "rsigym.rolloutUrl" -}}
 http://{{ include "rsigym.fullname" . }}-rollout:{{ .Values.rollout.port }}
 {{- end }}
+
+{{/* Where work that calls back (evaluation trials, sandbox doors) reaches the gateway. */}}
+{{- define "rsigym.gatewayUrl" -}}
+http://{{ include "rsigym.fullname" . }}-gateway:{{ .Values.gateway.port }}
+{{- end }}
