@@ -88,12 +88,14 @@ exit 0
 def task_toml(benchmark: str, task_id: str, description: str, metadata: dict[str, str]) -> str:
     meta = "".join(f'{key} = "{value}"\n' for key, value in metadata.items())
     return (
-        'schema_version = "1.4"\n\n'
+        'schema_version = "1.4"\n'
+        # The verifier runs in a fresh environment that gets only these outputs of the agent's.
+        'artifacts = ["/app"]\n\n'
         "[task]\n"
         f'name = "{ORG}/{benchmark}__{task_id}"\n'
         f'description = "{description}"\n\n'
         f"[metadata]\n{meta}\n"
-        "[verifier]\ntimeout_sec = 60.0\n\n"
+        '[verifier]\ntimeout_sec = 60.0\nenvironment_mode = "separate"\n\n'
         "[agent]\ntimeout_sec = 300.0\n\n"
         '[environment]\nbuild_timeout_sec = 600.0\nworkdir = "/app"\ncpus = 1\nmemory_mb = 1024\n'
     )

@@ -209,6 +209,13 @@ def _task_problems(task_dir: Path) -> list[str]:
             problems.append('a "qa" task needs [metadata] answer_file, an absolute path')
     if not config.environment.docker_image and not (task_dir / "environment" / "Dockerfile").is_file():
         problems.append("missing environment/Dockerfile")
+    if config.steps:
+        problems.append("multi-step tasks ([[steps]]) are not supported by the gym's trials")
+    if not config.artifacts:
+        # The gym verifies in a fresh sandbox (services/evaluation/trials.py): only declared
+        # outputs reach the verifier, so a task that declares none could never be solved.
+        problems.append("task.toml declares no artifacts: the gym's verifier runs in a fresh sandbox and "
+                        'sees only the declared outputs (e.g. artifacts = ["/app"])')
 
     if not problems:  # whatever else Harbor itself checks when it opens a task
         try:

@@ -276,6 +276,12 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._persistent_env = {**self._plan.env, **self._persistent_env}
 
     @property
+    def is_agent_environment(self) -> bool:
+        """The agent's sandbox, not the fresh one Harbor starts for the verifier (session
+        ``<trial>__verifier__<key>``): only the agent's gets the model door."""
+        return self.session_id == f"{self.trial_paths.trial_dir.name}__env"
+
+    @property
     def workdir(self) -> str | None:
         return self.task_env_config.workdir or self._plan.workdir
 
@@ -323,7 +329,7 @@ class GymSandboxEnvironment(BaseEnvironment):
             metadata["harbor.context_id"] = str(self.context_id)
         body: dict[str, Any] = {"templateID": self.options.template, "timeout": self.options.sandbox_timeout_sec,
                                 "metadata": metadata}
-        if self.options.door:
+        if self.options.door and self.is_agent_environment:
             body["rsigymDoor"] = {"key": credentials.door_key}
         async with httpx.AsyncClient(timeout=CREATE_TIMEOUT) as client:
             # The run's live-sandbox cap is shared with its own sandboxes and other jobs:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -42,9 +43,11 @@ from harbor.models.trial.config import (  # noqa: E402
     TrialConfig,
     VerifierConfig,
 )
+from harbor.models.task.verifier_mode import VerifierEnvironmentMode  # noqa: E402
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 from harbor.models.trial.result import TrialResult  # noqa: E402
-from harbor.trial.trial import Trial  # noqa: E402
+from harbor.trial.single_step import SingleStepTrial  # noqa: E402
+from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
@@ -56,6 +59,7 @@ from services.evaluation.harbor_agent import (  # noqa: E402
 )
 from services.evaluation.harbor_env import SandboxCredentials, bound_credentials  # noqa: E402
 
+log = logging.getLogger("rsigym.evaluation.trials")
 ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
 HARNESS_AGENT_IMPORT_PATH = "services.evaluation.harbor_agent:HarnessAgent"
 TRIAL_METADATA_KEY = "harbor.trial_name"
@@ -118,7 +122,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     sandbox_id: str | None = None
     with bound_credentials(SandboxCredentials(req.sandbox_key, req.door_key)):
         try:
-            trial = await Trial.create(config)
+            trial = await create_trial(config)
             result = await trial.run()
         except Exception as exc:  # noqa: BLE001 - a trial-level failure is recorded, never raised
             error = f"{type(exc).__name__}: {exc}"
@@ -148,6 +152,27 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
         finished_at=_now(),
         result_path=str(paths.result_path) if paths.result_path.is_file() else None,
     )
+
+
+async def create_trial(config: TrialConfig) -> Trial:
+    """Harbor's ``Trial.create`` for a single-step task, with the verifier always in a separate
+    environment, whatever the task says.
+
+    Harbor's own separation, enforced: when the agent phase ends Harbor collects the task's
+    declared ``artifacts`` and *stops the agent's sandbox* (every process of the harness dies
+    with its PID namespace: a detached daemon, a double fork, a process that ignores SIGTERM),
+    then verifies in a fresh sandbox that holds the task's environment, the uploaded outputs and
+    the tests — nothing the harness left running, and no reward file it wrote. The oracle and
+    do-nothing runs of benchmark validation go the same way.
+    """
+    Trial._resolve_agent_skills(config)
+    task, download = await Trial._load_task(config)
+    if task.has_steps:
+        raise ValueError(f"task {task.name}: multi-step tasks are not supported by the gym's trials")
+    task.config.verifier.environment_mode = VerifierEnvironmentMode.SEPARATE
+    for warning in check_trial_config(task.config, config.environment, config.verifier):
+        log.info("task %s: %s", task.name, warning)
+    return SingleStepTrial(config, _task=task, _task_download_result=download)
 
 
 def build_trial_config(req: TrialRequest, trial_name: str) -> TrialConfig:

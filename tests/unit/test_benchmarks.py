@@ -139,6 +139,15 @@ def test_qa_task_without_answer_file_is_refused(broken_copy: Path) -> None:
     assert f"dev/{task.name}: a \"qa\" task needs [metadata] answer_file" in _problems(broken_copy)
 
 
+def test_a_task_that_declares_no_outputs_is_refused(broken_copy: Path) -> None:
+    """The gym verifies in a fresh sandbox that gets only the declared artifacts: a task with
+    none could never be solved, so it is refused at registration, not scored 0 forever."""
+    task = sorted((broken_copy / "official").iterdir())[0]
+    config = task / "task.toml"
+    config.write_text(config.read_text().replace('artifacts = ["/app"]\n', ""))
+    assert f"official/{task.name}: task.toml declares no artifacts" in _problems(broken_copy)
+
+
 def test_not_a_benchmark_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a benchmark directory"):
         load_benchmark(tmp_path / "nowhere")
