@@ -230,11 +230,12 @@ async def _kill_leftovers(req: TrialRequest, trial_name: str, sandbox_id: str | 
     base = req.gateway_url.rstrip("/") + "/sandbox"
     try:
         async with httpx.AsyncClient(timeout=_CLEANUP_TIMEOUT) as client:
-            ids = {sandbox_id} if sandbox_id else set()
             listed = await client.get(f"{base}/v2/sandboxes", headers=headers,
                                       params={"metadata": urlencode({TRIAL_METADATA_KEY: trial_name})})
-            if listed.status_code == 200:
-                ids |= {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
+            if listed.status_code == 200:  # the running ones: the agent's and the verifier's sandboxes
+                ids = {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
+            else:
+                ids = {sandbox_id} if sandbox_id else set()
             for sid in ids:
                 await client.delete(f"{base}/sandboxes/{sid}", headers=headers)
     except httpx.HTTPError:

@@ -39,9 +39,11 @@ def mini_benchmark(dest: Path, *, name: str = "mini", per_split: int = 2, shared
     for split in ("dev", "official"):
         for task in sorted((source / split).iterdir())[:per_split]:
             shutil.copytree(task, root / split / task.name)
+            toml = root / split / task.name / "task.toml"
+            text = toml.read_text().replace("[agent]\ntimeout_sec = 300.0", "[agent]\ntimeout_sec = 60.0")
             if shared_verifier:
-                toml = root / split / task.name / "task.toml"
-                toml.write_text(toml.read_text().replace('environment_mode = "separate"\n', ""))
+                text = text.replace('environment_mode = "separate"\n', "")
+            toml.write_text(text)
     return root
 
 
