@@ -61,7 +61,7 @@ class Operation:
     schema: type[BaseModel] | None = None
     """The request body's schema (``json_body`` operations): every spelling it accepts for a
     field is rewritten to one before policies match (services/core/canonical.py)."""
-    synonyms: Mapping[str, str] = field(default_factory=dict)
+    synonyms: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Other names the API gives a schema field (``max_completion_tokens`` → ``max_tokens``)."""
     spellings: Spellings | None = field(init=False, repr=False, compare=False, default=None)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
