@@ -100,13 +100,15 @@ def sandbox_command(scratch: Path, argv: list[str], *, uid: int | None, filter_f
         cmd += ["--unshare-user", *seccomp.disable_userns_flags(bwrap)]
     else:
         cmd += ["--cap-drop", "ALL", *(a for cap in CAPS for a in ("--cap-add", cap))]
-    cmd += _system_binds()
+    # /tmp first: the interpreter or the venv may live under it (a checkout in /tmp), and a tmpfs
+    # mounted over /tmp after their binds would hide them.
+    cmd += ["--tmpfs", "/tmp", *_system_binds()]
     binds = [Path(p) for p in (sys.base_prefix, sys.prefix)]
     for path in hidden:
         if any(Path(path).is_relative_to(b) for b in binds):
             cmd += ["--tmpfs", str(path), "--remount-ro", str(path)] if Path(path).is_dir() else \
                    ["--ro-bind", "/dev/null", str(path)]
-    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(scratch), "/tmp/work",
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), "/tmp/work",
             "--remount-ro", "/tmp", "--remount-ro", "/", "--chdir", "/tmp/work",
             "--setenv", "HOME", "/tmp/work", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
             "--setenv", "PATH", "/usr/bin:/bin", "--seccomp", str(filter_fd), "--"]
