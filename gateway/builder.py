@@ -16,7 +16,7 @@ from gateway.asgi_transport import StreamingASGITransport
 from gateway.context import Gateway
 from services.core.config import GymConfig, load_config
 from services.core.redact import install_log_redaction
-from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, plain_gateway_url
 from services.core.spec import ServiceContext
 from services.core.store import Store, sqlite_url
 from services.rollout import app as rollout_app
@@ -49,7 +49,7 @@ class Gym:
         RSIGYM_GATEWAY_URL wins. Without either, work that must call back is refused."""
         settings = self.gateway.context.settings
         if not settings.gateway_url:
-            settings.gateway_url = GymSettings(gateway_url=url).gateway_url
+            settings.gateway_url = plain_gateway_url(url)
 
 
 def own_url(host: str, port: int) -> str:

@@ -38,6 +38,7 @@ from services.core.tables import ApiKey, LedgerEntry, utcnow
 
 log = logging.getLogger("rsigym.ledger")
 
+
 @dataclass(frozen=True)
 class Reservation:
     id: str

@@ -43,15 +43,18 @@ class GymSettings(BaseSettings):
     @field_validator("gateway_url")
     @classmethod
     def _plain_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        url = httpx.URL(value)
-        if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment or url.userinfo:
-            raise ValueError("RSIGYM_GATEWAY_URL must be a plain http(s)://host[:port][/prefix] URL")
-        return value.rstrip("/")
+        return None if value is None else plain_gateway_url(value)
 
     def resolved_models_dir(self) -> Path:
         return Path(self.models_dir) if self.models_dir else Path(self.data_dir) / "models"
+
+
+def plain_gateway_url(value: str) -> str:
+    """A plain http(s)://host[:port][/prefix] URL without a trailing slash, or ValueError."""
+    url = httpx.URL(value)
+    if url.scheme not in ("http", "https") or not url.host or url.query or url.fragment or url.userinfo:
+        raise ValueError("RSIGYM_GATEWAY_URL must be a plain http(s)://host[:port][/prefix] URL")
+    return value.rstrip("/")
 
 
 class StoreSettings(BaseSettings):
