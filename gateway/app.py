@@ -8,11 +8,13 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway import admin, agent_routes
 from gateway.auth import require_metrics_reader
+from gateway.dashboard import mount_dashboard
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import forward
 from services.core.errors import GymError, StoreUnavailable
@@ -40,6 +42,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_reaper(gw)) if run_reaper else None
+        gw.fanout.start()  # key changes announced by other replicas reach this one's principal cache
         try:
             if extra_lifespan is not None:
                 async with extra_lifespan():
@@ -51,6 +54,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await anyio.to_thread.run_sync(gw.fanout.stop)
             await gw.aclose()
 
     app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
@@ -71,10 +75,11 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_reader)])
     async def metrics() -> Response:
-        return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(await gw.store.call(gw.metrics.render), media_type="text/plain; version=0.0.4")
 
     app.include_router(admin.router)
     app.include_router(agent_routes.router)
+    mount_dashboard(app, gw)  # /admin/ui: before the proxy's catch-all route
 
     @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
     async def proxy(service: str, path: str, request: Request) -> Response:

@@ -1,14 +1,17 @@
-"""Who is calling: run keys (agents) and the admin token (operators)."""
+"""Who is calling: run keys (agents, through the principal cache) and the admin token (operators)."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
+from functools import partial
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from gateway.context import gateway_of
+from gateway.context import Gateway, gateway_of
 from services.core.errors import AuthenticationFailed
+from services.core.ids import hash_secret
 from services.core.keys import Principal
 
 
@@ -21,9 +24,33 @@ def presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
+async def authenticate(gw: Gateway, key: str | None) -> Principal:
+    """A run key's principal: from this replica's cache when fresh, else from the store."""
+    if not key:
+        return await gw.store.call(gw.registry.authenticate, key)  # refuses with the standard message
+    return await _cached(gw, "key:" + hash_secret(key), partial(gw.registry.authenticate, key))
+
+
+async def authenticate_key_id(gw: Gateway, key_id: str) -> Principal:
+    """The principal of a credential derived from a key (a sandbox access token)."""
+    return await _cached(gw, "id:" + key_id, partial(gw.registry.authenticate_id, key_id))
+
+
+async def _cached(gw: Gateway, cache_key: str, load: Callable[[], Principal]) -> Principal:
+    cache = gw.principals
+    principal = cache.get(cache_key)
+    if principal is not None:
+        gw.metrics.principal_cache.labels("hit").inc()
+        return principal
+    token = cache.begin()  # before the read: a change announced during it keeps its result out
+    principal = await gw.store.call(load)
+    cache.put(cache_key, principal, token)
+    gw.metrics.principal_cache.labels("miss").inc()
+    return principal
+
+
 async def current_principal(request: Request) -> Principal:
-    gw = gateway_of(request)
-    return await gw.store.call(gw.registry.authenticate, presented_key(request))
+    return await authenticate(gateway_of(request), presented_key(request))
 
 
 async def require_admin(request: Request) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -19,18 +22,20 @@ from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, plain_gateway_url
 from services.core.spec import ServiceContext
 from services.core.store import Store, sqlite_url
-from services.rollout import app as rollout_app
+
+SERVICES = ("rollout", "training", "inference", "sandbox", "evaluation")
 
 
 def service_modules() -> dict[str, ModuleType]:
-    """Service name → module with ``SPEC`` and ``create_app(context)``."""
-    from services.evaluation import app as evaluation_app
-    from services.inference import app as inference_app
-    from services.sandbox import app as sandbox_app
-    from services.training import app as training_app
+    """Service name → its light ``spec`` module (``SPEC``: routes and estimators). The gateway
+    needs nothing else of a service; a gateway-only process never imports a service app."""
+    return {name: importlib.import_module(f"services.{name}.spec") for name in SERVICES}
 
-    return {"rollout": rollout_app, "training": training_app, "inference": inference_app, "sandbox": sandbox_app,
-            "evaluation": evaluation_app}
+
+def app_factory(name: str) -> Callable[[ServiceContext], Any]:
+    """``create_app(context)`` of one service: its app module is imported only here, where a
+    process runs that service (embedded mode, ``rsigym serve <service>``)."""
+    return importlib.import_module(f"services.{name}.app").create_app
 
 
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
@@ -112,7 +117,7 @@ def build_embedded(
     )
     admin_token = ensure_admin_token(settings)
     modules = service_modules()
-    service_apps = {name: module.create_app(context) for name, module in modules.items()}
+    service_apps = {name: app_factory(name)(context) for name in modules}
     clients = {
         name: httpx.AsyncClient(
             transport=StreamingASGITransport(service_app), base_url=f"http://{name}.internal", timeout=UPSTREAM_TIMEOUT
@@ -132,6 +137,8 @@ def build_gateway(
     if not settings.internal_secret:
         raise SystemExit("distributed mode needs RSIGYM_INTERNAL_SECRET shared by the gateway and the services")
     require_gateway_url(settings, "gateway")
+    if not settings.admin_token:  # a token made up per replica would open the admin API on one replica only
+        raise SystemExit("distributed mode needs RSIGYM_ADMIN_TOKEN, the same on every gateway replica")
     modules = service_modules()
     unknown = set(service_urls) - set(modules)
     if unknown:
@@ -170,4 +177,4 @@ def build_service(
         internal_secret=settings.internal_secret,
         secrets=provider_secrets,
     )
-    return modules[name].create_app(context)
+    return app_factory(name)(context)

@@ -11,10 +11,12 @@ import httpx
 from fastapi import Request
 
 from gateway.metrics import GatewayMetrics
+from gateway.principals import PrincipalCache, PrincipalFanout
 from services.core.concurrency import ConcurrencySlots
 from services.core.config import GymConfig
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
+from services.core.settings import PrincipalCacheSettings
 from services.core.spec import ServiceContext, ServiceSpec
 from services.core.store import Store
 
@@ -45,6 +47,9 @@ class Gateway:
         self.registry = KeyRegistry(self.store)
         self.ledger = Ledger(self.store, self.config.ledger)
         self.slots = ConcurrencySlots(self.store, lease_ttl_s=self.config.ledger.reservation_ttl_s)
+        self.metrics.track_jobs(self.store)  # queue depth / age and finished jobs, read at scrape time
+        self.principals = PrincipalCache(PrincipalCacheSettings())
+        self.fanout = PrincipalFanout(self.principals, self.store.key_events, dialect=self.store.dialect)
 
     async def aclose(self) -> None:
         for client in self.clients.values():

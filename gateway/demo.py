@@ -22,9 +22,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from rsigym import Gym
 
 console = Console()
 DEMO_KEY_ENV = "RSIGYM_DEMO_TEACHER_KEY"
@@ -62,7 +66,7 @@ def _rsigym(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-TRAIN = {"tiny": {"steps": 400, "learning_rate": 3e-3, "batch_size": 16, "schedule": "linear"},
+TRAIN: dict[str, dict[str, Any]] = {"tiny": {"steps": 400, "learning_rate": 3e-3, "batch_size": 16, "schedule": "linear"},
          "smollm2": {"steps": 120, "learning_rate": 1e-3, "batch_size": 16}}
 
 
@@ -76,31 +80,36 @@ def _benchmark_questions() -> set[str]:
     return {p.read_text().strip() for p in (BENCHMARKS / "arithmetic").glob("*/*/instruction.md")}
 
 
-def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[float, float, str]:
+def _train_and_compare(gym: Gym, base: str, questions: int = 50) -> tuple[float, float, str]:
     import random
 
     from services.models.synthetic import subtraction
 
-    rng, rows, banned = random.Random(7), [], _benchmark_questions()  # never train on benchmark questions
+    rows: list[dict[str, Any]] = []
+    rng, banned = random.Random(7), _benchmark_questions()  # never train on benchmark questions
     while len(rows) < 3000:
         messages = subtraction(rng)
         if messages[0]["content"] not in banned:
             rows.append({"messages": messages, "tools": HARNESS_TOOLS})
     seen = {r["messages"][0]["content"] for r in rows}
-    dataset = gym.training.upload_dataset(rows, name="subtraction")  # type: ignore[attr-defined]
+    dataset = gym.training.upload_dataset(rows, name="subtraction")
     console.print(f"uploaded dataset {dataset.id}: {dataset.rows} rows, sha256 {dataset.sha256[:12]}…")
-    job = gym.training.create_job(datasets=[dataset.id], base_model=base, max_length=64, seed=1,  # type: ignore[attr-defined]
+    job = gym.training.create_job(datasets=[dataset.id], base_model=base, max_length=64, seed=1,
                                   checkpoint_every=100, **TRAIN[base])
     with console.status(f"training {job.id} on {base}") as status:
         while not job.done:
             time.sleep(2)
-            job = gym.training.get_job(job.id)  # type: ignore[attr-defined]
+            job = gym.training.get_job(job.id)
             last = job.metrics[-1] if job.metrics else None
             if last:
                 status.update(f"training {job.id}: step {last.step}/{job.total_steps} loss {last.loss:.3f} "
                               f"cost ${last.cumulative_cost_usd:.4f}")
     console.print(f"job {job.status} after {job.step} steps, ${job.cost_usd:.4f}; checkpoints {job.checkpoints}")
-    held, qrng = [], random.Random(4242)
+    if not job.checkpoints:
+        raise SystemExit(f"training job {job.id} ended {job.status} without a checkpoint")
+    trained = job.checkpoints[-1]
+    held: list[tuple[str, str]] = []
+    qrng = random.Random(4242)
     while len(held) < questions:
         user, answer = subtraction(qrng)
         if user["content"] not in seen and user["content"] not in banned:
@@ -109,12 +118,12 @@ def _train_and_compare(gym: object, base: str, questions: int = 50) -> tuple[flo
     def score(model: str) -> float:
         right = 0
         for q, a in held:
-            reply = gym.inference.chat(model=model, messages=[{"role": "user", "content": q}],  # type: ignore[attr-defined]
+            reply = gym.inference.chat(model=model, messages=[{"role": "user", "content": q}],
                                        tools=HARNESS_TOOLS, max_tokens=6, temperature=0)
             right += (reply.choices[0].message.content or "").strip() == a
         return right / len(held)
 
-    return score(base), score(job.checkpoints[-1]), job.checkpoints[-1]
+    return score(base), score(trained), trained
 
 
 def _sandbox(url: str, key: str) -> None:
@@ -132,22 +141,22 @@ def _sandbox(url: str, key: str) -> None:
         sbx.kill()
 
 
-def _evaluate(gym: object, base: str, checkpoint: str, tasks: int = 30) -> tuple[float, float]:
+def _evaluate(gym: Gym, base: str, checkpoint: str, tasks: int = 30) -> tuple[float, float]:
     deadline = time.monotonic() + 900
     with console.status("waiting for the arithmetic benchmark's validation (every oracle 1, every empty answer 0)"):
         while time.monotonic() < deadline:
-            bench = {b.name: b for b in gym.evaluation.benchmarks()}.get("arithmetic")  # type: ignore[attr-defined]
+            bench = {b.name: b for b in gym.evaluation.benchmarks()}.get("arithmetic")
             if bench is not None and bench.status != "validating":
                 break
             time.sleep(2)
     if bench is None or bench.status != "ready":
         raise SystemExit(f"the arithmetic benchmark is not ready: {bench}")
-    jobs = {m: gym.evaluation.run("arithmetic", model=m, split="dev", limit=tasks)  # type: ignore[attr-defined]
+    jobs = {m: gym.evaluation.run("arithmetic", model=m, split="dev", limit=tasks)
             for m in (base, checkpoint)}
     done = {}
     with console.status(f"evaluating base and checkpoint on {tasks} arithmetic dev tasks with the minimal harness"):
         for m, job in jobs.items():
-            done[m] = gym.evaluation.wait(job.id, timeout=900)  # type: ignore[attr-defined]
+            done[m] = gym.evaluation.wait(job.id, timeout=900)
     for m, job in done.items():
         console.print(f"evaluation {job.id}: {m} + minimal → {job.score:.3f} ({job.progress.done} trials)")
     return done[base].score or 0.0, done[checkpoint].score or 0.0

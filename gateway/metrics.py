@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.core.errors import StoreUnavailable
+from services.core.jobs import finished_counts, queue_figures
+from services.core.store import Store
+
+log = logging.getLogger("rsigym.gateway")
 
 
 class GatewayMetrics:
@@ -30,6 +42,49 @@ class GatewayMetrics:
         )
         self.refusals = Counter("rsigym_refusals", "Refused calls by reason", ["reason"], registry=self.registry)
         self.in_flight = Gauge("rsigym_in_flight", "Calls in flight", ["service"], registry=self.registry)
+        self.principal_cache = Counter(
+            "rsigym_principal_cache", "Key authentications answered from this replica's cache (hit) or the store (miss)",
+            ["result"], registry=self.registry,
+        )
+
+    def track_jobs(self, store: Store) -> None:
+        """Export the job queues, read from the store at scrape time (see :class:`JobQueueCollector`)."""
+        self.registry.register(JobQueueCollector(store))
 
     def render(self) -> bytes:
+        """Blocking when jobs are tracked (store reads): call it off the event loop."""
         return generate_latest(self.registry)
+
+
+class JobQueueCollector(Collector):
+    """Queue depth and oldest-job age per queue, and jobs finished by kind and status, read from
+    the job tables: every replica and worker writes there, so any gateway reports the whole gym,
+    and a job finished by a worker (or failed by a reaper) is counted once, where it was written."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def _tables(self) -> dict[str, Any]:
+        from services.evaluation.tables import EvaluationJob
+        from services.training.tables import TrainingJob
+
+        return {"training": TrainingJob, "evaluation": EvaluationJob}
+
+    def collect(self) -> Iterator[Metric]:
+        tables = self._tables()
+        try:
+            figures = queue_figures(self.store, list(tables.values()))
+            finished = finished_counts(self.store, tables)
+        except StoreUnavailable:
+            log.warning("/metrics: job queues skipped, the store cannot be reached")
+            return
+        depth = GaugeMetricFamily("rsigym_queue_depth", "Jobs waiting in each queue", labels=["queue"])
+        age = GaugeMetricFamily("rsigym_queue_oldest_age_seconds", "Age of the oldest waiting job in each queue",
+                                labels=["queue"])
+        for queue, (n, oldest) in sorted(figures.items()):
+            depth.add_metric([queue], n)
+            age.add_metric([queue], oldest)
+        done = CounterMetricFamily("rsigym_jobs_finished", "Jobs that reached a final state", labels=["kind", "status"])
+        for (kind, status), n in sorted(finished.items()):
+            done.add_metric([kind, status], n)
+        yield from (depth, age, done)

@@ -17,7 +17,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from gateway.auth import presented_key
+from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from services.core.canonical import canonical_body
 from services.core.errors import AuthenticationFailed, GymError, InvalidRequest, NotFound, ServiceUnavailable
@@ -57,8 +57,8 @@ async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Princip
         found = sandbox_tokens.verify(gw.internal_secret, request.headers.get("x-access-token"))
         if found is None or request.headers.get("e2b-sandbox-id") != found[1]:
             raise AuthenticationFailed("invalid sandbox access token (or it is not this sandbox's)")
-        return await gw.store.call(gw.registry.authenticate_id, found[0])
-    return await gw.store.call(gw.registry.authenticate, key)
+        return await authenticate_key_id(gw, found[0])
+    return await authenticate(gw, key)
 
 
 def _check_grant(principal: Principal, service: str) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,9 +14,8 @@ from rich.table import Table
 
 from gateway.cli.admin_client import AdminClient, AdminError
 from services.core.settings import GymSettings
-
-if TYPE_CHECKING:  # the report module pulls in matplotlib: imported where a report is made
-    from services.evaluation.report import ScoreRow as ReportRow
+from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
+from services.evaluation.report import INITIAL_RUN, build_report_rows
 
 app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
 keys_app = typer.Typer(help="Run keys: create, inspect, fund, pause, revoke.", no_args_is_help=True)
@@ -159,6 +158,25 @@ def serve(
 
 
 @app.command()
+def worker(
+    queues: Annotated[str, typer.Option("--queues", help="Comma-separated: training, training-gpu, evaluation.")]
+    = "training,evaluation",
+    concurrency: Annotated[int | None, typer.Option("--concurrency", min=1, help="Jobs at once (threads).")] = None,
+    config: Annotated[Path | None, typer.Option("--config")] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Distributed mode: a Celery worker running training / evaluation jobs from Redis
+    (RSIGYM_WORKER_BROKER_URL), over the same store and data dir as the services."""
+    from services.core.settings import StoreSettings, WorkerSettings
+    from services.worker.main import parse_queues, start_worker
+
+    worker_settings = WorkerSettings()
+    if concurrency is not None:
+        worker_settings = worker_settings.model_copy(update={"concurrency": concurrency})
+    start_worker(parse_queues(queues), _settings(data_dir, config), StoreSettings(), worker_settings)
+
+
+@app.command()
 def standin(
     port: Annotated[int, typer.Option("--port")] = 8799,
     api_key_env: Annotated[str, typer.Option("--api-key-env", help="Env var holding the key it accepts.")] = "STANDIN_API_KEY",
@@ -263,9 +281,6 @@ def ledger(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, u
 
 # -- evaluation: benchmarks, scoring, the RSI-Index report ---------------------------------
 
-FINAL = frozenset({"succeeded", "failed", "cancelled"})
-INITIAL_RUN = "initial"
-"""The run id of the initial system's (base model + minimal harness) score records."""
 PollOpt = Annotated[float, typer.Option("--poll", help="Seconds between polls with --wait.")]
 
 
@@ -407,50 +422,6 @@ def score(
             err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done")
     if wait and any(r["status"] != "succeeded" for r in rows):
         raise typer.Exit(1)
-
-
-def _newest(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    return max(records, key=lambda r: r.get("created_at") or "", default=None)
-
-
-def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
-                      split: str = "official") -> tuple[list[ReportRow], list[str]]:
-    """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
-
-    For each scored run (not ``initial``) and benchmark, the newest succeeded record on ``split``
-    is the submitted score; the initial score is the newest succeeded ``initial`` record with the
-    same benchmark, split and attempts (one on the same model first, when the run kept its base
-    model). The run's track comes from its key; its agent from the score record, else the key's name.
-    """
-    from services.evaluation.report import ScoreRow as ReportRow
-
-    ok = [r for r in scores
-          if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
-    initial = [r for r in ok if r["run_id"] == INITIAL_RUN]
-    by_key = {k["id"]: k for k in keys}
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in ok:
-        if r["run_id"] != INITIAL_RUN:
-            current = latest.get((r["run_id"], r["benchmark"]))
-            if current is None or (r.get("created_at") or "") >= (current.get("created_at") or ""):
-                latest[(r["run_id"], r["benchmark"])] = r
-    rows: list[ReportRow] = []
-    notes: list[str] = []
-    runs: dict[str, tuple[str, str]] = {}
-    for (run_id, bench), rec in latest.items():
-        same = [i for i in initial if (i["benchmark"], i["attempts"]) == (bench, rec["attempts"])]
-        base = _newest(i for i in same if i["model"] == rec["model"]) or _newest(same)
-        if base is None:
-            notes.append(f"{run_id} on {bench}: no initial-system score ({split}, avg@{rec['attempts']}) yet; left out")
-            continue
-        key = by_key.get(run_id, {})
-        agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
-        rows.append(ReportRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
-                              initial=float(base["score"]), submitted=float(rec["score"])))
-    unfinished = sorted({r["run_id"] for r in scores if r.get("status") not in FINAL and r["run_id"] != INITIAL_RUN})
-    if unfinished:
-        notes.append(f"still being scored (not in this report): {', '.join(unfinished)}")
-    return rows, notes
 
 
 @app.command()

@@ -46,7 +46,9 @@ class Spellings:
 
     def canonical_path(self, path: str) -> str:
         """A dotted policy path with each segment in its canonical spelling."""
-        parts, out, level = path.split("."), [], self
+        out: list[str] = []
+        level: Spellings | None = self
+        parts = path.split(".")
         for part in parts:
             if level is None:
                 out.append(part)

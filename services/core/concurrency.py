@@ -8,8 +8,9 @@ and recorded as a lease so the reaper can give back slots of crashed holders.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any, cast
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -47,7 +48,7 @@ class ConcurrencySlots:
                     .values(in_flight=ConcurrencyCounter.in_flight + 1)
                     .execution_options(synchronize_session=False)
                 )
-                if took.rowcount != 1:
+                if cast(CursorResult[Any], took).rowcount != 1:  # SQLAlchemy 2.1 types execute() as Result
                     raise ConcurrencyLimited(
                         f"at most {cap} concurrent {service} calls for this key; retry when one finishes",
                         param=service,

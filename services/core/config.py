@@ -35,6 +35,8 @@ class RolloutModel(_Strict):
 
 
 class RolloutConfig(_Strict):
+    backend: Literal["litellm"] = "litellm"
+    """services/rollout/backends: every provider goes through LiteLLM."""
     models: list[RolloutModel] = Field(default_factory=list)
     default_max_tokens: int = Field(default=1024, gt=0)
     max_tokens_cap: int = Field(default=8192, gt=0)
@@ -156,7 +158,9 @@ class EvaluationConfig(_Strict):
     workers: int = Field(default=2, ge=1)
     """Evaluation jobs run at once (each runs its trials concurrently, below)."""
     trial_concurrency: int = Field(default=4, ge=1)
-    """Trials (sandboxes) at once per job."""
+    """Trials (sandboxes) at once per job and worker."""
+    workers_per_job: int = Field(default=1, ge=1)
+    """Workers that share one job's trials (the job's task plus this many minus one helper tasks)."""
 
 
 class GymConfig(_Strict):

@@ -115,10 +115,11 @@ class UpstreamTimeout(GymError):
 def validated[M: BaseModel](model: type[M], data: Any, *, what: str, error: type[GymError] | None = None,
                             prefix: str = "") -> M:
     """``model.model_validate(data)``, or a refusal naming the first problem's field:
-    ``invalid <what>: <prefix><field>: <pydantic's message>`` (400 unless ``error`` says otherwise)."""
+    ``invalid <what>: <prefix><field>: <pydantic's message>`` — a 422, the one status of a body
+    that fails validation, unless ``error`` says otherwise."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         param = prefix + ".".join(str(p) for p in first["loc"])
-        raise (error or InvalidRequest)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err
+        raise (error or Unprocessable)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err

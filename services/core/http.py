@@ -26,7 +26,9 @@ from services.core.ids import new_request_id
 
 log = logging.getLogger("rsigym.http")
 
-_STATUS_ERRORS: dict[int, type[GymError]] = {404: NotFound, 405: InvalidRequest, 400: InvalidRequest}
+_STATUS_ERRORS: dict[int, type[GymError]] = {404: NotFound, 405: InvalidRequest, 400: Unprocessable}
+"""Framework refusals in the one error shape. A 400 from the framework is a body it could not
+parse: it answers 422 like every other body that fails validation."""
 
 
 class RequestIdMiddleware:
@@ -89,7 +91,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | 
         kind = _STATUS_ERRORS.get(exc.status_code, InvalidRequest)
         err = kind(str(exc.detail) if exc.detail else "request refused")
         response = error_response(err, request_id_of(request))
-        response.status_code = exc.status_code
+        response.status_code = err.status if exc.status_code == 400 else exc.status_code
         return response
 
     @app.exception_handler(Exception)

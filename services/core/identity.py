@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from services.core.errors import AuthenticationFailed
+from services.core.policy import ServicePolicy
 
 IDENTITY_HEADER = "X-RSIGym-Identity"
 SIGNATURE_HEADER = "X-RSIGym-Signature"
@@ -33,8 +34,8 @@ class Identity(BaseModel):
     run_id: str
     service: str
     operation: str
-    policies: list[dict[str, Any]] = Field(default_factory=list)
-    """The chain's policy for this service, root first."""
+    policies: list[ServicePolicy] = Field(default_factory=list)
+    """The chain's policy for this service, root first (typed on both sides of the signature)."""
     chain_ids: list[str] = Field(default_factory=list)
     """The key and its ancestors, root first (for per-key caps held by services)."""
     concurrency_caps: list[tuple[str, int]] = Field(default_factory=list)

@@ -1,24 +1,26 @@
 """Run keys and child keys: creation, authentication, status, budget and policy edits.
 
 A key is shown once at creation and stored only as its SHA-256. Authentication loads the
-whole chain (the key and its ancestors) on every call — no cache — so a revoke or pause
-takes effect on the very next call on every replica, children included.
+whole chain (the key and its ancestors). Gateways cache the result briefly
+(gateway/principals.py), so every status or policy change is announced once committed
+(services/core/fanout.py): each replica drops the key and its descendants from its cache.
 """
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from services.core.errors import AuthenticationFailed, Conflict, KeyPaused, KeyRevoked, NotFound, Unprocessable
+from services.core.fanout import STATUS_EVENTS
 from services.core.ids import hash_secret, new_api_key, new_id
 from services.core.ledger import balance_of, chain_of
 from services.core.money import nusd_to_usd
-from services.core.policy import Policy
+from services.core.policy import Policy, ServicePolicy
 from services.core.store import Store
 from services.core.tables import ApiKey, utcnow
 
@@ -35,9 +37,9 @@ class Principal:
     policies: tuple[Policy, ...]
     track: str | None
 
-    def service_policies(self, service: str) -> list[dict[str, Any]]:
+    def service_policies(self, service: str) -> list[ServicePolicy]:
         """The chain's rules for one service, root first — what a service needs to know."""
-        return [p.services[service].model_dump(mode="json") for p in self.policies if service in p.services]
+        return [p.services[service] for p in self.policies if service in p.services]
 
     def max_concurrency(self, service: str) -> list[tuple[str, int]]:
         caps = []
@@ -183,7 +185,9 @@ class KeyRegistry:
                 .execution_options(synchronize_session=False)
             )
             s.refresh(row)
-            return key_view(row, chain_of(s, key_id))
+            view = key_view(row, chain_of(s, key_id))
+        self.store.key_events.publish(STATUS_EVENTS[status], key_id)  # committed: now every replica may hear it
+        return view
 
     def topup(self, key_id: str, amount_nusd: int) -> dict[str, Any]:
         if amount_nusd <= 0:
@@ -198,10 +202,12 @@ class KeyRegistry:
             row = s.get(ApiKey, key_id)
             if row is None:
                 raise NotFound(f"key {key_id} not found", param="id")
-            if res.rowcount != 1:
+            if cast(CursorResult[Any], res).rowcount != 1:  # SQLAlchemy 2.1 types execute() as Result
                 raise Conflict("only an unrevoked key with a budget of its own can be topped up")
             s.refresh(row)
-            return key_view(row, chain_of(s, key_id))
+            view = key_view(row, chain_of(s, key_id))
+        self.store.key_events.publish("key.topup", key_id)
+        return view
 
     def set_policy(self, key_id: str, policy: Policy) -> dict[str, Any]:
         with self.store.transaction() as s:
@@ -215,7 +221,9 @@ class KeyRegistry:
             )
             row = s.get(ApiKey, key_id)
             s.refresh(row)
-            return key_view(row, chain_of(s, key_id))  # type: ignore[arg-type]
+            view = key_view(row, chain_of(s, key_id))  # type: ignore[arg-type]
+        self.store.key_events.publish("key.policy", key_id)
+        return view
 
 
 def _require_active(chain: list[ApiKey]) -> None:

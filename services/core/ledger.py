@@ -24,9 +24,9 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, select, update
+from sqlalchemy import ColumnElement, CursorResult, SQLColumnExpression, case, select, update
 from sqlalchemy.orm import Session
 
 from services.core.config import LedgerConfig
@@ -214,6 +214,8 @@ class Ledger:
             stmt = update(LedgerEntry).where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
             if expired_only:
                 stmt = stmt.where(LedgerEntry.expires_at < utcnow())
+            charged_sql: SQLColumnExpression[int]
+            overrun_sql: SQLColumnExpression[int] | int
             if actual_nusd is None:
                 charged_sql, overrun_sql = LedgerEntry.estimate_nusd, 0
             else:
@@ -254,6 +256,7 @@ class Ledger:
                         ).one()
                     )
                 )
+            assert charged is not None  # actual_nusd was set, to a non-NULL expression, just above
             return charged, balance_from(figures)
 
     def extend(self, reservation_id: str, ttl_s: float | None = None) -> bool:
@@ -266,7 +269,8 @@ class Ledger:
                 .values(expires_at=utcnow() + ttl)
                 .execution_options(synchronize_session=False)
             )
-            return res.rowcount == 1
+            # SQLAlchemy 2.1 types Session.execute() as Result; an UPDATE returns a CursorResult.
+            return cast(CursorResult[Any], res).rowcount == 1
 
     def reclaim_expired(self, limit: int = 500) -> int:
         """Close reservations whose holder crashed (expired leases). Returns how many."""
@@ -292,6 +296,7 @@ class Ledger:
             key = s.get(ApiKey, run_or_key_id)
             if key is None:
                 raise NotFound(f"key {run_or_key_id} not found")
+            where: ColumnElement[bool]
             if include_children:
                 ids = _subtree(s, key.id)
                 where = LedgerEntry.key_id.in_(ids)

@@ -53,7 +53,7 @@ def install_log_redaction(*secrets: str) -> Redactor:
                 record = previous(*args, **kwargs)
                 try:
                     message = record.getMessage()
-                except Exception:  # a broken format string must not break logging
+                except Exception:  # noqa: BLE001 - a broken format string must not break logging
                     message = str(record.msg)
                 record.msg, record.args = _redactor(message), None
                 if record.exc_info and record.exc_info[0] is not None:

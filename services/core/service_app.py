@@ -1,8 +1,17 @@
-"""The common frame of every service app: signed-identity check, errors, health."""
+"""The common frame of every service app: signed-identity check, errors, health, shutdown.
+
+Every service builds its app here with its routers, the objects its routes read from
+``app.state`` and one shutdown hook (``close``: stop job pools, kill live sandboxes, stop
+engines). The hook is ``app.state.close`` and runs exactly once, whoever stops first: the
+app's own shutdown in distributed mode (``rsigym serve <service>``), or the gateway's
+``aclose`` in embedded mode (gateway/builder.py collects every service's ``app.state.close``).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import threading
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
@@ -22,9 +31,27 @@ async def require_identity(request: Request) -> Identity:
 CurrentIdentity = Annotated[Identity, Depends(require_identity)]
 
 
-def create_service_app(name: str, *, internal_secret: str, routers: list[APIRouter]) -> FastAPI:
+def once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` callable any number of times, from any thread, running once."""
+    lock, done = threading.Lock(), [False]
+
+    def run() -> None:
+        with lock:
+            if done[0]:
+                return
+            done[0] = True
+        fn()
+
+    return run
+
+
+def create_service_app(name: str, *, internal_secret: str, routers: list[APIRouter],
+                       state: Mapping[str, Any] | None = None, close: Callable[[], None] | None = None) -> FastAPI:
     app = FastAPI(title=f"rsigym-{name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.internal_secret = internal_secret
+    for attr, value in (state or {}).items():
+        setattr(app.state, attr, value)
+    app.state.close = once(close) if close is not None else None
     install_error_handlers(app)
 
     @app.get("/healthz", include_in_schema=False)
@@ -34,9 +61,9 @@ def create_service_app(name: str, *, internal_secret: str, routers: list[APIRout
     for router in routers:
         app.include_router(router, dependencies=[Depends(require_identity)])
 
-    def close() -> None:  # distributed mode: the service's own process stops
+    def shutdown() -> None:  # distributed mode: the service's own process stops
         if (stop := getattr(app.state, "close", None)) is not None:
             stop()
 
-    app.router.on_shutdown.append(close)
+    app.router.on_shutdown.append(shutdown)
     return app

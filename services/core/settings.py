@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from pydantic import Field, field_validator
@@ -68,6 +69,71 @@ class StoreSettings(BaseSettings):
     pool_timeout_s: float = 10.0
     connect_timeout_s: int = 5
     sqlite_busy_timeout_ms: int = 60_000
+
+
+class RedisSettings(BaseSettings):
+    """Redis (prefix ``RSIGYM_REDIS_``): RSIGYM_REDIS_URL, e.g. ``redis://redis:6379/0``.
+
+    Unset = embedded mode: no key-change fan-out between processes. A gateway then caches
+    principals only on SQLite (one process: its own key changes invalidate its cache); on
+    PostgreSQL, where other replicas may change keys unseen, it does not cache at all."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_REDIS_", extra="ignore")
+
+    url: str | None = None
+    key_channel: str = "rsigym:keys"
+    """The pub/sub channel on which key revocations, pauses and policy edits are announced."""
+    socket_timeout_s: float = 1.0
+    """Connect/publish timeout. A Redis outage delays a key change by about twice this (one
+    retry), then it is logged; the change itself is already committed."""
+
+
+class PrincipalCacheSettings(BaseSettings):
+    """The gateway's cache of authenticated keys (prefix ``RSIGYM_PRINCIPAL_CACHE_``).
+
+    An entry lives at most ``ttl_s`` after the store read it came from, and is dropped as
+    soon as a key change of its chain is announced; budgets are never cached."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_PRINCIPAL_CACHE_", extra="ignore")
+
+    ttl_s: float = Field(default=2.0, ge=0)
+    """0 disables the cache."""
+    max_entries: int = Field(default=10_000, ge=1)
+
+
+class JobSettings(BaseSettings):
+    """How long jobs (training, evaluation) run (prefix ``RSIGYM_JOBS_``).
+
+    ``backend``: ``embedded`` runs them on in-process threads (``rsigym up``); ``celery`` sends
+    them as Celery tasks to ``rsigym worker`` processes (see services/worker/). A running job's
+    worker renews ``heartbeat_at`` every ``heartbeat_interval_s``; a job whose heartbeat is older
+    than ``heartbeat_ttl_s`` belongs to a dead worker and is reaped (services/core/jobs.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_JOBS_", extra="ignore")
+
+    backend: Literal["embedded", "celery"] = "embedded"
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_ttl_s: float = Field(default=30.0, gt=0)
+    reap_interval_s: float = Field(default=10.0, gt=0)
+    max_resumes: int = Field(default=2, ge=0)
+    """How often a resumable job (evaluation) is re-queued after its worker died before it is failed."""
+
+
+class WorkerSettings(BaseSettings):
+    """Celery workers and the services that send them tasks (prefix ``RSIGYM_WORKER_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_WORKER_", extra="ignore")
+
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    """RSIGYM_WORKER_BROKER_URL: the Celery broker (Redis)."""
+    queue_prefix: str = ""
+    """Prepended to the queue names (``training``, ``training-gpu``, ``evaluation``), so several gyms
+    (or tests) can share one Redis."""
+    concurrency: int = Field(default=1, ge=1)
+    """Jobs one worker process runs at once (threads)."""
+    visibility_timeout_s: float = Field(default=3600.0, gt=0)
+    """Redis redelivers a task not acknowledged within this time (tasks are acknowledged late, so
+    a killed worker's task comes back); a redelivered task whose job is alive does nothing."""
 
 
 class ProviderSecrets:

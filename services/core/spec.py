@@ -86,6 +86,10 @@ class Operation:
 class ServiceSpec:
     name: str
     operations: tuple[Operation, ...]
+    """What a run key may call (through the gateway's proxy)."""
+    operator_operations: tuple[Operation, ...] = ()
+    """What only the operator reaches, through the gateway's admin API (gateway/admin.py);
+    never matched for a run key. Declared so that spec and router list the same routes."""
 
     def match(self, method: str, path: str) -> Operation | None:
         return next((op for op in self.operations if op.matches(method, path)), None)

@@ -15,15 +15,17 @@ from typing import Any, TypeVar
 import anyio
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, create_engine, event, exc
+from sqlalchemy import Engine, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.errors import StoreUnavailable
+from services.core.fanout import KeyEvents
 from services.core.settings import StoreSettings
 
 T = TypeVar("T")
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_ID = 0x5253_4947_796D  # "RSIGym": the advisory lock every replica migrates under
 
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     exc.OperationalError,
@@ -88,10 +90,13 @@ class Store:
         settings: StoreSettings | None = None,
         *,
         schema: str | None = None,
+        key_events: KeyEvents | None = None,
     ):
         self.url = url
         self.settings = settings or StoreSettings()
         self.schema = schema
+        self.key_events = key_events or KeyEvents()
+        """Where changes to keys stored here are announced (processes cache what keys may do)."""
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
         if url.startswith("sqlite:///"):
@@ -126,14 +131,19 @@ class Store:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def migrate(self) -> None:
-        """Bring the schema to the newest Alembic revision."""
+        """Bring the schema to the newest Alembic revision, once however many replicas start
+        together: on PostgreSQL under a transaction-level advisory lock (the others wait, then
+        find nothing left to do); SQLite's BEGIN IMMEDIATE already serialises writers."""
         with self.guard(), self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.key_events.close()
 
 
 def alembic_config() -> AlembicConfig:

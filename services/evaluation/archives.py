@@ -294,10 +294,10 @@ class _Checker:
             seen = self.kinds.setdefault(parent, "dir")
             if seen != "dir":
                 raise _refuse(f"member {label} lies under {parent!r}, which is a {seen}, not a directory")
-        seen = self.kinds.get(name)
-        if seen == "dir" and kind != "dir":
+        held = self.kinds.get(name)
+        if held == "dir" and kind != "dir":
             raise _refuse(f"member {label} would replace a directory of the same name")
-        if seen is not None and seen != "dir":
+        if held is not None and held != "dir":
             raise _refuse(f"member {label} appears more than once in the archive")
         self.kinds[name] = kind
 

@@ -22,6 +22,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harbor.models.task.config import TaskConfig
 from harbor.models.task.task import Task
@@ -130,7 +131,7 @@ def _extract(tarball: Path, dest: Path) -> Path:
     return roots[0]
 
 
-def _read_header(path: Path) -> dict:
+def _read_header(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 from e2b import AsyncSandbox, CommandExitException, FileType
 from e2b.exceptions import FileNotFoundException
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b.template.dockerfile_parser import DockerfileSyntaxError, parse_dockerfile
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities
@@ -273,7 +274,7 @@ class GymSandboxEnvironment(BaseEnvironment):
                 + ". Put the files under environment/ (copied at start) or use a sandbox template that has them."
             )
         # Dockerfile ENV sits under the task's and the trial's own variables.
-        self._persistent_env = {**self._plan.env, **self._persistent_env}
+        self._persistent_env: dict[str, str] = {**self._plan.env, **self._persistent_env}
 
     @property
     def is_agent_environment(self) -> bool:
@@ -427,7 +428,7 @@ class GymSandboxEnvironment(BaseEnvironment):
                                          timeout_sec=_BOOT_TIMEOUT_S)
             if made.return_code != 0:
                 raise RuntimeError(f"could not create {dirs}: {made.stderr or made.stdout}")
-        batch: list[dict[str, Any]] = []
+        batch: list[WriteEntry] = []
         size = 0
         modes: dict[int, list[str]] = {}
         for target, local in files:

@@ -19,9 +19,9 @@ from services.core.errors import Conflict, NotFound
 from services.core.ids import new_id
 from services.core.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
+from services.evaluation.schemas import MINIMAL
 from services.evaluation.tables import HarnessRow
 
-MINIMAL = "minimal"
 MINIMAL_DIR = Path(__file__).resolve().parents[2] / "agent_container" / "harness" / "minimal"
 
 

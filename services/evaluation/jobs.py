@@ -1,39 +1,53 @@
-"""Evaluation jobs: a worker pool running Harbor trials on the gym's own sandboxes.
+"""Evaluation jobs: Harbor trials on the gym's own sandboxes, run by one or more workers.
 
-A job mints two keys under the key it is billed to (the run's, or the operator's for
-scoring): a *sandbox key* that may create trial sandboxes with a model door, and a *door
-key* that may call only the evaluated model through inference. The door key never enters a
-sandbox: the door puts it on requests. So every trial's sandbox seconds and every token the
-harness spends are metered through the ordinary gateway path to the right budget, and the
-keys are revoked when the job ends. Each trial's result is written as soon as it ends, so a
-cancel or a crash keeps what was done.
+Each worker taking part in a job mints two keys under the key it is billed to (the run's, or
+the operator's for scoring): a *sandbox key* that may create trial sandboxes with a model door,
+and a *door key* that may call only the evaluated model through inference. The door key never
+enters a sandbox: the door puts it on requests. So every trial's sandbox seconds and every token
+the harness spends are metered through the ordinary gateway path to the right budget, and the
+keys are revoked when that worker is done. A trial is claimed in the store before it runs
+(:class:`~services.evaluation.tables.TrialClaim`), so several workers can share one job's trials,
+and its result is written as soon as it ends, so a cancel, a crash or a resumed job keeps what
+was done and never runs a recorded trial again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from services.core.errors import GymError, ServiceUnavailable
+from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
+from services.core.settings import JobSettings
 from services.core.store import Store
-from services.core.workers import JobPool
-from services.core.tables import utcnow
+from services.core.tables import ApiKey, utcnow
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.registry import BenchmarkRegistry
-from services.evaluation.tables import EvaluationJob, ScoreRow, TrialResultRow
+from services.evaluation.tables import EvaluationJob, ScoreRow, TrialClaim, TrialResultRow
 from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial
 
 log = logging.getLogger("rsigym.evaluation")
 FINAL = {"succeeded", "failed", "cancelled"}
 TrialRunner = Callable[[TrialRequest], Awaitable[TrialOutcome]]
+TASK_OF_PURPOSE = {"agent": "run", "score": "score", "baseline": "baseline", "validation": "validation"}
+ASSIST_TASK = "rsigym.evaluation.assist"
+"""A helper: another worker sharing a running job's trials (see :meth:`EvaluationRunner.assist`)."""
+CLAIM_POLL_S = 0.2
+
+
+class _AlreadyRecorded(Exception):
+    """Rolls a claim back: the trial was recorded meanwhile."""
 
 
 def job_score(rewards: dict[str, list[float | None]]) -> float | None:
@@ -43,11 +57,22 @@ def job_score(rewards: dict[str, list[float | None]]) -> float | None:
     return sum(per_task) / len(per_task) if per_task else None
 
 
-class EvaluationRunner:
+class EvaluationRunner(JobRunnerBase):
+    """Evaluation jobs on the common job lifecycle (services/core/jobs.py). They resume: a job
+    whose worker died is queued again and the next worker runs only the trials not yet recorded."""
+
+    table = EvaluationJob
+    kind = "evaluation"
+    final = frozenset(FINAL)
+    resumable = True
+
     def __init__(self, store: Store, registry: BenchmarkRegistry, harnesses: HarnessStore, trials_root: Path,
                  *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial,
-                 gateway_url: Callable[[], str | None] = lambda: None):
-        self.store, self.registry, self.harnesses = store, registry, harnesses
+                 gateway_url: Callable[[], str | None] = lambda: None, dispatcher: Dispatcher | None = None,
+                 job_settings: JobSettings | None = None, workers_per_job: int = 1):
+        super().__init__(store, workers=workers, name="rsigym-eval", settings=job_settings, dispatcher=dispatcher)
+        self.workers_per_job = workers_per_job
+        self.registry, self.harnesses = registry, harnesses
         self.keys = KeyRegistry(store)
         self.trials_root = trials_root
         self.trial_concurrency = trial_concurrency
@@ -55,51 +80,81 @@ class EvaluationRunner:
         self.gateway_url = gateway_url
         """Where trials reach the gateway: the gym's configured address, read when a job runs
         (never the row's, never a request's), since the trial's keys are sent there."""
-        self.pool = JobPool(workers, "rsigym-eval")
 
-    def recover(self) -> None:
-        with self.store.transaction() as s:
-            s.execute(update(EvaluationJob).where(EvaluationJob.status == "running").values(
-                status="failed", error="the gym restarted during this job", finished_at=utcnow()))
-            queued = s.scalars(select(EvaluationJob.id).where(EvaluationJob.status == "queued")).all()
-        for job_id in queued:
-            self.submit(job_id)
-
-    def submit(self, job_id: str) -> None:
-        self.pool.submit(self._run_safely, job_id)
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return self.pool.wait_idle(timeout)
+    def task_name(self, job: Any) -> str:
+        """One Celery task per purpose (agent runs, scoring, baselines, benchmark validation)."""
+        return f"rsigym.evaluation.{TASK_OF_PURPOSE.get(job.purpose, 'run')}"
 
     def shutdown(self) -> None:
-        """Ask running jobs to stop after their current trials; best effort (the store may be gone)."""
-        try:
-            with self.store.transaction() as s:
-                s.execute(update(EvaluationJob).where(EvaluationJob.status.in_(("queued", "running")))
-                          .values(cancel_requested=True))
-        except Exception as err:  # noqa: BLE001 - stopping must not fail; recover() fails them at next start
-            log.warning("evaluation shutdown could not flag running jobs: %s", type(err).__name__)
-        self.pool.shutdown()
+        """Embedded: ask running jobs to stop after their current trials; best effort (the store
+        may be gone). Celery workers' jobs are not this process's to stop."""
+        if isinstance(self.dispatcher, PoolDispatcher):
+            try:
+                with self.store.transaction() as s:
+                    s.execute(update(EvaluationJob).where(EvaluationJob.status.in_(("queued", "running")))
+                              .values(cancel_requested=True))
+            except Exception as err:  # noqa: BLE001 - stopping must not fail; recover() reaps them at next start
+                log.warning("evaluation shutdown could not flag running jobs: %s", type(err).__name__)
+        super().shutdown()
 
-    def _run_safely(self, job_id: str) -> None:
-        try:
-            self._run(job_id)
-        except Exception as err:  # the job fails; the worker lives on
-            log.exception("evaluation job %s failed", job_id)
-            message = err.message if isinstance(err, GymError) else f"{type(err).__name__}: {err}"
-            self._finish(job_id, "failed", message)
+    def describe_error(self, err: Exception) -> str:
+        return err.message if isinstance(err, GymError) else f"{type(err).__name__}: {err}"
 
-    def _run(self, job_id: str) -> None:
+    # -- running: an owner, and helpers that share its trials ------------------------------
+
+    def task_body(self, task: str) -> Callable[[str], bool]:
+        return self.assist if task == ASSIST_TASK else self.execute
+
+    def extra_tasks(self, job: Any) -> list[str]:
+        """Helpers sent with a job: ``workers_per_job - 1`` assist tasks, so that many workers share its trials."""
+        return [ASSIST_TASK] * (self.workers_per_job - 1)
+
+    def _run(self, job: EvaluationJob) -> None:
+        """The owner: runs trials until none is left to claim, then waits for the trials helpers
+        hold (taking back those whose helper died), and finishes the job."""
+        job_id = job.id
+        while True:
+            self._participate(job)
+            if self._stopped(job_id) or self._complete(job):
+                break
+            self._drop_stale_claims(job_id)
+            time.sleep(CLAIM_POLL_S)
         with self.store.transaction() as s:
+            cancelled = bool(s.scalar(select(EvaluationJob.cancel_requested).where(EvaluationJob.id == job_id)))
+        self._finish(job_id, "cancelled" if cancelled else "succeeded", None)
+
+    def assist(self, job_id: str) -> bool:
+        """A helper task: share a running job's trials (or own the job if it is still queued).
+        The owner finishes it; a helper that dies leaves claims that go stale and are rerun."""
+        with self.store.transaction() as s:
+            status = s.scalar(select(EvaluationJob.status).where(EvaluationJob.id == job_id))
+        if status == "queued" and self.execute(job_id):
+            return True
+        with self.store.transaction() as s:  # someone else holds it (maybe just now): help
             job = s.get(EvaluationJob, job_id)
-            if job is None or job.status != "queued":
-                return
-            if job.cancel_requested:
-                job.status, job.finished_at = "cancelled", utcnow()
-                return
-            job.status, job.started_at = "running", utcnow()
-            s.flush()
+            if job is None or job.status != "running":
+                return False
             s.expunge(job)
+        with self._heartbeat(job_id, own_job=False):
+            try:
+                self._participate(job)
+            except Exception:  # noqa: BLE001 - a helper's failure is not the job's: the owner reruns its trials
+                log.exception("evaluation job %s: helper %s failed", job_id, self.worker_id)
+        return True
+
+    def _beat(self, session: Session, job_id: str) -> None:
+        session.execute(update(TrialClaim).where(TrialClaim.job_id == job_id, TrialClaim.worker == self.worker_id)
+                        .values(heartbeat_at=utcnow()).execution_options(synchronize_session=False))
+
+    def _plan(self, job: EvaluationJob) -> list[tuple[str, int, str]]:
+        if job.purpose == "validation":  # the oracle must score 1, doing nothing must score 0
+            return [(t, 1, "oracle") for t in job.task_ids] + [(t, 2, "nop") for t in job.task_ids]
+        return [(t, a, "harness") for t in job.task_ids for a in range(1, job.attempts + 1)]
+
+    def _participate(self, job: EvaluationJob) -> None:
+        """Run trials of the job, claiming each in the store first, until none is left to claim."""
+        if self._stopped(job.id) or not self._open_trials(job):
+            return
         benchmark = self.registry.load(job.benchmark)
         tasks = {t.id: t for split, t in benchmark.tasks() if job.split in ("*", split.name)}
         harness_dir = self.harnesses.directory(job.harness, run_id=None) if job.purpose != "validation" else None
@@ -108,17 +163,13 @@ class EvaluationRunner:
             raise ServiceUnavailable("the gym does not know its own address (RSIGYM_GATEWAY_URL)")
         sandbox_key, door_key, minted = self._mint_keys(job)
         try:
-            asyncio.run(self._trials(job, [tasks[t] for t in job.task_ids], harness_dir, sandbox_key, door_key,
-                                     gateway))
+            asyncio.run(self._trials(job, tasks, harness_dir, sandbox_key, door_key, gateway))
         finally:
             for key_id in minted:
                 try:
                     self.keys.set_status(key_id, "revoked")
                 except GymError as err:
-                    log.warning("job %s: key %s not revoked: %s", job_id, key_id, err.message)
-        with self.store.transaction() as s:
-            cancelled = s.get(EvaluationJob, job_id).cancel_requested
-        self._finish(job_id, "cancelled" if cancelled else "succeeded", None)
+                    log.warning("job %s: key %s not revoked: %s", job.id, key_id, err.message)
 
     def _mint_keys(self, job: EvaluationJob) -> tuple[str, str, list[str]]:
         scoring = job.purpose in ("score", "baseline", "validation")
@@ -134,58 +185,123 @@ class EvaluationRunner:
             parent_id=job.key_id, name=f"evaluation {job.id} model door", platform=True)
         return sandbox_key, door_key, [sandbox_view["id"], door_view["id"]]
 
-    async def _trials(self, job: EvaluationJob, tasks: list[TaskRef], harness_dir: Path | None, sandbox_key: str,
-                      door_key: str, gateway_url: str) -> None:
-        gate = asyncio.Semaphore(self.trial_concurrency)
+    async def _trials(self, job: EvaluationJob, tasks: dict[str, TaskRef], harness_dir: Path | None,
+                      sandbox_key: str, door_key: str, gateway_url: str) -> None:
         trials_dir = self.trials_root / job.id
 
-        async def one(task: TaskRef, attempt: int, agent: str) -> None:
-            async with gate:
-                if await asyncio.to_thread(self._cancelled, job.id):
+        async def lane() -> None:
+            while not await asyncio.to_thread(self._stopped, job.id):
+                claimed = await asyncio.to_thread(self._claim_trial, job)
+                if claimed is None:
                     return
+                task_id, attempt, agent = claimed
                 request = TrialRequest(
-                    task=task, harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
+                    task=tasks[task_id], harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
                     door_key=door_key, model=job.model, sampling=dict(job.sampling), attempt=attempt,
                     trials_dir=trials_dir, agent=agent)  # type: ignore[arg-type]
                 outcome = await self.run_trial(request)
                 if job.purpose == "validation" and outcome.reward is None and outcome.error:
                     # the run itself broke (not the oracle's answer): judge the task on a second run
-                    log.warning("validation of %s/%s: retrying after %s", job.benchmark, task.id, outcome.error)
+                    log.warning("validation of %s/%s: retrying after %s", job.benchmark, task_id, outcome.error)
                     outcome = await self.run_trial(request)
                 await asyncio.to_thread(self._record, job.id, outcome, attempt)
 
-        if job.purpose == "validation":  # the oracle must score 1, doing nothing must score 0
-            plan = [(t, 1, "oracle") for t in tasks] + [(t, 2, "nop") for t in tasks]
-        else:
-            plan = [(t, a, "harness") for t in tasks for a in range(1, job.attempts + 1)]
-        await asyncio.gather(*(one(t, a, agent) for t, a, agent in plan))
+        await asyncio.gather(*(lane() for _ in range(self.trial_concurrency)))
 
-    def _cancelled(self, job_id: str) -> bool:
+    def _stopped(self, job_id: str) -> bool:
+        """Cancel requested, or the job is no longer running (finished, or re-queued after a reap)."""
         with self.store.transaction() as s:
-            return bool(s.scalar(select(EvaluationJob.cancel_requested).where(EvaluationJob.id == job_id)))
+            row = s.execute(select(EvaluationJob.cancel_requested, EvaluationJob.status)
+                            .where(EvaluationJob.id == job_id)).first()
+        return row is None or bool(row[0]) or row[1] != "running"
+
+    def _open_trials(self, job: EvaluationJob) -> list[tuple[str, int, str]]:
+        """Trials neither recorded nor claimed, in plan order."""
+        with self.store.transaction() as s:
+            taken = {(t, a) for t, a in s.execute(
+                select(TrialResultRow.task_id, TrialResultRow.attempt).where(TrialResultRow.job_id == job.id))}
+            taken |= {(t, a) for t, a in s.execute(
+                select(TrialClaim.task_id, TrialClaim.attempt).where(TrialClaim.job_id == job.id))}
+        return [p for p in self._plan(job) if (p[0], p[1]) not in taken]
+
+    def _claim_trial(self, job: EvaluationJob) -> tuple[str, int, str] | None:
+        """Take one open trial for this worker (a primary-key insert: one claimer per trial)."""
+        for task_id, attempt, agent in self._open_trials(job):
+            try:
+                with self.store.transaction() as s:
+                    s.add(TrialClaim(job_id=job.id, task_id=task_id, attempt=attempt, worker=self.worker_id,
+                                     heartbeat_at=utcnow()))
+                    s.flush()  # waits for (then fails on) a claim another worker holds
+                    if s.scalar(select(func.count()).select_from(TrialResultRow).where(
+                            TrialResultRow.job_id == job.id, TrialResultRow.task_id == task_id,
+                            TrialResultRow.attempt == attempt)):
+                        raise _AlreadyRecorded  # its result landed after the open trials were read
+                return task_id, attempt, agent
+            except (IntegrityError, _AlreadyRecorded):
+                continue  # another worker took it first
+        return None
+
+    def _complete(self, job: EvaluationJob) -> bool:
+        with self.store.transaction() as s:
+            recorded = s.scalar(select(func.count()).select_from(TrialResultRow)
+                                .where(TrialResultRow.job_id == job.id))
+        return (recorded or 0) >= len(self._plan(job))
+
+    def _drop_stale_claims(self, job_id: str) -> int:
+        """Claims whose worker stopped beating (a helper died): the trials become open again."""
+        cutoff = utcnow() - self._ttl()
+        with self.store.transaction() as s:
+            return int(s.execute(delete(TrialClaim).where(TrialClaim.job_id == job_id, TrialClaim.heartbeat_at < cutoff)
+                                 .execution_options(synchronize_session=False)).rowcount)  # type: ignore[attr-defined]
 
     def _record(self, job_id: str, outcome: TrialOutcome, attempt: int) -> None:
-        with self.store.transaction() as s:
-            s.add(TrialResultRow(
-                job_id=job_id, task_id=outcome.task_id, attempt=attempt, reward=outcome.reward, error=outcome.error,
-                trajectory=outcome.trajectory, verifier_output=(outcome.verifier_output or "")[-20000:],
-                agent_output=(outcome.agent_output or "")[-20000:], sandbox_id=outcome.sandbox_id,
-                started_at=outcome.started_at, finished_at=outcome.finished_at))
-            s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id)
-                      .values(trials_done=EvaluationJob.trials_done + 1))
+        """The trial's result, written as it ends; its claim goes in the same transaction. A trial
+        recorded meanwhile by another worker (this one's claim went stale) is kept, not doubled."""
+        try:
+            with self.store.transaction() as s:
+                s.add(TrialResultRow(
+                    job_id=job_id, task_id=outcome.task_id, attempt=attempt, reward=outcome.reward,
+                    error=outcome.error, trajectory=outcome.trajectory,
+                    verifier_output=(outcome.verifier_output or "")[-20000:],
+                    agent_output=(outcome.agent_output or "")[-20000:], sandbox_id=outcome.sandbox_id,
+                    started_at=outcome.started_at, finished_at=outcome.finished_at))
+                s.flush()
+                s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id)
+                          .values(trials_done=EvaluationJob.trials_done + 1))
+                s.execute(delete(TrialClaim).where(TrialClaim.job_id == job_id, TrialClaim.task_id == outcome.task_id,
+                                                   TrialClaim.attempt == attempt))
+        except IntegrityError:
+            log.warning("job %s: trial %s/%d was already recorded by another worker", job_id, outcome.task_id, attempt)
+            with self.store.transaction() as s:
+                s.execute(delete(TrialClaim).where(TrialClaim.job_id == job_id, TrialClaim.task_id == outcome.task_id,
+                                                   TrialClaim.attempt == attempt, TrialClaim.worker == self.worker_id))
 
-    def _finish(self, job_id: str, status: str, error: str | None) -> None:
+    def _on_final(self, session: Session, job_id: str, status: str) -> None:
+        """In the finishing transaction: the job's score from the recorded trials, and its score row."""
+        job = session.get(EvaluationJob, job_id, populate_existing=True)
+        if job is None:
+            return
+        rows = session.scalars(select(TrialResultRow).where(TrialResultRow.job_id == job_id)).all()
+        rewards: dict[str, list[float | None]] = {}
+        for r in rows:
+            rewards.setdefault(r.task_id, []).append(r.reward)
+        job.score = job_score(rewards) if job.purpose != "validation" else None
+        session.execute(update(ScoreRow).where(ScoreRow.job_id == job_id).values(
+            score=job.score if status == "succeeded" else None, status=status))
+
+    def _after_final(self, job_id: str, status: str, error: str | None) -> None:
         with self.store.transaction() as s:
-            job = s.get(EvaluationJob, job_id)
-            if job is None or job.status in FINAL:
-                return
-            rows = s.scalars(select(TrialResultRow).where(TrialResultRow.job_id == job_id)).all()
-            rewards: dict[str, list[float | None]] = {}
-            for r in rows:
-                rewards.setdefault(r.task_id, []).append(r.reward)
-            job.score = job_score(rewards) if job.purpose != "validation" else None
-            job.status, job.error, job.finished_at = status, error, utcnow()
-            s.execute(update(ScoreRow).where(ScoreRow.job_id == job_id).values(
-                score=job.score if status == "succeeded" else None, status=status))
-        if job.purpose == "validation":
+            purpose = s.scalar(select(EvaluationJob.purpose).where(EvaluationJob.id == job_id))
+        if purpose == "validation":
             self.registry.finish_validation(job_id)
+
+    def _after_reaped(self, job_id: str) -> None:
+        """A dead worker could not revoke the keys it minted for the job's trials: revoke them here."""
+        with self.store.transaction() as s:
+            minted = s.scalars(select(ApiKey.id).where(ApiKey.name.like(f"evaluation {job_id} %"),
+                                                        ApiKey.status != "revoked")).all()
+        for key_id in minted:
+            try:
+                self.keys.set_status(key_id, "revoked")
+            except GymError as err:
+                log.warning("job %s: key %s not revoked: %s", job_id, key_id, err.message)

@@ -74,6 +74,8 @@ class BenchmarkRegistry:
     def set_validation_job(self, name: str, job_id: str) -> None:
         with self.store.transaction() as s:
             row = s.get(BenchmarkRow, name)
+            if row is None:
+                raise NotFound(f"benchmark {name!r} not found", param="benchmark")
             row.validation = {"status": "validating", "job_id": job_id}
 
     def finish_validation(self, job_id: str) -> None:

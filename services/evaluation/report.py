@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
@@ -256,6 +254,9 @@ def draw_chart(report: Report, benchmark: str, path: Path) -> Path:
     """Bars of initial vs submitted score for every run that has ``benchmark``."""
     pairs = [(r.run_id, t) for r in report.runs for t in r.result.terms if t.benchmark == benchmark]
     width_in = min(max(6.4, 1.3 * len(pairs) + 2.0), 40.0)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # charts only: keep matplotlib out of readers
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(width_in, 4.8), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -294,3 +295,52 @@ def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Consol
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return ReportFiles(report, md_path, json_path, write_charts(report, out))
+
+
+# -- rows from score records ------------------------------------------------------------
+
+INITIAL_RUN = "initial"
+"""The run id under which an operator records the initial system's scores."""
+FINAL_SCORE_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _newest(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    return max(records, key=lambda r: r.get("created_at") or "", default=None)
+
+
+def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
+                      split: str = "official") -> tuple[list[ScoreRow], list[str]]:
+    """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
+
+    For each scored run (not ``initial``) and benchmark, the newest succeeded record on ``split``
+    is the submitted score; the initial score is the newest succeeded ``initial`` record with the
+    same benchmark, split and attempts (one on the same model first, when the run kept its base
+    model). The run's track comes from its key; its agent from the score record, else the key's name.
+    """
+    ok = [r for r in scores
+          if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
+    initial = [r for r in ok if r["run_id"] == INITIAL_RUN]
+    by_key = {k["id"]: k for k in keys}
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in ok:
+        if r["run_id"] != INITIAL_RUN:
+            current = latest.get((r["run_id"], r["benchmark"]))
+            if current is None or (r.get("created_at") or "") >= (current.get("created_at") or ""):
+                latest[(r["run_id"], r["benchmark"])] = r
+    rows: list[ScoreRow] = []
+    notes: list[str] = []
+    runs: dict[str, tuple[str, str]] = {}
+    for (run_id, bench), rec in latest.items():
+        same = [i for i in initial if (i["benchmark"], i["attempts"]) == (bench, rec["attempts"])]
+        base = _newest(i for i in same if i["model"] == rec["model"]) or _newest(same)
+        if base is None:
+            notes.append(f"{run_id} on {bench}: no initial-system score ({split}, avg@{rec['attempts']}) yet; left out")
+            continue
+        key = by_key.get(run_id, {})
+        agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
+        rows.append(ScoreRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
+                              initial=float(base["score"]), submitted=float(rec["score"])))
+    unfinished = sorted({r["run_id"] for r in scores if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] != INITIAL_RUN})
+    if unfinished:
+        notes.append(f"still being scored (not in this report): {', '.join(unfinished)}")
+    return rows, notes

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
+from services.core.checkpoints import CheckpointRegistry
 from services.core.errors import (
     Conflict,
-    InvalidRequest,
     NotFound,
     PermissionDenied,
     ServiceUnavailable,
@@ -33,8 +32,8 @@ from services.core.tables import ApiKey
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
+from services.evaluation.schemas import JobRequest, ScoreRequest, SubmissionRequest
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
-from services.training.registry import CheckpointRegistry
 
 log = logging.getLogger("rsigym.evaluation")
 OPERATOR_KEY_NAME = "rsigym-operator"
@@ -42,50 +41,10 @@ OPERATOR_BUDGET_USD = 1_000_000.0
 TRACK_NEEDS = {"data": ("checkpoint",), "harness": ("harness",), "joint": ("checkpoint", "harness")}
 
 
-class Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    temperature: float = Field(default=0.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int = Field(default=64, ge=1, le=4096)
-    seed: int | None = None
-
-
-class JobRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    benchmark: str
-    split: str = "dev"
-    model: str
-    harness: str = MINIMAL
-    attempts: int = Field(default=1, ge=1, le=10)
-    sampling: Sampling = Field(default_factory=Sampling)
-    tasks: list[str] | None = Field(default=None, max_length=10_000)
-    """A subset of the split's task ids (default: all)."""
-    limit: int | None = Field(default=None, ge=1)
-    """At most this many tasks (the first, in the split's order)."""
-
-
-class SubmissionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    checkpoint: str | None = None
-    harness: str | None = None
-    base_model: str | None = None
-
-
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    attempts: int = Field(default=3, ge=1, le=10)
-    benchmarks: list[str] | None = None
-    split: str = "official"
-
-
 def _detail(identity: Identity) -> Literal["full", "aggregate"]:
     if identity.operator:
         return "full"
-    return "aggregate" if any(p.get("detail") == "aggregate" for p in identity.policies) else "full"
+    return "aggregate" if any(p.detail == "aggregate" for p in identity.policies) else "full"
 
 
 def job_view(job: EvaluationJob) -> dict[str, Any]:
@@ -115,10 +74,11 @@ class EvaluationService:
         self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
         self.harnesses = HarnessStore(self.store, data / "harnesses")
         self.keys = KeyRegistry(self.store)
-        self.checkpoints = CheckpointRegistry(self.store, context.data_dir / "checkpoints")  # reads only
+        self.checkpoints = CheckpointRegistry.of(context)  # reads only
         self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
                                        workers=context.config.evaluation.workers,
                                        trial_concurrency=context.config.evaluation.trial_concurrency,
+                                       workers_per_job=context.config.evaluation.workers_per_job,
                                        gateway_url=lambda: context.settings.gateway_url)
 
     # -- benchmarks --------------------------------------------------------------------
@@ -130,7 +90,7 @@ class EvaluationService:
         self._operator(identity)
         path = body.get("path")
         if not isinstance(path, str) or not path:
-            raise InvalidRequest("give the benchmark's directory or .tar.gz path on the gym's host", param="path")
+            raise Unprocessable("give the benchmark's directory or .tar.gz path on the gym's host", param="path")
         row, bench = self.registry.register(path, replace=bool(body.get("replace")))
         model = self.config.models[0].name
         task_ids = [t.id for _, t in bench.tasks()]
@@ -145,7 +105,7 @@ class EvaluationService:
 
     def upload_harness(self, identity: Identity, raw: bytes) -> dict[str, Any]:
         if not raw:
-            raise InvalidRequest("send the harness archive (.tar.gz) as the request body")
+            raise Unprocessable("send the harness archive (.tar.gz) as the request body")
         return self.harnesses.upload(run_id=identity.run_id, key_id=identity.key_id, raw=raw)
 
     # -- jobs --------------------------------------------------------------------------
@@ -258,7 +218,7 @@ class EvaluationService:
         if track == "harness" and req.checkpoint is not None:
             raise Unprocessable("the harness track keeps the base model", param="checkpoint")
         if req.checkpoint is None and req.harness is None:
-            raise InvalidRequest("submit a checkpoint, a harness, or both")
+            raise Unprocessable("submit a checkpoint, a harness, or both")
         if req.checkpoint is not None:
             self._check_model(identity.run_id, req.checkpoint)
             model = req.checkpoint
@@ -305,7 +265,8 @@ class EvaluationService:
             if req.split not in bench.splits:
                 continue
             task_ids = [t.id for t in self.registry.load(bench.name).splits[req.split].tasks]
-            plans = [("initial", None, base_model, MINIMAL, None)]
+            # (scored run, submission id, model, harness, agent name)
+            plans: list[tuple[str, str | None, str, str, str | None]] = [("initial", None, base_model, MINIMAL, None)]
             plans.append((run_id, sub.id, sub.model, sub.harness, agent or run_id))
             for scored_run, submission_id, model, harness, agent_name in plans:
                 if scored_run == "initial" and self._baseline(bench.name, req.split, model, req.attempts):

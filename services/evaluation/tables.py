@@ -48,7 +48,8 @@ class HarnessRow(Base):
 
 class EvaluationJob(Base):
     __tablename__ = "evaluation_jobs"
-    __table_args__ = (Index("ix_evaluation_jobs_status", "status"),)
+    __table_args__ = (Index("ix_evaluation_jobs_status", "status"),
+                      Index("ix_evaluation_jobs_status_queue", "status", "queue"))
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40), index=True)
@@ -69,6 +70,14 @@ class EvaluationJob(Base):
     status: Mapped[str] = mapped_column(String(24), default="queued")
     """queued → running → succeeded | failed | cancelled"""
     cancel_requested: Mapped[bool] = mapped_column(default=False)
+    queue: Mapped[str] = mapped_column(String(40), default="evaluation", server_default="evaluation")
+    """The Celery queue its task goes to (training, training-gpu, evaluation); also what queue metrics count."""
+    worker: Mapped[str | None] = mapped_column(String(120))
+    """The worker that claimed it (host:pid:nonce); only that worker may finish it while it runs."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """Renewed while the job runs; a stale one means its worker died (services/core/jobs.py)."""
+    claims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times a worker has taken it (a resumed job is taken again)."""
     trials_total: Mapped[int] = mapped_column(Integer)
     trials_done: Mapped[int] = mapped_column(Integer, default=0)
     score: Mapped[float | None] = mapped_column(Float)
@@ -94,6 +103,21 @@ class TrialResultRow(Base):
     sandbox_id: Mapped[str | None] = mapped_column(String(40))
     started_at: Mapped[str | None] = mapped_column(String(40))
     finished_at: Mapped[str | None] = mapped_column(String(40))
+
+
+class TrialClaim(Base):
+    """A trial some worker is running now. Several workers may share one evaluation job: each
+    takes a trial by inserting its claim (the primary key admits one), renews ``heartbeat_at``
+    while it runs, and deletes the claim when it writes the result. A stale claim (its worker
+    died) is dropped by the job's owner and the trial runs again."""
+
+    __tablename__ = "evaluation_trial_claims"
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str] = mapped_column(String(120))
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class SubmissionRow(Base):

@@ -1,4 +1,4 @@
-"""Builds the inference service app and declares its operations to the gateway."""
+"""Builds the inference service app (its operations are declared in spec.py)."""
 
 from __future__ import annotations
 
@@ -6,27 +6,18 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
+from services.core.checkpoints import CheckpointRegistry
 from services.core.config import BaseModel_
 from services.core.errors import ServiceUnavailable
-
 from services.core.service_app import create_service_app
-from services.core.spec import Operation, ServiceContext, ServiceSpec
+from services.core.spec import ServiceContext
 from services.inference.api import router
+from services.inference.backends import ENGINES
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
-from services.inference.backends.local import LocalEngine
-from services.inference.metering import estimate_chat
 from services.inference.service import InferenceService
-from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest
+from services.inference.spec import SPEC
 
-SPEC = ServiceSpec(
-    name="inference",
-    operations=(
-        Operation("GET", "/v1/models", "models.list"),
-        # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
-        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True,
-                  schema=ChatRequest, synonyms=CHAT_SYNONYMS),
-    ),
-)
+__all__ = ["SPEC", "EngineByBackend", "create_app", "default_engines"]
 
 
 class EngineByBackend:
@@ -48,25 +39,21 @@ class EngineByBackend:
                  on_text: Callable[[str], None] | None = None) -> Generation:
         return self._engine(base).generate(base, adapter, prompt, sampling, on_text)
 
+    def close(self) -> None:
+        for engine in self.engines.values():
+            if (close := getattr(engine, "close", None)) is not None:
+                close()
+
 
 def default_engines(context: ServiceContext) -> dict[str, InferenceEngine]:
-    models_dir, cap = context.settings.resolved_models_dir(), context.config.inference.max_loaded_adapters
-    engines: dict[str, InferenceEngine] = {"local": LocalEngine(models_dir, cap)}
-    backends = {m.backend for m in context.config.models}
-    if "vllm" in backends:
-        from services.inference.backends.vllm import VLLMEngine
-
-        engines["vllm"] = VLLMEngine(cap)
-    if "tinker" in backends:
-        from services.inference.backends.tinker import TinkerEngine
-        from services.training.backends.tinker import service_client
-
-        engines["tinker"] = TinkerEngine(service_client(context.secrets), models_dir)
-    return engines
+    """One engine per backend the configured base models use (local always: tests and demos
+    name the tiny model)."""
+    backends = {"local"} | {m.backend for m in context.config.models}
+    return {name: ENGINES.get(name)(context) for name in sorted(backends)}
 
 
 def create_app(context: ServiceContext, *, engine: InferenceEngine | None = None) -> FastAPI:
-    app = create_service_app("inference", internal_secret=context.internal_secret, routers=[router])
     engine = engine or EngineByBackend(default_engines(context))
-    app.state.inference = InferenceService(context.config, context.store, engine)
-    return app
+    service = InferenceService(context.config, CheckpointRegistry.of(context), engine)
+    return create_service_app("inference", internal_secret=context.internal_secret, routers=[router],
+                              state={"inference": service}, close=getattr(engine, "close", None))

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.core.checkpoints import CheckpointRegistry
 from services.core.money import token_cost_nusd
 from services.core.spec import ServiceContext
-from services.inference.service import max_tokens_of, parse_inference_request, prompt_of, resolve_model
 
 
 def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any) -> int:
+    # Imported here: the gateway imports this module (through inference/spec.py) without the service.
+    from services.inference.service import max_tokens_of, parse_inference_request, prompt_of, resolve_model
+
     request = parse_inference_request(body)
-    base, _ = resolve_model(context.config, context.store, request.model, principal.run_id,
+    base, _ = resolve_model(context.config, CheckpointRegistry.of(context), request.model, principal.run_id,
                             principal.service_policies("inference"))
     prompt_bound = len(prompt_of(request).encode("utf-8"))
     max_tokens = max_tokens_of(request, context.config)

@@ -5,28 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
 
+from services.core.checkpoints import CheckpointRegistry
 from services.core.config import BaseModel_, GymConfig
 from services.core.errors import NotFound, PermissionDenied, Unprocessable
 from services.core.identity import COST_TRAILER_PREFIX, Identity
 from services.core.money import nusd_to_usd, token_cost_nusd
 from services.core.policy import ServicePolicy
-from services.core.store import Store
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.models.chat_format import parse_tool_calls, render_prompt
-from services.rollout.schemas import ChatRequest, parse_chat_request
+from services.inference.schemas import ChatRequest, parse_inference_request
 from services.rollout.service import sse
-from services.training.tables import Checkpoint
 
-UNSUPPORTED = ("logit_bias", "logprobs", "top_logprobs", "response_format", "presence_penalty", "frequency_penalty")
-
-
-def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str,
-                  policies: list[dict[str, Any]] | tuple[()] = ()) -> tuple[BaseModel_, Adapter | None]:
+def resolve_model(config: GymConfig, checkpoints: CheckpointRegistry, name: Any, run_id: str,
+                  policies: Sequence[ServicePolicy] = ()) -> tuple[BaseModel_, Adapter | None]:
     """A base model name, or one of the run's checkpoint ids; anything else is a 404.
 
     A platform scoring key (``cross_run`` in its inference policy) may also name another
@@ -36,9 +32,8 @@ def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str,
     base = config.base_model(name)
     if base is not None:
         return base, None
-    with store.transaction() as s:
-        ckpt = s.get(Checkpoint, name) if name.startswith("ckpt_") else None
-    granted = any(p.get("cross_run") and isinstance(p.get("models"), list) and name in p["models"] for p in policies)
+    ckpt = checkpoints.find(name)
+    granted = any(p.cross_run and isinstance(p.models, list) and name in p.models for p in policies)
     if ckpt is None or (ckpt.run_id != run_id and not granted):
         raise NotFound(f"model {name!r} not found", param="model")
     base = config.base_model(ckpt.base_model)
@@ -50,13 +45,6 @@ def resolve_model(config: GymConfig, store: Store, name: Any, run_id: str,
 def chat_cost(base: BaseModel_, prompt_tokens: int, completion_tokens: int) -> int:
     return token_cost_nusd(prompt_tokens, base.prefill_usd_per_mtok) + token_cost_nusd(
         completion_tokens, base.sample_usd_per_mtok)
-
-
-def parse_inference_request(body: dict[str, Any]) -> ChatRequest:
-    for name in UNSUPPORTED:
-        if body.get(name) is not None:
-            raise Unprocessable(f"{name} is not supported by gym inference", param=name)
-    return parse_chat_request(body)
 
 
 def max_tokens_of(request: ChatRequest, config: GymConfig) -> int:
@@ -73,32 +61,28 @@ def prompt_of(request: ChatRequest) -> str:
 
 
 class InferenceService:
-    def __init__(self, config: GymConfig, store: Store, engine: InferenceEngine):
-        self.config, self.store, self.engine = config, store, engine
+    def __init__(self, config: GymConfig, checkpoints: CheckpointRegistry, engine: InferenceEngine):
+        self.config, self.checkpoints, self.engine = config, checkpoints, engine
 
     def _allowed(self, identity: Identity, base: BaseModel_, adapter: Adapter | None = None) -> bool:
         """Every key of the chain allows the base model, or names this very checkpoint (a
         key scoped to one checkpoint — an evaluation's model door — may call only it)."""
-        return all(ServicePolicy.model_validate(p).allows_model(base.name)
-                   or (adapter is not None and ServicePolicy.model_validate(p).allows_model(adapter.key))
+        return all(p.allows_model(base.name) or (adapter is not None and p.allows_model(adapter.key))
                    for p in identity.policies)
 
     def list_models(self, identity: Identity) -> list[dict[str, Any]]:
-        from sqlalchemy import select
-
-        data = [{"id": m.name, "object": "model", "owned_by": "rsigym", "kind": "base",
+        data: list[dict[str, Any]] = [{"id": m.name, "object": "model", "owned_by": "rsigym", "kind": "base",
                  "pricing": {"prefill_usd_per_mtok": m.prefill_usd_per_mtok, "sample_usd_per_mtok": m.sample_usd_per_mtok,
                              "train_usd_per_mtok": m.train_usd_per_mtok}}
                 for m in self.config.models if self._allowed(identity, m)]
-        with self.store.transaction() as s:
-            for c in s.scalars(select(Checkpoint).where(Checkpoint.run_id == identity.run_id).order_by(Checkpoint.created_at)):
-                data.append({"id": c.id, "object": "model", "owned_by": identity.run_id, "kind": "checkpoint",
-                             "base_model": c.base_model, "step": c.step, "created": int(c.created_at.timestamp())})
+        for c in self.checkpoints.rows(identity.run_id):
+            data.append({"id": c.id, "object": "model", "owned_by": identity.run_id, "kind": "checkpoint",
+                         "base_model": c.base_model, "step": c.step, "created": int(c.created_at.timestamp())})
         return data
 
     def _prepare(self, identity: Identity, body: dict[str, Any]) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
         request = parse_inference_request(body)
-        base, adapter = resolve_model(self.config, self.store, request.model, identity.run_id, identity.policies)
+        base, adapter = resolve_model(self.config, self.checkpoints, request.model, identity.run_id, identity.policies)
         if not self._allowed(identity, base, adapter):
             raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])

@@ -42,7 +42,8 @@ def load_model(path: str, device: str = "cpu") -> Any:
     """A fresh copy of the base weights (training mutates its copy; inference keeps one)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path).to(device)
+    # transformers types PreTrainedModel.to (a functools.wraps-decorated method) as if unbound.
+    return AutoModelForCausalLM.from_pretrained(path).to(device)  # type: ignore[arg-type]
 
 
 def torch_device() -> str:

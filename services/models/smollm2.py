@@ -46,7 +46,7 @@ def convert_smollm2(models_dir: Path) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # Dequantized weights are plain tensors now; drop the quantizer so save_pretrained works.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # undeclared; nn.Module's setattr types tensors only
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(work, safe_serialization=True)

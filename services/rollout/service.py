@@ -18,7 +18,6 @@ from services.core.config import GymConfig, RolloutModel
 from services.core.errors import GymError, PermissionDenied, UpstreamTimeout
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from services.core.money import nusd_to_usd
-from services.core.policy import ServicePolicy
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.metering import call_cost_nusd, catalogue_model, effective_max_tokens
 from services.rollout.schemas import ChatRequest, parse_chat_request
@@ -31,7 +30,7 @@ _BILLED_FAILURES = (UpstreamTimeout,)
 
 
 def _allowed(identity: Identity, model: str) -> bool:
-    return all(ServicePolicy.model_validate(p).allows_model(model) for p in identity.policies)
+    return all(p.allows_model(model) for p in identity.policies)
 
 
 def _clean_choice(choice: dict[str, Any]) -> dict[str, Any]:

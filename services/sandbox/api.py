@@ -11,7 +11,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.core.errors import Conflict, GymError, InvalidRequest, NotFound, PermissionDenied
+from services.core.errors import Conflict, GymError, InvalidRequest, NotFound, PermissionDenied, Unprocessable
 from services.core.http import json_object
 from services.core.identity import Identity
 from services.core.service_app import CurrentIdentity
@@ -137,12 +137,12 @@ async def write_files(request: Request, identity: CurrentIdentity, path: str | N
         form = await request.form(max_files=1000, max_part_size=limit)
         for item in form.getlist("file"):
             if isinstance(item, str) or not hasattr(item, "read"):
-                raise InvalidRequest("each 'file' part must be a file")
+                raise Unprocessable("each 'file' part must be a file")
             target = path if path and len(form.getlist("file")) == 1 else item.filename
             uploads.append((target or "", await item.read()))
     else:
         if not path:
-            raise InvalidRequest("the path query parameter is required", param="path")
+            raise Unprocessable("the path query parameter is required", param="path")
         uploads.append((path, await request.body()))
     written = []
     for target, data in uploads:

@@ -1,12 +1,5 @@
-"""Builds the sandbox service app and declares its operations to the gateway.
-
-The gateway serves it under ``/sandbox``: an agent points the unmodified E2B SDK at
-``E2B_API_URL=<gym>/sandbox`` and ``E2B_SANDBOX_URL=<gym>/sandbox/envd`` with
-``E2B_API_KEY=<run key>``. Control-plane calls authenticate with the key (X-API-Key);
-daemon calls carry only the sandbox's access token, which the gateway verifies
-(``auth="sandbox_token"``). No call is metered per request: sandbox time is metered by the
-second, ahead, by the service itself (services/sandbox/metering.py).
-"""
+"""Builds the sandbox service app (its operations are declared in spec.py, served under
+``/sandbox``): the FastAPI app for the control plane, wrapped by the envd daemon dispatcher."""
 
 from __future__ import annotations
 
@@ -18,54 +11,21 @@ from starlette.datastructures import Headers
 from services.core.errors import GymError, error_response
 from services.core.identity import verify
 from services.core.service_app import create_service_app
-from services.core.spec import Operation, ServiceContext, ServiceSpec
+from services.core.spec import ServiceContext
 from services.sandbox.api import router
+from services.sandbox.backends import SANDBOX_BACKENDS
 from services.sandbox.backends.base import SandboxBackend
 from services.sandbox.envd import CURRENT_IDENTITY, connect_apps
-from services.sandbox.service import CreateSandbox, SandboxService
+from services.sandbox.service import SandboxService
+from services.sandbox.spec import SPEC
+
+__all__ = ["SPEC", "EnvdDispatch", "create_app", "make_backend"]
 
 MAX_RPC_BODY = 16 * 1024 * 1024
 
 
-def _op(method: str, path: str, name: str, **kw: Any) -> Operation:
-    return Operation(method, path, name, concurrency=False, **kw)
-
-
-_DAEMON = dict(auth="sandbox_token")
-
-SPEC = ServiceSpec(
-    name="sandbox",
-    operations=(
-        _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
-        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
-        _op("GET", "/sandboxes", "sandboxes.list"),
-        _op("GET", "/v2/sandboxes", "sandboxes.list"),
-        _op("GET", "/sandboxes/{id}", "sandboxes.get"),
-        _op("DELETE", "/sandboxes/{id}", "sandboxes.kill"),
-        _op("POST", "/sandboxes/{id}/timeout", "sandboxes.timeout"),
-        _op("POST", "/sandboxes/{id}/connect", "sandboxes.connect"),
-        _op("POST", "/v2/sandboxes/{id}/connect", "sandboxes.connect"),
-        _op("PUT", "/sandboxes/{id}/network", "sandboxes.network"),
-        _op("GET", "/v1/sandboxes", "records.list"),
-        _op("GET", "/v1/sandboxes/{id}", "records.get"),
-        _op("GET", "/envd/health", "envd.health", **_DAEMON),
-        _op("GET", "/envd/files", "envd.files.read", **_DAEMON),
-        _op("POST", "/envd/files", "envd.files.write", **_DAEMON),
-        _op("POST", "/envd/process.Process/{method}", "envd.process", **_DAEMON),
-        _op("POST", "/envd/filesystem.Filesystem/{method}", "envd.filesystem", **_DAEMON),
-    ),
-)
-
-
 def make_backend(context: ServiceContext) -> SandboxBackend:
-    cfg = context.config.sandbox
-    if cfg.backend == "e2b":
-        from services.sandbox.backends.e2b_cloud import E2BCloudBackend
-
-        return E2BCloudBackend.from_context(context)
-    from services.sandbox.backends.local import LocalBackend
-
-    return LocalBackend(cfg.local_root, cfg.uid_base)
+    return SANDBOX_BACKENDS.get(context.config.sandbox.backend)(context)
 
 
 class EnvdDispatch:
@@ -118,9 +78,8 @@ class EnvdDispatch:
 
 
 def create_app(context: ServiceContext, backend: SandboxBackend | None = None) -> EnvdDispatch:
-    app = create_service_app("sandbox", internal_secret=context.internal_secret, routers=[router])
     service = SandboxService(context, backend or make_backend(context))
     service.recover()
-    app.state.sandbox = service
-    app.state.close = service.shutdown
+    app = create_service_app("sandbox", internal_secret=context.internal_secret, routers=[router],
+                             state={"sandbox": service}, close=service.shutdown)
     return EnvdDispatch(app, service, context.internal_secret)

@@ -14,14 +14,14 @@ import contextvars
 import signal as signals
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_pb as fpb
-from e2b.envd.filesystem.filesystem_connect import FilesystemASGIApplication
+from e2b.envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApplication
 from e2b.envd.process import process_pb as ppb
-from e2b.envd.process.process_connect import ProcessASGIApplication
+from e2b.envd.process.process_connect import Process, ProcessASGIApplication
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
@@ -34,6 +34,12 @@ SANDBOX_HEADER = "e2b-sandbox-id"
 _GYM_TO_CONNECT = {400: Code.INVALID_ARGUMENT, 401: Code.UNAUTHENTICATED, 402: Code.RESOURCE_EXHAUSTED,
                    403: Code.PERMISSION_DENIED, 404: Code.NOT_FOUND, 409: Code.ALREADY_EXISTS,
                    422: Code.INVALID_ARGUMENT, 429: Code.RESOURCE_EXHAUSTED, 503: Code.UNAVAILABLE}
+# Oneof field names, typed as literals: mypy widens a bare "start" to str where a union of Oneofs is expected.
+_START: Literal["start"] = "start"
+_DATA: Literal["data"] = "data"
+_END: Literal["end"] = "end"
+_STDOUT: Literal["stdout"] = "stdout"
+_STDERR: Literal["stderr"] = "stderr"
 
 
 class _Envd:
@@ -61,7 +67,7 @@ class _Envd:
         return answer
 
 
-class ProcessService(_Envd):
+class ProcessService(_Envd, Process):
     async def list(self, request: ppb.ListRequest, ctx: Any) -> ppb.ListResponse:
         answer = await self._call(ctx, {"op": "list"})
         return ppb.ListResponse(processes=[
@@ -91,14 +97,14 @@ class ProcessService(_Envd):
                 if "error" in ev:
                     raise _agent_error(ev["error"])
                 if "start" in ev:
-                    yield ppb.ProcessEvent(event=Oneof("start", ppb.ProcessEvent.StartEvent(pid=ev["start"]["pid"])))
+                    yield ppb.ProcessEvent(event=Oneof(_START, ppb.ProcessEvent.StartEvent(pid=ev["start"]["pid"])))
                 elif "stdout" in ev or "stderr" in ev:
-                    name = "stdout" if "stdout" in ev else "stderr"
-                    data = ppb.ProcessEvent.DataEvent(output=Oneof(name, base64.b64decode(ev[name])))
-                    yield ppb.ProcessEvent(event=Oneof("data", data))
+                    output = (Oneof(_STDOUT, base64.b64decode(ev["stdout"])) if "stdout" in ev
+                              else Oneof(_STDERR, base64.b64decode(ev["stderr"])))
+                    yield ppb.ProcessEvent(event=Oneof(_DATA, ppb.ProcessEvent.DataEvent(output=output)))
                 elif "end" in ev:
                     end = ev["end"]
-                    yield ppb.ProcessEvent(event=Oneof("end", ppb.ProcessEvent.EndEvent(
+                    yield ppb.ProcessEvent(event=Oneof(_END, ppb.ProcessEvent.EndEvent(
                         exit_code=int(end.get("exit_code", -1)), exited=True, status=str(end.get("status", "")),
                         error=end.get("error"))))
                     return
@@ -126,7 +132,7 @@ class ProcessService(_Envd):
         raise ConnectError(Code.UNIMPLEMENTED, "streamed stdin is not offered; use SendInput")
 
 
-class FilesystemService(_Envd):
+class FilesystemService(_Envd, Filesystem):
     async def stat(self, request: fpb.StatRequest, ctx: Any) -> fpb.StatResponse:
         return fpb.StatResponse(entry=entry_info((await self._call(ctx, {"op": "stat", "path": request.path}))["entry"]))
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 
 from services.core.concurrency import ConcurrencySlots
@@ -29,6 +28,7 @@ from services.core.errors import (
     NotFound,
     PermissionDenied,
     ServiceUnavailable,
+    Unprocessable,
     validated,
 )
 from services.core.identity import Identity
@@ -40,6 +40,7 @@ from services.core.spec import ServiceContext
 from services.core.tables import utcnow
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
+from services.sandbox.schemas import CreateSandbox
 from services.sandbox.door import DOOR_PORT, DoorServer
 from services.sandbox.metering import SliceMeter, nusd_per_second
 from services.sandbox.tables import SandboxRow
@@ -49,29 +50,6 @@ ENVD_VERSION = "0.5.2"
 """The daemon protocol level we speak: commands with stdin and close-stdin, default user, multipart uploads."""
 SLOT_SERVICE = "sandbox.live"
 TICK_S = 0.25
-
-
-class DoorRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    key: str = Field(min_length=8, max_length=200)
-    """The key the door puts on every request it lets through (never shown to the sandbox)."""
-
-
-class CreateSandbox(BaseModel):
-    """E2B's NewSandbox body (v1 and v2), strict: unknown fields are refused, not ignored."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    template_id: str | None = Field(default=None, alias="templateID", max_length=64)
-    timeout: int | None = Field(default=None, ge=1)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
-    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars", max_length=256)
-    allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
-    secure: bool | None = None
-    auto_pause: bool | None = Field(default=None, alias="autoPause")
-    rsigym_door: DoorRequest | None = Field(default=None, alias="rsigymDoor")
-    """The gym's extension: a model door (keys with a platform-granted ``door`` only)."""
 
 
 def reachable(row: SandboxRow, identity: Identity) -> bool:
@@ -125,14 +103,14 @@ class SandboxService:
             raise NotFound(f"template {req.template_id!r} not found; templates: {names}", param="templateID")
         timeout = req.timeout or self.config.default_timeout_s
         if timeout > self.config.max_timeout_s:
-            raise InvalidRequest(f"timeout over the maximum of {self.config.max_timeout_s} s", param="timeout")
+            raise Unprocessable(f"timeout over the maximum of {self.config.max_timeout_s} s", param="timeout")
         internet = bool(req.allow_internet_access)
-        if internet and not all(p.get("internet") for p in identity.policies):
+        if internet and not all(p.internet for p in identity.policies):
             raise PermissionDenied("this key's policy gives sandboxes no internet", param="allow_internet_access")
 
         door_port = None
         if req.rsigym_door is not None:
-            if not any(p.get("door") for p in identity.policies):
+            if not any(p.door for p in identity.policies):
                 raise PermissionDenied("model doors are for the platform's evaluation keys", param="rsigymDoor")
             if self.backend.name != "local":
                 raise InvalidRequest("a model door needs the local sandbox backend", param="rsigymDoor")
@@ -144,7 +122,7 @@ class SandboxService:
 
         sandbox_id = new_id("sbx")
         with contextlib.ExitStack() as undo:  # every step is undone if a later one fails
-            lease = self.slots.acquire([tuple(c) for c in identity.concurrency_caps], SLOT_SERVICE,
+            lease = self.slots.acquire(list(identity.concurrency_caps), SLOT_SERVICE,
                                        ttl_s=self._lease_ttl())
             undo.callback(self.slots.release, lease)
             meter = SliceMeter(self.ledger, identity.key_id, tuple(identity.chain_ids), sandbox_id,
@@ -195,7 +173,7 @@ class SandboxService:
 
     def set_timeout(self, identity: Identity, sandbox_id: str, timeout: int) -> None:
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= self.config.max_timeout_s:
-            raise InvalidRequest(f"timeout must be 1 … {self.config.max_timeout_s} seconds", param="timeout")
+            raise Unprocessable(f"timeout must be 1 … {self.config.max_timeout_s} seconds", param="timeout")
         self.owned(identity, sandbox_id)
         with self._lock:
             live = self._live.get(sandbox_id)

@@ -8,6 +8,7 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from services.core.checkpoints import checkpoint_view
 from services.core.http import json_object
 from services.core.service_app import CurrentIdentity
 from services.training.service import TrainingService
@@ -74,7 +75,5 @@ async def list_checkpoints(request: Request, identity: CurrentIdentity) -> dict[
 
 @router.get("/checkpoints/{ckpt_id}")
 async def get_checkpoint(ckpt_id: str, request: Request, identity: CurrentIdentity) -> dict[str, Any]:
-    from services.training.registry import checkpoint_view
-
     row = await _run(lambda: _svc(request).registry.get(ckpt_id, run_id=identity.run_id))
     return checkpoint_view(row)

@@ -36,9 +36,10 @@ def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, A
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
 
 
-def iterate_batches(rows: list[tuple[list[int], list[int]]], batch_size: int, *, seed: int, pad_id: int,
-                    epochs: int | None = None) -> Iterator[dict[str, Any]]:
-    """Shuffled batches, epoch after epoch (forever when ``epochs`` is None)."""
+def shuffled_chunks(rows: list[tuple[list[int], list[int]]], batch_size: int, *, seed: int,
+                    epochs: int | None = None) -> Iterator[list[tuple[list[int], list[int]]]]:
+    """Shuffled batches of rows, epoch after epoch (forever when ``epochs`` is None): the one
+    batch order every trainer uses, so local and remote runs of one job see the same data."""
     rng = random.Random(seed)
     order = list(range(len(rows)))
     epoch = 0
@@ -47,5 +48,12 @@ def iterate_batches(rows: list[tuple[list[int], list[int]]], batch_size: int, *,
         for start in range(0, len(order), batch_size):
             chunk = [rows[i] for i in order[start : start + batch_size]]
             if chunk:
-                yield collate(chunk, pad_id)
+                yield chunk
         epoch += 1
+
+
+def iterate_batches(rows: list[tuple[list[int], list[int]]], batch_size: int, *, seed: int, pad_id: int,
+                    epochs: int | None = None) -> Iterator[dict[str, Any]]:
+    """Shuffled, padded tensor batches (see :func:`shuffled_chunks`)."""
+    for chunk in shuffled_chunks(rows, batch_size, seed=seed, epochs=epochs):
+        yield collate(chunk, pad_id)

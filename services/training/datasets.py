@@ -74,7 +74,7 @@ def validate_jsonl(raw: bytes, max_rows: int) -> tuple[str, int]:
             raise Unprocessable(f"more than {max_rows} rows", param="body")
         try:
             row = json.loads(line)
-        except ValueError as err:
+        except json.JSONDecodeError as err:
             errors.append(f"line {lineno}: not JSON ({err.msg})")
             continue
         if not isinstance(row, dict):

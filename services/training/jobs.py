@@ -8,21 +8,22 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from services.core.config import GymConfig
+from services.core.checkpoints import CheckpointRegistry
+from services.core.config import BaseModel_, GymConfig
 from services.core.errors import NotFound
+from services.core.jobs import JobRunnerBase
 from services.core.ledger import Ledger, StepMeter
 from services.core.money import nusd_to_usd
 from services.core.redact import redact
 from services.core.store import Store
-from services.core.workers import JobPool
 from services.core.tables import utcnow
 from services.models.loading import resolve_model_dir, torch_device
+from services.training.backends import TRAINERS, TrainerSetup
 from services.training.datasets import DatasetStore, training_pairs
 from services.training.loss_sandbox import LossSandbox
-from services.training.registry import CheckpointRegistry
 from services.training.schemas import JobRequest
-from services.training.tables import Checkpoint, Dataset, TrainingJob, TrainingStep
-from services.training.trainer import StepReport, total_steps, train_lora
+from services.training.tables import Dataset, TrainingJob, TrainingStep
+from services.training.trainer import StepReport, TrainingInputs, run_training, total_steps
 
 log = logging.getLogger("rsigym.training")
 FINAL = {"succeeded", "failed", "cancelled", "budget_exhausted"}
@@ -46,61 +47,42 @@ def job_view(job: TrainingJob, steps: list[TrainingStep] | None = None, checkpoi
     return view
 
 
-class JobRunner:
+def queue_for(base: BaseModel_) -> str:
+    """Where a job's task goes: bases served by vLLM are GPU-sized models, trained on GPU nodes;
+    local bases (CPU) and Tinker bases (the work happens at Tinker) on CPU workers."""
+    return "training-gpu" if base.backend == "vllm" else "training"
+
+
+class JobRunner(JobRunnerBase):
+    """Training jobs on the common job lifecycle (services/core/jobs.py). A training job whose
+    worker dies is failed, not resumed: its steps and checkpoints stay in the store, and the
+    agent may start a new job from the last checkpoint."""
+
+    table = TrainingJob
+    kind = "training"
+    final = frozenset(FINAL)
+
     def __init__(self, store: Store, config: GymConfig, datasets: DatasetStore, registry: CheckpointRegistry,
                  models_dir: Path, logs_dir: Path, hidden_paths: list[Path], tinker_client: Any = None):
-        self.store, self.config, self.datasets, self.registry = store, config, datasets, registry
+        super().__init__(store, workers=config.training.workers, name="rsigym-train")
+        self.config, self.datasets, self.registry = config, datasets, registry
         self.tinker_client = tinker_client
         self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
         self.ledger = Ledger(store, config.ledger)
-        self.pool = JobPool(config.training.workers, "rsigym-train")
-
-    def recover(self) -> None:
-        """After a restart: a job that was running is failed (its process is gone); queued ones run."""
-        with self.store.transaction() as s:
-            s.execute(update(TrainingJob).where(TrainingJob.status == "running").values(
-                status="failed", error="the gym restarted during this job", finished_at=utcnow()))
-            queued = s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued")).all()
-        for job_id in queued:
-            self.submit(job_id)
-
-    def submit(self, job_id: str) -> None:
-        self.pool.submit(self._run_safely, job_id)
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return self.pool.wait_idle(timeout)
-
-    def shutdown(self) -> None:
-        self.pool.shutdown()
 
     def _log(self, job_id: str, line: str) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         with open(self.logs_dir / f"{job_id}.log", "a", encoding="utf-8") as fh:
             fh.write(f"{utcnow().isoformat(timespec='seconds')} {redact(line)}\n")
 
-    def _run_safely(self, job_id: str) -> None:
-        try:
-            self._run(job_id)
-        except Exception as err:  # a job must end in a final state whatever happens
-            log.exception("training job %s crashed", job_id)
-            self._finish(job_id, "failed", f"internal error: {type(err).__name__}")
-
-    def _finish(self, job_id: str, status: str, error: str | None) -> None:
-        with self.store.transaction() as s:
-            s.execute(update(TrainingJob).where(TrainingJob.id == job_id, TrainingJob.status.not_in(FINAL)).values(
-                status=status, error=error, finished_at=utcnow()))
+    def _after_final(self, job_id: str, status: str, error: str | None) -> None:
         self._log(job_id, f"finished: {status}" + (f" ({error})" if error else ""))
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job: TrainingJob) -> None:
+        job_id = job.id
         with self.store.transaction() as s:
-            job = s.get(TrainingJob, job_id)
-            if job is None or job.status != "queued" or job.cancel_requested:
-                if job is not None and job.cancel_requested:
-                    job.status, job.finished_at = "cancelled", utcnow()
-                return
-            job.status, job.started_at = "running", utcnow()
             datasets = [s.get(Dataset, d) for d in job.dataset_ids]
-            parent = s.get(Checkpoint, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
+        parent = self.registry.get(job.parent_checkpoint_id, run_id=None) if job.parent_checkpoint_id else None
         request = JobRequest.model_validate({**job.config, "datasets": job.dataset_ids})
         base = self.config.base_model(job.base_model)
         if base is None:
@@ -130,22 +112,16 @@ class JobRunner:
             self._log(job_id, f"checkpoint {view['id']} at step {step}")
 
         def should_stop() -> bool:
-            with self.store.transaction() as s:
-                return bool(s.scalar(select(TrainingJob.cancel_requested).where(TrainingJob.id == job_id)))
+            return self.should_stop(job_id)
 
         sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths,
                                uid_base=self.config.sandbox.uid_base)
                    if request.custom_loss else None)
-        common: dict[str, Any] = dict(
-            model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs, request=request,
-            steps=job.total_steps, train_usd_per_mtok=base.train_usd_per_mtok, meter=meter, on_step=on_step,
-            on_checkpoint=on_checkpoint, should_stop=should_stop, loss_sandbox=sandbox)
-        if base.backend == "tinker":
-            from services.training.backends.tinker import train_tinker
-
-            outcome = train_tinker(**common, client=self.tinker_client, tinker_base_model=base.tinker_base_model)
-        else:  # local and vllm bases train here; vLLM only serves their PEFT checkpoints
-            outcome = train_lora(**common, device=torch_device())
+        trainer = TRAINERS.get(base.backend)(TrainerSetup(base, device=torch_device(), tinker_client=self.tinker_client))
+        inputs = TrainingInputs(model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs,
+                                request=request, steps=job.total_steps, loss_sandbox=sandbox)
+        outcome = run_training(trainer, inputs, train_usd_per_mtok=base.train_usd_per_mtok, meter=meter,
+                               on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop)
         self._finish(job_id, outcome.status, outcome.error)
 
     # -- reading ------------------------------------------------------------------------
@@ -156,8 +132,9 @@ class JobRunner:
             if job is None or job.run_id != run_id:
                 raise NotFound(f"training job {job_id} not found", param="id")
             steps = list(s.scalars(select(TrainingStep).where(TrainingStep.job_id == job_id).order_by(TrainingStep.step)))
-            ckpts = list(s.scalars(select(Checkpoint.id).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)))
-            return job_view(job, steps, ckpts)
+            view = job_view(job, steps)
+        view["checkpoints"] = self.registry.ids_of_job(job_id)
+        return view
 
     def logs(self, job_id: str, run_id: str) -> str:
         self.get(job_id, run_id)

@@ -7,13 +7,13 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
+from services.core.checkpoints import CheckpointRegistry
 from services.core.errors import NotFound, Unprocessable
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.spec import ServiceContext
 from services.training.datasets import DatasetStore
-from services.training.jobs import FINAL, JobRunner, job_view
-from services.training.registry import CheckpointRegistry
+from services.training.jobs import FINAL, JobRunner, job_view, queue_for
 from services.training.schemas import JobRequest
 from services.training.tables import Dataset, TrainingJob
 
@@ -34,7 +34,7 @@ class TrainingService:
         self.store = context.store
         self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
                                      config.training.max_dataset_rows)
-        self.registry = CheckpointRegistry(context.store, context.data_dir / "checkpoints")
+        self.registry = CheckpointRegistry.of(context)
         tinker_client = None
         if any(m.backend == "tinker" for m in config.models):
             from services.training.backends.tinker import service_client
@@ -64,6 +64,7 @@ class TrainingService:
             parent_checkpoint_id=parent_id, dataset_ids=request.datasets,
             config=request.model_dump(mode="json", exclude={"datasets"}), config_hash=request.config_hash(),
             loss_module_hash=request.loss_module_hash(), total_steps=self.runner.total(request, rows),
+            queue=queue_for(base),
         )
         with self.store.transaction() as s:
             s.add(job)
@@ -80,6 +81,9 @@ class TrainingService:
             if job.status not in FINAL:
                 s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(cancel_requested=True))
         return self.runner.get(job_id, identity.run_id)
+
+    def shutdown(self) -> None:
+        self.runner.shutdown()
 
     def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:
         with self.store.transaction() as s:

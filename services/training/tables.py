@@ -1,7 +1,7 @@
-"""SQL tables of the training service: datasets, jobs, their steps, and checkpoints.
+"""SQL tables of the training service: datasets, jobs and their steps.
 
-Checkpoint rows are the provenance chain audits walk (base model → parent checkpoint →
-datasets → config → loss module → weights). They are written by the platform only.
+Checkpoints are not here: training, inference and evaluation share one registry and its
+table, in services/core/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class Dataset(Base):
 
 class TrainingJob(Base):
     __tablename__ = "training_jobs"
-    __table_args__ = (Index("ix_training_jobs_status", "status"),)
+    __table_args__ = (Index("ix_training_jobs_status", "status"),
+                      Index("ix_training_jobs_status_queue", "status", "queue"))
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40), index=True)
@@ -48,6 +49,14 @@ class TrainingJob(Base):
     step: Mapped[int] = mapped_column(Integer, default=0)
     cost_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
+    queue: Mapped[str] = mapped_column(String(40), default="training", server_default="training")
+    """The Celery queue its task goes to (training, training-gpu, evaluation); also what queue metrics count."""
+    worker: Mapped[str | None] = mapped_column(String(120))
+    """The worker that claimed it (host:pid:nonce); only that worker may finish it while it runs."""
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """Renewed while the job runs; a stale one means its worker died (services/core/jobs.py)."""
+    claims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times a worker has taken it (a resumed job is taken again)."""
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -67,20 +76,3 @@ class TrainingStep(Base):
     cumulative_cost_nusd: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-
-class Checkpoint(Base):
-    __tablename__ = "checkpoints"
-
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(40), index=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("training_jobs.id"), index=True)
-    base_model: Mapped[str] = mapped_column(String(200))
-    parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40))
-    dataset_hashes: Mapped[list[str]] = mapped_column(JSON)
-    config_hash: Mapped[str] = mapped_column(String(64))
-    loss_module_hash: Mapped[str | None] = mapped_column(String(64))
-    step: Mapped[int] = mapped_column(Integer)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
-    weights_hash: Mapped[str] = mapped_column(String(64))
-    path: Mapped[str] = mapped_column(String(500))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

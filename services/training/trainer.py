@@ -1,8 +1,16 @@
-"""The local trainer: LoRA fine-tuning with torch + peft, on CUDA when there is one.
+"""The training step loop, written once, and the ``Trainer`` protocol backends implement.
 
 One step = one batch. Before each step the job reserves that step's cost (tokens × the base
-model's training price) through the ledger; when it cannot, the job stops fail-closed and
-keeps its last checkpoint. Nothing is charged for a step that did not run.
+model's training price) through the ledger; when it cannot, the job stops fail-closed with
+``budget_exhausted`` and keeps its last checkpoint. Nothing is charged for a step that did
+not run; a step is charged as soon as its backend says irreversible work has happened
+(``paid.performed``), even if it then fails. Cancellation is checked before every step and
+checkpoints are written every ``checkpoint_every`` steps and once at the end.
+
+What differs between backends — loading the model, running one step, saving weights — sits
+behind :class:`Trainer`: ``backends/local.py`` (torch + peft, on this host) and
+``backends/tinker.py`` (remote GPUs). A backend is picked by the base model's ``backend``
+through ``services.training.backends.TRAINERS``.
 """
 
 from __future__ import annotations
@@ -10,13 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from services.core.errors import BudgetExhausted
 from services.core.ledger import StepMeter
 from services.core.money import token_cost_nusd
-from services.training.batching import IGNORE, encode_examples, iterate_batches
-from services.training.loss_sandbox import CustomLossError, LossSandbox
+from services.training.loss_sandbox import LossSandbox
 from services.training.schemas import JobRequest
 
 
@@ -37,14 +44,70 @@ class TrainOutcome:
     error: str | None = None
 
 
-def _scheduler(optimizer: Any, kind: str, total: int) -> Any:
-    import torch
+@dataclass
+class TrainingInputs:
+    """One job's work, as every backend receives it."""
 
+    model_dir: str
+    """The base model's local directory (its tokenizer at least; its weights for local training)."""
+    parent_adapter: str | None
+    """The parent checkpoint's directory, to continue from."""
+    pairs: list[tuple[str, str]]
+    request: JobRequest
+    steps: int
+    loss_sandbox: LossSandbox | None = None
+
+
+@dataclass
+class StepResult:
+    loss: float
+    lr: float
+    grad_norm: float
+
+
+class TrainerError(Exception):
+    """The job cannot go on: raised by ``prepare`` (fails the job before any step), by ``step``
+    (fails it at that step) or by ``save`` (a checkpoint that could not be written)."""
+
+
+class Paid(Protocol):
+    performed: bool
+    actual_nusd: int
+
+
+class Trainer(Protocol):
+    def prepare(self, inputs: TrainingInputs) -> None:
+        """Load the model (or open the remote session) and encode the data; raise
+        :class:`TrainerError` when the job cannot run at all."""
+        ...
+
+    def next_batch(self) -> Any:
+        """The next batch, opaque to the loop."""
+        ...
+
+    def batch_tokens(self, batch: Any) -> int:
+        """Tokens the step will process — what it is priced by, before it runs."""
+        ...
+
+    def step(self, batch: Any, step: int, paid: Paid) -> StepResult:
+        """One optimiser step; sets ``paid.performed`` once the work cannot be taken back."""
+        ...
+
+    def save(self, step: int) -> Any:
+        """The current weights as something with ``save_pretrained(dir)`` for the registry."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def lr_factor(kind: str, s: int, total: int) -> float:
+    """The learning-rate schedule after ``s`` of ``total`` steps (a factor of the base rate)."""
     if kind == "linear":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / total))
+        return max(0.0, 1 - s / total)
     if kind == "cosine":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        return 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    return 1.0
 
 
 def total_steps(request: JobRequest, rows: int, max_steps: int) -> int:
@@ -52,87 +115,59 @@ def total_steps(request: JobRequest, rows: int, max_steps: int) -> int:
     return max(1, min(steps, max_steps))
 
 
-def train_lora(
+def run_training(
+    trainer: Trainer,
+    inputs: TrainingInputs,
     *,
-    model_dir: str,
-    parent_adapter: str | None,
-    pairs: list[tuple[str, str]],
-    request: JobRequest,
-    steps: int,
     train_usd_per_mtok: float,
     meter: StepMeter,
     on_step: Callable[[StepReport], None],
     on_checkpoint: Callable[[Any, int, dict[str, Any]], None],
     should_stop: Callable[[], bool],
-    loss_sandbox: LossSandbox | None,
-    device: str = "cpu",
 ) -> TrainOutcome:
-    import torch
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    from services.models.loading import load_model, load_tokenizer
-
-    torch.manual_seed(request.seed)
-    tokenizer = load_tokenizer(model_dir)
-    base = load_model(model_dir, device)
-    if parent_adapter:
-        model = PeftModel.from_pretrained(base, parent_adapter, is_trainable=True)
-    else:
-        lora = request.lora
-        model = get_peft_model(base, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                target_modules=lora.target_modules, task_type="CAUSAL_LM"))
-    model.train()
-    rows = encode_examples(tokenizer, pairs, request.max_length)
-    if not rows:
-        return TrainOutcome("failed", 0, "no example has an answer within max_length tokens")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=request.learning_rate)
-    scheduler = _scheduler(optimizer, request.schedule, steps)
-    batches = iterate_batches(rows, request.batch_size, seed=request.seed, pad_id=tokenizer.pad_token_id)
+    """Run ``inputs.steps`` metered steps of ``trainer``; never raises for budget, cancel or
+    backend failures — they are the outcome's status."""
+    try:
+        trainer.prepare(inputs)
+    except TrainerError as err:
+        trainer.close()
+        return TrainOutcome("failed", 0, str(err))
     done, last_saved, last_loss = 0, 0, float("nan")
 
     def checkpoint() -> None:
         nonlocal last_saved
         if done > last_saved:
-            model.eval()
-            on_checkpoint(model, done, {"loss": last_loss})
-            model.train()
+            on_checkpoint(trainer.save(done), done, {"loss": last_loss})
             last_saved = done
 
     status, error = "succeeded", None
     try:
-        for step in range(1, steps + 1):
+        for step in range(1, inputs.steps + 1):
             if should_stop():
                 status = "cancelled"
                 break
-            batch = {k: v.to(device) for k, v in next(batches).items()}
-            tokens = int(batch["attention_mask"].sum())
+            batch = trainer.next_batch()
+            tokens = trainer.batch_tokens(batch)
             cost = token_cost_nusd(tokens, train_usd_per_mtok)
             with meter.step(cost) as paid:
-                if loss_sandbox is None:
-                    loss = model(**batch).loss
-                    loss.backward()
-                else:
-                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                    logits = out.logits[:, :-1]
-                    labels = batch["labels"][:, 1:]
-                    mask = labels != IGNORE
-                    loss, grad = loss_sandbox(logits, labels, mask)
-                    logits.backward(grad.to(logits.dtype).to(device))
-                paid.performed = True
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                result = trainer.step(batch, step, paid)
                 paid.actual_nusd = cost
-            done, last_loss = step, float(loss.detach())
-            on_step(StepReport(step, last_loss, scheduler.get_last_lr()[0], tokens, grad_norm, cost))
-            if step % request.checkpoint_every == 0:
+            done, last_loss = step, result.loss
+            on_step(StepReport(step, result.loss, result.lr, tokens, result.grad_norm, cost))
+            if step % inputs.request.checkpoint_every == 0:
                 checkpoint()
     except BudgetExhausted:
         status = "budget_exhausted"
         error = f"the budget could not pay for step {done + 1}; stopped after {done} steps"
-    except CustomLossError as err:
+    except TrainerError as err:
         status, error = "failed", f"step {done + 1}: {err}"
-    checkpoint()
+    try:
+        checkpoint()
+    except TrainerError as err:
+        if status == "succeeded":
+            status = "failed"
+        error = f"{error}; " if error else ""
+        error += f"the last checkpoint (step {done}) could not be saved: {err}"
+    finally:
+        trainer.close()
     return TrainOutcome(status, done, error)

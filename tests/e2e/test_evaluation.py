@@ -53,7 +53,10 @@ def trained(live: Live) -> dict[str, Any]:
         if messages[0]["content"] not in banned:
             rows.append({"messages": messages, "tools": HARNESS_TOOLS})
     dataset = gym.training.upload_dataset(rows, name="subtraction-with-tools")
-    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=400, learning_rate=3e-3,
+    # lr 6e-3: on the tiny model as built from its recipe today, held-out subtraction is learnt in 400
+    # steps at this lr for this data (dev 0.82-0.88 over seeds 1-3) but not at 3e-3 (0.05); the
+    # transition is sharp and data-order dependent (docs: the tiny model's limits).
+    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=400, learning_rate=6e-3,
                                   batch_size=16, max_length=64, seed=1, schedule="linear")
     job = gym.training.wait(job.id, timeout=900, poll=2)
     assert job.status == "succeeded", (job.status, job.error)

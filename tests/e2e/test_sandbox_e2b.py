@@ -13,7 +13,7 @@ from e2b import Sandbox
 from e2b import CommandExitException
 from e2b.exceptions import NotFoundException, SandboxException
 
-from tests.conftest import admin_headers, create_key
+from tests.conftest import create_key
 from tests.fakes.servers import serve_gym
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="needs bubblewrap")

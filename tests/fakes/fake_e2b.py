@@ -65,6 +65,7 @@ class FakeProcess:
     process: asyncio.subprocess.Process
     subscribers: list[asyncio.Queue] = field(default_factory=list)
     done: bool = False
+    watcher: asyncio.Future[None] | None = None  # held here: the loop keeps only a weak reference
 
 
 @dataclass
@@ -222,7 +223,7 @@ class FakeProcessService(_Daemon, Process):
         queue: asyncio.Queue = asyncio.Queue()
         proc.subscribers.append(queue)
         sbx.processes[proc.pid] = proc
-        asyncio.ensure_future(_watch(sbx, proc))
+        proc.watcher = asyncio.ensure_future(_watch(sbx, proc))
         yield ppb.StartResponse(event=ppb.ProcessEvent(event=Oneof("start", ppb.ProcessEvent.StartEvent(pid=proc.pid))))
         async for event in _follow(proc, queue):
             yield ppb.StartResponse(event=event)

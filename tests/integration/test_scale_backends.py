@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from services.core.checkpoints import Checkpoint, CheckpointRegistry
 from services.core.config import BaseModel_
 from services.core.errors import ServiceUnavailable, UpstreamError
 from services.core.keys import KeyRegistry
@@ -30,11 +31,10 @@ from services.inference.backends.tinker import TinkerEngine
 from services.inference.backends.vllm import VLLMEngine
 from services.models.chat_format import render_prompt, split_example
 from services.models.loading import load_model, load_tokenizer, resolve_model_dir
-from services.training.backends.tinker import MANIFEST, tinker_manifest, train_tinker
-from services.training.registry import CheckpointRegistry
+from services.training.backends.tinker import MANIFEST, TinkerTrainer, tinker_manifest
 from services.training.schemas import JobRequest
-from services.training.tables import Checkpoint, TrainingJob
-from services.training.trainer import StepReport
+from services.training.tables import TrainingJob
+from services.training.trainer import StepReport, TrainingInputs, run_training
 from tests.conftest import MODELS_DIR
 from tests.fakes.fake_tinker import FakeServiceClient, FakeTinkerConnectionError
 from tests.fakes.fake_vllm import create_fake_vllm
@@ -303,11 +303,10 @@ class Job:
     def run(self, client: Any, model_dir: Path, pairs: list[tuple[str, str]], steps: int, **request: Any) -> Any:
         parent = request.pop("parent", None)
         req = JobRequest.model_validate({"datasets": ["ds_1"], "base_model": "tiny", "steps": steps, **request})
-        return train_tinker(model_dir=str(model_dir), parent_adapter=parent, pairs=pairs, request=req, steps=steps,
-                            train_usd_per_mtok=PRICE, meter=self.meter, on_step=self.reports.append,
-                            on_checkpoint=self.on_checkpoint,
-                            should_stop=lambda: self.stop_after is not None and len(self.reports) >= self.stop_after,
-                            loss_sandbox=None, client=client, tinker_base_model=TINKER_BASE)
+        inputs = TrainingInputs(model_dir=str(model_dir), parent_adapter=parent, pairs=pairs, request=req, steps=steps)
+        return run_training(TinkerTrainer(client, TINKER_BASE), inputs, train_usd_per_mtok=PRICE, meter=self.meter,
+                            on_step=self.reports.append, on_checkpoint=self.on_checkpoint,
+                            should_stop=lambda: self.stop_after is not None and len(self.reports) >= self.stop_after)
 
 
 def step_cost(model_dir: Path, pairs: list[tuple[str, str]]) -> tuple[int, int]:

@@ -57,7 +57,7 @@ def canaries() -> Iterator[dict[str, tuple[Path, str]]]:
     planted: dict[str, tuple[Path, str]] = {}
     dirs = [Path(tempfile.mkdtemp(prefix="rsigym-canary-")),
             Path(tempfile.mkdtemp(prefix="rsigym-canary-", dir="/var/tmp"))]
-    for name, d in zip(("tmp", "vartmp"), dirs):
+    for name, d in zip(("tmp", "vartmp"), dirs, strict=True):
         text = f"canary-{name}-{os.urandom(8).hex()}"
         (d / ".env").write_text(f"OPENAI_API_KEY={text}\n")
         os.chmod(d, 0o755)

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 from e2b import Sandbox
+from e2b.exceptions import NotFoundException
 from sqlalchemy import select
 
 from services.sandbox.tables import SandboxRow
@@ -55,7 +56,7 @@ def test_a_sibling_key_cannot_reach_a_workers_sandbox(live: LiveGym) -> None:
     try:
         sbx.files.write("/home/user/notes.txt", "the worker's notes")
         assert _reach(live, reviewer, sbx.sandbox_id) == NOTHING
-        with pytest.raises(Exception):  # the e2b SDK, as the reviewer, finds no such sandbox
+        with pytest.raises(NotFoundException):  # the e2b SDK, as the reviewer, finds no such sandbox
             Sandbox.connect(sbx.sandbox_id, api_key=reviewer, **opts)
         assert httpx.delete(f"{live.url}/sandbox/sandboxes/{sbx.sandbox_id}",
                             headers={"X-API-Key": reviewer}).status_code == 404

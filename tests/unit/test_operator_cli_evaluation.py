@@ -20,7 +20,8 @@ from rsigym import Gym
 from typer.testing import CliRunner
 
 from gateway.cli.main import app as operator_cli
-from gateway.cli.main import build_report_rows, watched_records
+from gateway.cli.main import watched_records
+from services.evaluation.report import build_report_rows
 from services.core.ids import new_id
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,7 @@ def log(msg: str) -> None:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _env_int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -174,7 +174,7 @@ class Config:
     retry_backoff_s: float = 2.0
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> "Config":
+    def from_env(cls, env: dict[str, str]) -> Config:
         """Read the configuration; raise ConfigError on anything unusable.
 
         The trajectory file and session id are read first, so a caller can still write a
@@ -197,7 +197,7 @@ class Config:
         return partial
 
     @classmethod
-    def partial_from_env(cls, env: dict[str, str]) -> "Config":
+    def partial_from_env(cls, env: dict[str, str]) -> Config:
         """The parts that cannot fail: paths, endpoint, model name, session id."""
         return cls(
             instruction_file=Path(env.get("RSIGYM_TASK_INSTRUCTION_FILE") or "/task/instruction.md"),
@@ -405,7 +405,7 @@ class FileSnapshot:
     size: int = 0
 
     @classmethod
-    def of(cls, path: Path | None) -> "FileSnapshot":
+    def of(cls, path: Path | None) -> FileSnapshot:
         if path is None:
             return cls(False)
         try:

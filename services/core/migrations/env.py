@@ -2,6 +2,7 @@
 
 from alembic import context
 
+from services.core import checkpoints as _checkpoints  # noqa: F401 - registers its table
 from services.core.tables import Base
 from services.evaluation import tables as _evaluation_tables  # noqa: F401 - registers its tables
 from services.sandbox import tables as _sandbox_tables  # noqa: F401 - registers its tables

@@ -29,6 +29,16 @@ class _Loaded:
         self.end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)}
 
 
+def _cache_argument(model: Any) -> str:
+    """The name under which the model takes and returns its KV cache: ``cache`` in recent
+    transformers (``past_key_values`` is deprecated there and goes in 5.40), else
+    ``past_key_values``."""
+    import inspect
+
+    forward = model.get_base_model().forward if hasattr(model, "get_base_model") else model.forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 class LocalEngine:
     def __init__(self, models_dir: Path, max_adapters: int = 8):
         self.models_dir = models_dir
@@ -101,9 +111,10 @@ class LocalEngine:
             text, finish = "", "length"
             with scope:
                 past, step_input = None, torch.tensor([ids], device=self.device)
+                cache_arg = _cache_argument(loaded.model)
                 for _ in range(max_new):
-                    out = loaded.model(input_ids=step_input, past_key_values=past, use_cache=True)
-                    past = out.past_key_values
+                    out = loaded.model(input_ids=step_input, use_cache=True, **{cache_arg: past})
+                    past = out[cache_arg] if cache_arg in out else out.past_key_values
                     logits = out.logits[0, -1].float()
                     token = self._pick(logits, sampling, generator)
                     if token in loaded.end_ids:

@@ -67,7 +67,7 @@ class LiteLLMBackend:
     async def complete(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> dict[str, Any]:
         try:
             response = await _litellm().acompletion(**self._kwargs(model, request, max_tokens))
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
             raise map_provider_error(err) from None
         return response.model_dump()
 
@@ -76,7 +76,7 @@ class LiteLLMBackend:
         kwargs.update(stream=True, stream_options={"include_usage": True})
         try:
             upstream = await _litellm().acompletion(**kwargs)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
             raise map_provider_error(err) from None
         return self._chunks(upstream)
 
@@ -87,5 +87,5 @@ class LiteLLMBackend:
                 yield chunk.model_dump(exclude_none=True)
         except GymError:
             raise
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
             raise map_provider_error(err) from None

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
-from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxNetworkOpts
 from e2b.exceptions import (
     AuthenticationException,
     FileNotFoundException,
@@ -124,7 +124,7 @@ class E2BCloudBackend:
             raise Unprocessable("sandboxes on the e2b backend have no model door; this needs the local backend")
         metadata = {k: v for k, v in spec.metadata.items() if not k.startswith(RESERVED_PREFIX)}
         metadata.update({RUN_KEY: spec.owner, SANDBOX_KEY: spec.sandbox_id})
-        network: dict[str, Any] = {"allow_public_traffic": False}
+        network: SandboxNetworkOpts = {"allow_public_traffic": False}
         if not spec.internet:
             network["deny_out"] = [ALL_TRAFFIC]
         template = spec.template.e2b_template or spec.template.name
@@ -134,7 +134,7 @@ class E2BCloudBackend:
                 allow_internet_access=spec.internet, network=network, lifecycle={"on_timeout": "kill"},
                 idempotency_key=re.sub(r"[^a-z0-9-]", "-", f"rsigym-{spec.sandbox_id}".lower()), **self._opts,
             )
-        except Exception as err:  # the SDK's errors, mapped to the gym's
+        except Exception as err:  # noqa: BLE001 - the SDK's errors, mapped to the gym's
             raise _gym_error(err, f"creating a sandbox from template {template!r}", param="templateID") from None
         with self._lock:
             self._sandboxes[spec.sandbox_id] = _Cloud(spec, sandbox.sandbox_id, checked_at=time.monotonic())
@@ -153,7 +153,7 @@ class E2BCloudBackend:
                     Sandbox.kill(cloud.e2b_id, **self._opts)  # False: already gone
             except NotFoundException:
                 pass
-            except Exception as err:  # keep it: close() tries again; E2B's timeout ends it anyway
+            except Exception as err:  # noqa: BLE001 - keep it: close() tries again; E2B's timeout ends it anyway
                 raise _gym_error(err, f"killing sandbox {sandbox_id}") from None
         with self._lock:
             self._sandboxes.pop(sandbox_id, None)
@@ -180,7 +180,7 @@ class E2BCloudBackend:
         except NotFoundException:
             cloud.gone = True
             return False
-        except Exception as err:  # E2B unreachable for a moment: the next check asks again
+        except Exception as err:  # noqa: BLE001 - E2B unreachable for a moment: the next check asks again
             log.warning("sandbox %s: could not check E2B sandbox %s: %s", sandbox_id, cloud.e2b_id, err)
         return True
 
@@ -216,7 +216,7 @@ class E2BCloudBackend:
                     cloud.handle = await AsyncSandbox.connect(cloud.e2b_id, **self._opts)
             except NotFoundException:
                 cloud.gone = True
-            except Exception as err:  # the SDK's errors, mapped to the gym's
+            except Exception as err:  # noqa: BLE001 - the SDK's errors, mapped to the gym's
                 raise _gym_error(err, f"connecting to sandbox {sandbox_id}") from None
         if cloud is None or cloud.handle is None or cloud.gone or cloud.foreign:
             raise NotFound(f"sandbox {sandbox_id} is not running")
@@ -228,7 +228,7 @@ class E2BCloudBackend:
             return await _call(sandbox, request)
         except (KeyError, TypeError, ValueError) as err:  # a malformed request (binascii.Error is a ValueError)
             return _err("invalid_argument", f"bad request: {err}")
-        except Exception as err:  # the SDK's errors become agent-protocol errors
+        except Exception as err:  # noqa: BLE001 - the SDK's errors become agent-protocol errors
             return _agent_error(cloud, err)
 
     async def stream(self, sandbox_id: str, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
@@ -254,7 +254,7 @@ class E2BCloudBackend:
         except (KeyError, TypeError, ValueError) as err:
             yield _err("invalid_argument", f"bad request: {err}")
             return
-        except Exception as err:  # the SDK's errors become agent-protocol errors
+        except Exception as err:  # noqa: BLE001 - the SDK's errors become agent-protocol errors
             yield _agent_error(cloud, err)
             return
         yield {"start": {"pid": handle.pid}}
@@ -323,7 +323,7 @@ async def _finish(handle: Any, queue: asyncio.Queue[dict[str, Any]],
         code, error = result.exit_code, result.error
     except CommandExitException as exc:
         code, error = exc.exit_code, exc.error
-    except Exception as exc:  # the stream broke before the process ended
+    except Exception as exc:  # noqa: BLE001 - the stream broke before the process ended
         queue.put_nowait(to_error(exc))
         return
     status = error if error and error.startswith("signal") else f"exit status {code}"

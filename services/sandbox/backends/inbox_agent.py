@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
 import shutil
@@ -33,8 +34,9 @@ MAX_LINE = 96 * 1024 * 1024
 class Proc:
     def __init__(self, pid: int, request: dict[str, Any], process: asyncio.subprocess.Process):
         self.pid, self.request, self.process = pid, request, process
-        self.subscribers: list[asyncio.Queue] = []
+        self.subscribers: list[asyncio.Queue[dict[str, Any]]] = []
         self.done = False
+        self.watcher: asyncio.Future[None] | None = None  # held here: the loop keeps only a weak reference
 
 
 PROCS: dict[int, Proc] = {}
@@ -173,14 +175,14 @@ async def start(req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         return
     proc = Proc(process.pid, {k: req.get(k) for k in ("cmd", "args", "envs", "cwd", "tag")}, process)
     PROCS[proc.pid] = proc
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     proc.subscribers.append(queue)
-    asyncio.ensure_future(_watch(proc))
+    proc.watcher = asyncio.ensure_future(_watch(proc))
     await _send(writer, {"start": {"pid": proc.pid}})
     await _stream(proc, queue, writer)
 
 
-async def _stream(proc: Proc, queue: asyncio.Queue, writer: asyncio.StreamWriter) -> None:
+async def _stream(proc: Proc, queue: asyncio.Queue[dict[str, Any]], writer: asyncio.StreamWriter) -> None:
     try:
         while True:
             event = await queue.get()
@@ -211,7 +213,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             if proc is None or proc.done:
                 await _send(writer, _err("not_found", f"process {req.get('pid')} not found"))
             else:
-                queue: asyncio.Queue = asyncio.Queue()
+                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
                 proc.subscribers.append(queue)
                 await _send(writer, {"start": {"pid": proc.pid}})
                 await _stream(proc, queue, writer)
@@ -286,13 +288,13 @@ async def main() -> None:
     parser.add_argument("--env-file", required=True)
     parser.add_argument("--forward", action="append", default=[], help="HOST:PORT=UNIX_SOCKET")
     args = parser.parse_args()
-    with open(args.env_file) as fh:
+    with open(args.env_file) as fh:  # noqa: ASYNC230 - once, before anything is served
         BASE_ENV.update(json.load(fh))
     os.chdir(BASE_ENV.get("HOME", "/"))
     for spec in args.forward:
         address, _, target = spec.partition("=")
         host, _, port = address.rpartition(":")
-        await asyncio.start_server(lambda r, w, t=target: forward(r, w, t), host, int(port))
+        await asyncio.start_server(functools.partial(forward, target=target), host, int(port))
     server = await asyncio.start_unix_server(handle, args.socket, limit=MAX_LINE)
     os.chmod(args.socket, 0o600)
     sys.stdout.write("ready\n")

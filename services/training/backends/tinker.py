@@ -1,4 +1,5 @@
-"""LoRA training on Tinker (remote GPUs), metered step by step exactly like the local trainer.
+"""LoRA training on Tinker (remote GPUs): a ``Trainer`` driven by the shared step loop
+(services/training/trainer.py), so it is metered step by step exactly like the local trainer.
 
 The data are tokenized here with the base model's *local* tokenizer (Tinker's own
 ``get_tokenizer`` downloads from a model hub, which a gym may not reach) and sent as
@@ -23,21 +24,16 @@ the package is installed, else from the minimal local definitions below.
 from __future__ import annotations
 
 import json
-import math
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from services.core.errors import BudgetExhausted
-from services.core.ledger import StepMeter
-from services.core.money import token_cost_nusd
-from services.training.batching import IGNORE, encode_examples
-from services.training.loss_sandbox import LossSandbox
-from services.training.schemas import JobRequest
-from services.training.trainer import StepReport, TrainOutcome
+from services.training.backends import TRAINERS, TrainerSetup
+from services.training.batching import IGNORE, encode_examples, shuffled_chunks
+from services.training.trainer import Paid, StepResult, TrainerError, TrainingInputs, lr_factor
 
 MANIFEST = "tinker.json"
 MANIFEST_FORMAT = "rsigym.tinker/1"
@@ -128,7 +124,7 @@ class _LocalTypes:
 def tinker_types() -> Any:
     """``tinker.types`` when the SDK is installed, else the local stand-ins (same names and fields)."""
     try:
-        from tinker import types  # type: ignore[import-not-found]
+        from tinker import types
 
         return types
     except ImportError:
@@ -186,7 +182,7 @@ def tinker_manifest(checkpoint_dir: str | Path | None) -> dict[str, Any] | None:
 # -- the trainer --------------------------------------------------------------------------
 
 
-class TinkerFailure(Exception):
+class TinkerFailure(TrainerError):
     """A call to the Tinker service failed (network, service error, bad answer)."""
 
 
@@ -197,27 +193,6 @@ def _remote(what: str, call: Callable[[], Any]) -> Any:
         raise
     except Exception as err:
         raise TinkerFailure(f"tinker {what} failed: {type(err).__name__}: {err}") from err
-
-
-def _lr_factor(kind: str, s: int, total: int) -> float:
-    """The local trainer's schedule (services.training.trainer._scheduler) after ``s`` steps."""
-    if kind == "linear":
-        return max(0.0, 1 - s / total)
-    if kind == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
-    return 1.0
-
-
-def _batches(rows: list[tuple[list[int], list[int]]], batch_size: int, seed: int) -> Iterator[list[tuple[list[int], list[int]]]]:
-    """Shuffled batches epoch after epoch, in the same order as ``batching.iterate_batches``."""
-    rng = random.Random(seed)
-    order = list(range(len(rows)))
-    while True:
-        rng.shuffle(order)
-        for start in range(0, len(order), batch_size):
-            chunk = [rows[i] for i in order[start: start + batch_size]]
-            if chunk:
-                yield chunk
 
 
 def _loss_of(output: Any, data: list[Any]) -> float:
@@ -243,117 +218,89 @@ def _grad_norm(*outputs: Any) -> float:
     return 0.0  # Tinker does not always report it; the column is not nullable
 
 
-def train_tinker(
-    *,
-    model_dir: str,
-    parent_adapter: str | None,
-    pairs: list[tuple[str, str]],
-    request: JobRequest,
-    steps: int,
-    train_usd_per_mtok: float,
-    meter: StepMeter,
-    on_step: Callable[[StepReport], None],
-    on_checkpoint: Callable[[Any, int, dict[str, Any]], None],
-    should_stop: Callable[[], bool],
-    loss_sandbox: LossSandbox | None,
-    device: str = "cpu",
-    client: Any,
-    tinker_base_model: str,
-) -> TrainOutcome:
-    """Same contract as :func:`services.training.trainer.train_lora`, on a Tinker ``ServiceClient``."""
-    from services.models.loading import load_tokenizer
+Batch = list[tuple[list[int], list[int]]]
 
-    del device  # the GPUs are Tinker's
-    if loss_sandbox is not None or request.loss != "cross_entropy":
-        return TrainOutcome("failed", 0, "the tinker backend trains with cross_entropy only; custom losses need the local backend")
-    if not tinker_base_model:
-        return TrainOutcome("failed", 0, "the base model has no tinker_base_model configured")
-    rank = request.lora.rank
-    parent: dict[str, Any] | None = None
-    if parent_adapter:
-        try:
-            parent = tinker_manifest(parent_adapter)
-        except ValueError as err:
-            return TrainOutcome("failed", 0, str(err))
-        if parent is None:
-            return TrainOutcome("failed", 0, "the parent checkpoint was not trained on tinker; tinker cannot continue it")
-        if parent.get("base_model") != tinker_base_model:
-            return TrainOutcome("failed", 0, f"the parent checkpoint was trained on {parent.get('base_model')!r}, "
-                                             f"not {tinker_base_model!r}")
-        if not parent.get("state_path"):
-            return TrainOutcome("failed", 0, "the parent checkpoint has no tinker training state to continue from")
-        rank = int(parent.get("rank") or rank)
 
-    tokenizer = load_tokenizer(model_dir)
-    rows = [(ids, labels) for ids, labels in encode_examples(tokenizer, pairs, request.max_length)
-            if len(ids) >= 2 and any(label != IGNORE for label in labels[1:])]
-    if not rows:
-        return TrainOutcome("failed", 0, "no example has an answer within max_length tokens")
-    targets = set(request.lora.target_modules)
-    t = tinker_types()
-    try:
-        training = _remote("creating a LoRA training client", lambda: client.create_lora_training_client(
-            base_model=tinker_base_model, rank=rank, seed=request.seed,
+class TinkerTrainer:
+    """:class:`services.training.trainer.Trainer` on a Tinker ``ServiceClient``."""
+
+    def __init__(self, client: Any, tinker_base_model: str):
+        self.client, self.tinker_base_model = client, tinker_base_model
+
+    def prepare(self, inputs: TrainingInputs) -> None:
+        from services.models.loading import load_tokenizer
+
+        request = inputs.request
+        if inputs.loss_sandbox is not None or request.loss != "cross_entropy":
+            raise TrainerError("the tinker backend trains with cross_entropy only; custom losses need the local backend")
+        if not self.tinker_base_model:
+            raise TrainerError("the base model has no tinker_base_model configured")
+        rank = request.lora.rank
+        parent: dict[str, Any] | None = None
+        if inputs.parent_adapter:
+            try:
+                parent = tinker_manifest(inputs.parent_adapter)
+            except ValueError as err:
+                raise TrainerError(str(err)) from err
+            if parent is None:
+                raise TrainerError("the parent checkpoint was not trained on tinker; tinker cannot continue it")
+            if parent.get("base_model") != self.tinker_base_model:
+                raise TrainerError(f"the parent checkpoint was trained on {parent.get('base_model')!r}, "
+                                   f"not {self.tinker_base_model!r}")
+            if not parent.get("state_path"):
+                raise TrainerError("the parent checkpoint has no tinker training state to continue from")
+            rank = int(parent.get("rank") or rank)
+        tokenizer = load_tokenizer(inputs.model_dir)
+        rows = [(ids, labels) for ids, labels in encode_examples(tokenizer, inputs.pairs, request.max_length)
+                if len(ids) >= 2 and any(label != IGNORE for label in labels[1:])]
+        if not rows:
+            raise TrainerError("no example has an answer within max_length tokens")
+        targets = set(request.lora.target_modules)
+        self.training = _remote("creating a LoRA training client", lambda: self.client.create_lora_training_client(
+            base_model=self.tinker_base_model, rank=rank, seed=request.seed,
             train_attn=bool(targets & ATTN_MODULES) or not (targets & MLP_MODULES),
             train_mlp=bool(targets & MLP_MODULES), train_unembed=False))
         if parent is not None:
-            _remote("loading the parent checkpoint", lambda: training.load_state(parent["state_path"]).result())
-    except TinkerFailure as err:
-        return TrainOutcome("failed", 0, str(err))
+            state_path = parent["state_path"]
+            _remote("loading the parent checkpoint", lambda: self.training.load_state(state_path).result())
+        self.rank, self.request, self.total = rank, request, inputs.steps
+        self.batches = shuffled_chunks(rows, request.batch_size, seed=request.seed)
 
-    batches = _batches(rows, request.batch_size, request.seed)
-    done, last_saved, last_loss = 0, 0, float("nan")
+    def next_batch(self) -> Batch:
+        return next(self.batches)
 
-    def checkpoint() -> None:
-        nonlocal last_saved
-        if done > last_saved:
-            name = f"step-{done:06d}"
-            sampler_path = str(_remote("saving weights for the sampler",
-                                       lambda: training.save_weights_for_sampler(name).result().path))
-            state_path = None
-            if hasattr(training, "save_state"):
-                state_path = str(_remote("saving the training state", lambda: training.save_state(name).result().path))
-            manifest = {"format": MANIFEST_FORMAT, "base_model": tinker_base_model, "path": sampler_path,
-                        "state_path": state_path, "rank": rank, "step": done}
-            on_checkpoint(TinkerWeights(manifest), done, {"loss": last_loss})
-            last_saved = done
+    def batch_tokens(self, batch: Batch) -> int:
+        return sum(len(ids) for ids, _ in batch)  # what the local trainer counts (its attention mask)
 
-    status, error = "succeeded", None
-    try:
-        for step in range(1, steps + 1):
-            if should_stop():
-                status = "cancelled"
-                break
-            batch = next(batches)
-            data = [make_datum(ids, labels) for ids, labels in batch]
-            tokens = sum(len(ids) for ids, _ in batch)  # what the local trainer counts (its attention mask)
-            cost = token_cost_nusd(tokens, train_usd_per_mtok)
-            lr = request.learning_rate * _lr_factor(request.schedule, step - 1, steps)
-            with meter.step(cost) as paid:
-                fwd = _remote("forward_backward", lambda: training.forward_backward(data, loss_fn="cross_entropy"))
-                paid.performed = True  # accepted upstream: from here the service may bill us, so we bill
-                opt = _remote("optim_step", lambda: training.optim_step(
-                    t.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8)))
-                fwd_out = _remote("forward_backward", fwd.result)
-                opt_out = _remote("optim_step", opt.result)
-                paid.actual_nusd = cost
-            done, last_loss = step, _loss_of(fwd_out, data)
-            on_step(StepReport(step, last_loss, lr, tokens, _grad_norm(opt_out, fwd_out), cost))
-            if step % request.checkpoint_every == 0:
-                checkpoint()
-    except BudgetExhausted:
-        status = "budget_exhausted"
-        error = f"the budget could not pay for step {done + 1}; stopped after {done} steps"
-    except TinkerFailure as err:
-        status, error = "failed", f"step {done + 1}: {err}"
-    try:
-        checkpoint()
-    except TinkerFailure as err:
-        if status == "succeeded":
-            status = "failed"
-        error = f"{error}; " if error else ""
-        error += f"the last checkpoint (step {done}) could not be saved: {err}"
-    return TrainOutcome(status, done, error)
+    def step(self, batch: Batch, step: int, paid: Paid) -> StepResult:
+        t = tinker_types()
+        data = [make_datum(ids, labels) for ids, labels in batch]
+        lr = self.request.learning_rate * lr_factor(self.request.schedule, step - 1, self.total)
+        fwd = _remote("forward_backward", lambda: self.training.forward_backward(data, loss_fn="cross_entropy"))
+        paid.performed = True  # accepted upstream: from here the service may bill us, so we bill
+        opt = _remote("optim_step", lambda: self.training.optim_step(
+            t.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8)))
+        fwd_out = _remote("forward_backward", fwd.result)
+        opt_out = _remote("optim_step", opt.result)
+        return StepResult(_loss_of(fwd_out, data), lr, _grad_norm(opt_out, fwd_out))
+
+    def save(self, step: int) -> TinkerWeights:
+        name = f"step-{step:06d}"
+        sampler_path = str(_remote("saving weights for the sampler",
+                                   lambda: self.training.save_weights_for_sampler(name).result().path))
+        state_path = None
+        if hasattr(self.training, "save_state"):
+            state_path = str(_remote("saving the training state", lambda: self.training.save_state(name).result().path))
+        return TinkerWeights({"format": MANIFEST_FORMAT, "base_model": self.tinker_base_model, "path": sampler_path,
+                              "state_path": state_path, "rank": self.rank, "step": step})
+
+    def close(self) -> None:
+        self.training = None
+
+
+@TRAINERS.register("tinker")
+def make_tinker(setup: TrainerSetup) -> TinkerTrainer:
+    return TinkerTrainer(setup.tinker_client, setup.base.tinker_base_model or "")
 
 
 TINKER_KEY_ENV = "TINKER_API_KEY"

@@ -1,0 +1,31 @@
+"""What the gateway knows of the evaluation service: its routes. Nothing is metered per call:
+an evaluation job's trials create sandboxes and call the model through the gateway with keys
+minted for the job, so sandbox seconds and tokens are metered where they are spent
+(see services/evaluation/jobs.py). Light: no app, router, harbor or backend import."""
+
+from __future__ import annotations
+
+from services.core.spec import Operation, ServiceSpec
+from services.evaluation.schemas import JobRequest, SubmissionRequest
+
+SPEC = ServiceSpec(
+    name="evaluation",
+    operations=(
+        Operation("GET", "/v1/benchmarks", "benchmarks.list"),
+        Operation("POST", "/v1/harnesses", "harnesses.upload"),
+        Operation("GET", "/v1/harnesses", "harnesses.list"),
+        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="model", schema=JobRequest),
+        Operation("GET", "/v1/jobs", "jobs.list"),
+        Operation("GET", "/v1/jobs/{id}", "jobs.get"),
+        Operation("GET", "/v1/jobs/{id}/results", "jobs.results"),
+        Operation("POST", "/v1/jobs/{id}/cancel", "jobs.cancel"),
+        Operation("POST", "/v1/submissions", "submissions.create", json_body=True, schema=SubmissionRequest),
+        Operation("GET", "/v1/submissions", "submissions.list"),
+    ),
+    operator_operations=(
+        Operation("POST", "/v1/operator/benchmarks", "operator.benchmarks.register"),
+        Operation("POST", "/v1/operator/runs/{run_id}/score", "operator.runs.score"),
+        Operation("GET", "/v1/operator/scores", "operator.scores"),
+        Operation("GET", "/v1/operator/runs/{run_id}/submissions", "operator.runs.submissions"),
+    ),
+)

@@ -1,0 +1,46 @@
+"""What the gateway knows of the sandbox service: its routes, served under ``/sandbox``.
+
+An agent points the unmodified E2B SDK at ``E2B_API_URL=<gym>/sandbox`` and
+``E2B_SANDBOX_URL=<gym>/sandbox/envd`` with ``E2B_API_KEY=<run key>``. Control-plane calls
+authenticate with the key (X-API-Key); daemon calls carry only the sandbox's access token,
+which the gateway verifies (``auth="sandbox_token"``). No call is metered per request:
+sandbox time is metered by the second, ahead, by the service itself
+(services/sandbox/metering.py). Light: no app, router, e2b or backend import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.core.spec import Operation, ServiceSpec
+from services.sandbox.schemas import CreateSandbox
+
+
+def _op(method: str, path: str, name: str, **kw: Any) -> Operation:
+    return Operation(method, path, name, concurrency=False, **kw)
+
+
+_DAEMON = dict(auth="sandbox_token")
+
+SPEC = ServiceSpec(
+    name="sandbox",
+    operations=(
+        _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
+        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
+        _op("GET", "/sandboxes", "sandboxes.list"),
+        _op("GET", "/v2/sandboxes", "sandboxes.list"),
+        _op("GET", "/sandboxes/{id}", "sandboxes.get"),
+        _op("DELETE", "/sandboxes/{id}", "sandboxes.kill"),
+        _op("POST", "/sandboxes/{id}/timeout", "sandboxes.timeout"),
+        _op("POST", "/sandboxes/{id}/connect", "sandboxes.connect"),
+        _op("POST", "/v2/sandboxes/{id}/connect", "sandboxes.connect"),
+        _op("PUT", "/sandboxes/{id}/network", "sandboxes.network"),
+        _op("GET", "/v1/sandboxes", "records.list"),
+        _op("GET", "/v1/sandboxes/{id}", "records.get"),
+        _op("GET", "/envd/health", "envd.health", **_DAEMON),
+        _op("GET", "/envd/files", "envd.files.read", **_DAEMON),
+        _op("POST", "/envd/files", "envd.files.write", **_DAEMON),
+        _op("POST", "/envd/process.Process/{method}", "envd.process", **_DAEMON),
+        _op("POST", "/envd/filesystem.Filesystem/{method}", "envd.filesystem", **_DAEMON),
+    ),
+)
