@@ -23,7 +23,7 @@ from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, 
 from services.core.spec import ServiceContext
 from services.core.store import Store, sqlite_url
 
-SERVICES = ("rollout", "training", "inference", "sandbox", "evaluation")
+SERVICES = ("rollout", "training", "inference", "sandbox", "evaluation", "records")
 
 
 def service_modules() -> dict[str, ModuleType]:

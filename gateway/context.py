@@ -14,6 +14,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.principals import PrincipalCache, PrincipalFanout
 from services.core.concurrency import ConcurrencySlots
 from services.core.config import GymConfig
+from services.core.events import EventLog
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
 from services.core.settings import PrincipalCacheSettings
@@ -46,6 +47,7 @@ class Gateway:
     def __post_init__(self) -> None:
         self.registry = KeyRegistry(self.store)
         self.ledger = Ledger(self.store, self.config.ledger)
+        self.events = EventLog(self.store, self.internal_secret)
         self.slots = ConcurrencySlots(self.store, lease_ttl_s=self.config.ledger.reservation_ttl_s)
         self.metrics.track_jobs(self.store)  # queue depth / age and finished jobs, read at scrape time
         self.principals = PrincipalCache(PrincipalCacheSettings())

@@ -20,7 +20,18 @@ from fastapi.responses import Response, StreamingResponse
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from services.core.canonical import canonical_body
-from services.core.errors import AuthenticationFailed, GymError, InvalidRequest, NotFound, ServiceUnavailable
+from services.core.errors import (
+    AuthenticationFailed,
+    BudgetExhausted,
+    ConcurrencyLimited,
+    GymError,
+    InvalidRequest,
+    KeyPaused,
+    NotFound,
+    PermissionDenied,
+    ServiceUnavailable,
+)
+from services.core.events import CALL_REFUSED
 from services.core.http import json_object, request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
 from services.core.keys import Principal
@@ -41,6 +52,10 @@ _PASS_THROUGH_STREAMS = ("application/connect+",)
 """Unmetered streamed responses relayed chunk by chunk (a sandbox command's output)."""
 _DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", "x-request-id",
                           COST_HEADER.lower()}
+REFUSALS = (PermissionDenied, KeyPaused, BudgetExhausted, ConcurrencyLimited)
+"""Refusals of a known principal that become ``call.refused`` events (policy, budget, concurrency)."""
+REFUSED_STATUSES = (402, 403)
+"""A service's own refusals (its standard error body) that are recorded the same way."""
 COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
@@ -137,17 +152,21 @@ async def forward(request: Request, service: str, path: str) -> Response:
         raise NotFound(f"no route {request.method} /{service}{sub_path}")
     started = time.perf_counter()
     principal = await _authenticate(gw, request, op)
-    if op.json_body:
-        body = canonical_body(await _json_body(request), op.spellings)  # one spelling per field, then policy
-        body = apply_chain(list(principal.policies), service, body, model_field=op.model_field)
-        raw = json.dumps(body, separators=(",", ":")).encode()
-    else:
-        _check_grant(principal, service)
-        body, raw = {}, await request.body()
-    estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, principal) if op.estimate else 0
+    try:
+        if op.json_body:
+            body = canonical_body(await _json_body(request), op.spellings)  # one spelling per field, then policy
+            body = apply_chain(list(principal.policies), service, body, model_field=op.model_field)
+            raw = json.dumps(body, separators=(",", ":")).encode()
+        else:
+            _check_grant(principal, service)
+            body, raw = {}, await request.body()
+        estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, principal) if op.estimate else 0
 
-    call = _Call(gw, service, op, principal, request_id)
-    await call.open(estimate)
+        call = _Call(gw, service, op, principal, request_id)
+        await call.open(estimate)
+    except REFUSALS as err:
+        await _record_refusal(gw, principal, service, op.name, err.status, err.type, err.message, err.param)
+        raise
     gw.metrics.in_flight.labels(service).inc()
     try:
         upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate))
@@ -184,12 +203,40 @@ async def forward(request: Request, service: str, path: str) -> Response:
         charged, balance = await call.close(None)
     else:  # a success that reported no cost is billed its reservation, never free
         charged, balance = await call.close(estimate)
+    if upstream.status_code in REFUSED_STATUSES:
+        error = _error_of(content)
+        await _record_refusal(gw, principal, service, op.name, upstream.status_code, error.get("type"),
+                              error.get("message"), error.get("param"))
     if call.reservation is not None:
         if balance is None:  # released: read the balance as it stands
             balance = await gw.store.call(gw.ledger.balance, principal.key_id)
         headers[COST_RESPONSE] = format_usd(charged)
         headers[REMAINING_RESPONSE] = balance.remaining_header
     return Response(content, status_code=upstream.status_code, headers=headers)
+
+
+async def _record_refusal(gw: Gateway, principal: Principal, service: str, operation: str, status: int,
+                          error: Any, rule: Any, param: Any) -> None:
+    """A ``call.refused`` event for the principal's run. Only refusals pay for it (successes never
+    do), and a record that cannot be written is logged: it never replaces the refusal itself."""
+    data = {"where": "gateway", "service": service, "operation": operation, "status": status,
+            "error": error if isinstance(error, str) else None, "rule": rule if isinstance(rule, str) else None,
+            "param": param if isinstance(param, str) else None}
+    try:
+        await gw.store.call(partial(gw.events.record, run_id=principal.run_id, kind=CALL_REFUSED, data=data,
+                                    key_id=principal.key_id))
+    except Exception as err:  # noqa: BLE001 - the caller gets the original answer whatever happens here
+        log.warning("refused %s call of key %s not recorded: %s", service, principal.key_id, type(err).__name__)
+
+
+def _error_of(content: bytes) -> dict[str, Any]:
+    """The ``error`` object of a service's standard error body ({} when it is not one)."""
+    try:
+        body = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}
 
 
 def _identity(call: _Call, estimate: int) -> Identity:

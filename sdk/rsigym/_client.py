@@ -14,12 +14,14 @@ from .resources import (
     AsyncEvaluation,
     AsyncInference,
     AsyncKeys,
+    AsyncRecords,
     AsyncRollout,
     AsyncSandboxes,
     AsyncTraining,
     Evaluation,
     Inference,
     Keys,
+    Records,
     Rollout,
     Sandboxes,
     Training,
@@ -56,6 +58,7 @@ class Gym(SyncAPIClient):
     keys: Keys
     sandbox: Sandboxes
     evaluation: Evaluation
+    records: Records
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class Gym(SyncAPIClient):
         self.keys = Keys(self)
         self.sandbox = Sandboxes(self)
         self.evaluation = Evaluation(self)
+        self.records = Records(self)
 
     def balance(self) -> Balance:
         """The run's budget, spent, reserved and remaining USD."""
@@ -101,6 +105,7 @@ class AsyncGym(AsyncAPIClient):
     keys: AsyncKeys
     sandbox: AsyncSandboxes
     evaluation: AsyncEvaluation
+    records: AsyncRecords
 
     def __init__(
         self,
@@ -117,6 +122,7 @@ class AsyncGym(AsyncAPIClient):
         self.keys = AsyncKeys(self)
         self.sandbox = AsyncSandboxes(self)
         self.evaluation = AsyncEvaluation(self)
+        self.records = AsyncRecords(self)
 
     async def balance(self) -> Balance:
         return await self._request(balance_call())

@@ -44,6 +44,15 @@ __all__ = [
     "EvaluationJob",
     "TrialResult",
     "Submission",
+    "RecordEvent",
+    "ExperimentAction",
+    "ExperimentEvaluation",
+    "Experiment",
+    "ExperimentDiff",
+    "Lineage",
+    "BestCheckpoint",
+    "Annotation",
+    "ChainReport",
 ]
 
 
@@ -209,6 +218,8 @@ class TrainingJob(_WithMeta):
     error: str | None = None
     metrics: list[TrainingStepMetrics] | None = None
     checkpoints: list[str] | None = None
+    experiment: str | None = None
+    """The experiment the job is attached to."""
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -230,6 +241,7 @@ class Checkpoint(HasRequestMeta, _WithMeta):
     step: int
     metrics: dict[str, Any] = Field(default_factory=dict)
     weights_hash: str
+    experiment: str | None = None
     created_at: str | None = None
 
 
@@ -375,6 +387,7 @@ class EvaluationJob(HasRequestMeta, _WithMeta):
     score: float | None = None
     error: str | None = None
     detail: str | None = None
+    experiment: str | None = None
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -412,3 +425,126 @@ class Submission(HasRequestMeta, _WithMeta):
     model: str
     harness: str
     created_at: datetime | None = None
+
+
+# ---- records (the Experiment OS) --------------------------------------------------------
+
+
+class RecordEvent(_Base):
+    """A platform event: written by the gym only, immutable, hash-chained per run (``hash``
+    covers every field and the previous event's ``prev_hash``)."""
+
+    object: str = "event"
+    run_id: str
+    seq: int
+    kind: str
+    key_id: str | None = None
+    experiment_id: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+    prev_hash: str = ""
+    hash: str = ""
+
+
+class ExperimentAction(_Base):
+    kind: str
+    """``training`` or ``evaluation``."""
+    job_id: str
+    status: str | None = None
+    config_hash: str | None = None
+    datasets: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExperimentEvaluation(_Base):
+    job_id: str
+    status: str | None = None
+    benchmark: str | None = None
+    split: str | None = None
+    attempts: int | None = None
+    score: float | None = None
+    model: str | None = None
+    harness: str | None = None
+
+
+class Experiment(HasRequestMeta, _WithMeta):
+    """A node of the run's research graph: what it started from (``theta_in``), what was done
+    (``action``), what came out (``theta_out``) and how it scored (``evaluations``) — all from
+    platform events. ``status`` is set by audits: ``pending``, ``accepted`` or ``flagged``
+    (``reasons``). Single-experiment answers also carry ``events`` and ``annotations``."""
+
+    id: str
+    object: str = "experiment"
+    owner_key_id: str
+    name: str
+    implicit: bool = False
+    parents: list[str] = Field(default_factory=list)
+    status: str = "pending"
+    reasons: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+    theta_in: dict[str, Any] = Field(default_factory=dict)
+    action: list[ExperimentAction] = Field(default_factory=list)
+    theta_out: dict[str, Any] = Field(default_factory=dict)
+    evaluations: list[ExperimentEvaluation] = Field(default_factory=list)
+    events: list[RecordEvent] | None = None
+    annotations: list[dict[str, Any]] | None = None
+
+
+class ExperimentDiff(HasRequestMeta, _WithMeta):
+    """Two experiments compared: ``config`` (hashes and differing job config ``fields``),
+    ``data`` (datasets ``added``/``removed``/``common`` by sha256), ``scores`` (per benchmark and
+    split: ``a``, ``b``, ``delta`` = b − a)."""
+
+    object: str = "experiment.diff"
+    a: str
+    b: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    scores: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Lineage(HasRequestMeta, _WithMeta):
+    """A checkpoint's chain back to its base model: ``links`` (newest first), each with its job,
+    config hash, datasets (id, sha256), loss and weights hashes and experiment."""
+
+    object: str = "lineage"
+    checkpoint: str
+    base_model: str | None = None
+    links: list[dict[str, Any]] = Field(default_factory=list)
+    complete: bool = True
+
+
+class BestCheckpoint(HasRequestMeta, _WithMeta):
+    """The run's best accepted checkpoint on a split (and benchmark, when one was named)."""
+
+    object: str = "best_checkpoint"
+    checkpoint: str
+    split: str
+    benchmark: str | None = None
+    score: float
+    experiment_id: str | None = None
+    evaluation_job_id: str | None = None
+    scores: dict[str, float] = Field(default_factory=dict)
+
+
+class Annotation(HasRequestMeta, _WithMeta):
+    """The agent's own claim (``hypothesis``, ``finding``, ``review``), attributed to the key
+    that wrote it; its kind's fields (``statement``, ``claim``, ``uncertainties`` …) are attributes."""
+
+    id: str
+    object: str = "annotation"
+    kind: str
+    key_id: str
+    experiment_ids: list[str] = Field(default_factory=list)
+    created_at: datetime | None = None
+
+
+class ChainReport(HasRequestMeta, _WithMeta):
+    """The verification of the run's event chain: ``ok`` is False when any event was changed,
+    deleted or reordered, the tail truncated or the head forged (``problems``)."""
+
+    object: str = "chain"
+    run_id: str
+    ok: bool
+    events: int
+    head_seq: int
+    problems: list[dict[str, Any]] = Field(default_factory=list)

@@ -19,6 +19,7 @@ from sqlalchemy import JSON, ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.errors import NotFound
+from services.core.events import CHECKPOINT_REGISTERED, EventLog
 from services.core.ids import new_id
 from services.core.store import Store
 from services.core.tables import Base, UTCDateTime, utcnow
@@ -39,6 +40,8 @@ class Checkpoint(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     weights_hash: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(String(500))
+    experiment_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    """The experiment whose training job wrote it (services/core/experiments.py)."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -47,7 +50,7 @@ def checkpoint_view(c: Checkpoint) -> dict[str, Any]:
         "id": c.id, "object": "checkpoint", "job_id": c.job_id, "base_model": c.base_model,
         "parent_checkpoint": c.parent_checkpoint_id, "dataset_hashes": c.dataset_hashes, "config_hash": c.config_hash,
         "loss_module_hash": c.loss_module_hash, "step": c.step, "metrics": c.metrics, "weights_hash": c.weights_hash,
-        "created_at": c.created_at.isoformat(),
+        "experiment": c.experiment_id, "created_at": c.created_at.isoformat(),
     }
 
 
@@ -75,9 +78,11 @@ class CheckpointRegistry:
 
     def save(self, *, model: Any, run_id: str, job_id: str, base_model: str, parent: str | None,
              dataset_hashes: list[str], config_hash: str, loss_module_hash: str | None, step: int,
-             metrics: dict[str, Any]) -> dict[str, Any]:
+             metrics: dict[str, Any], experiment_id: str | None = None, events: EventLog | None = None,
+             key_id: str | None = None) -> dict[str, Any]:
         """Write the adapter atomically (``model.save_pretrained``), then register it:
-        servable from this moment."""
+        servable from this moment. With ``events``, the row and its ``checkpoint.registered``
+        event (for ``key_id``, the job's key) commit together."""
         ckpt_id = new_id("ckpt")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{ckpt_id}.partial"
@@ -90,9 +95,15 @@ class CheckpointRegistry:
                 row = Checkpoint(id=ckpt_id, run_id=run_id, job_id=job_id, base_model=base_model,
                                  parent_checkpoint_id=parent, dataset_hashes=dataset_hashes, config_hash=config_hash,
                                  loss_module_hash=loss_module_hash, step=step, metrics=metrics,
-                                 weights_hash=weights_hash, path=str(final))
+                                 weights_hash=weights_hash, path=str(final), experiment_id=experiment_id)
                 s.add(row)
                 s.flush()
+                if events is not None:
+                    events.append(s, run_id=run_id, kind=CHECKPOINT_REGISTERED, key_id=key_id,
+                                  experiment_id=experiment_id,
+                                  data={"checkpoint_id": ckpt_id, "job_id": job_id, "base_model": base_model,
+                                        "parent_checkpoint": parent, "weights_hash": weights_hash,
+                                        "dataset_hashes": dataset_hashes, "config_hash": config_hash, "step": step})
                 return checkpoint_view(row)
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)

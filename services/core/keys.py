@@ -15,7 +15,15 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
-from services.core.errors import AuthenticationFailed, Conflict, KeyPaused, KeyRevoked, NotFound, Unprocessable
+from services.core.errors import (
+    AuthenticationFailed,
+    Conflict,
+    KeyPaused,
+    KeyRevoked,
+    NotFound,
+    PermissionDenied,
+    Unprocessable,
+)
 from services.core.fanout import STATUS_EVENTS
 from services.core.ids import hash_secret, new_api_key, new_id
 from services.core.ledger import balance_of, chain_of
@@ -102,6 +110,7 @@ class KeyRegistry:
                     raise Conflict(f"child keys nest at most {MAX_CHILD_DEPTH} deep")
                 for ancestor in chain:
                     policy.assert_within(Policy.model_validate(ancestor.policy), platform=platform)
+                check_record_owners(s, parent, policy)
                 root_id, depth, track = parent.root_id, parent.depth + 1, parent.track
             elif budget_nusd is None:
                 raise Unprocessable("a run key needs a budget", param="budget_usd")
@@ -214,6 +223,8 @@ class KeyRegistry:
             chain = chain_of(s, key_id)
             for ancestor in chain[:-1]:
                 policy.assert_within(Policy.model_validate(ancestor.policy))
+            if len(chain) > 1:
+                check_record_owners(s, chain[-2], policy)
             s.execute(
                 update(ApiKey).where(ApiKey.id == key_id)
                 .values(policy=policy.model_dump(mode="json"), updated_at=utcnow())
@@ -224,6 +235,43 @@ class KeyRegistry:
             view = key_view(row, chain_of(s, key_id))  # type: ignore[arg-type]
         self.store.key_events.publish("key.policy", key_id)
         return view
+
+
+def subtree_ids(s: Session, roots: list[str], run_id: str) -> set[str]:
+    """The keys ``roots`` (those of run ``run_id``) and every key minted below them."""
+    found: set[str] = set(s.scalars(select(ApiKey.id).where(ApiKey.id.in_(roots), ApiKey.root_id == run_id)))
+    frontier = set(found)
+    while frontier:
+        children = set(s.scalars(select(ApiKey.id).where(ApiKey.parent_id.in_(frontier)))) - found
+        found |= children
+        frontier = children
+    return found
+
+
+def readable_keys(s: Session, key: ApiKey) -> set[str] | None:
+    """Whose records ``key`` may read: None for a run (root) key, which reads its whole run;
+    else its own subtree and the subtrees of the owners its records policy names."""
+    if key.parent_id is None:
+        return None
+    records = Policy.model_validate(key.policy).services.get("records")
+    return subtree_ids(s, [key.id, *(records.owners or [] if records else [])], key.root_id)
+
+
+def check_record_owners(s: Session, parent: ApiKey, policy: Policy) -> None:
+    """A child's records ``owners`` must be keys of the parent's run that the parent may read
+    itself (a worker cannot mint a key that reads its siblings)."""
+    records = policy.services.get("records")
+    if records is None or not records.owners:
+        return
+    param = "services.records.owners"
+    same_run = set(s.scalars(select(ApiKey.id).where(ApiKey.id.in_(records.owners),
+                                                     ApiKey.root_id == parent.root_id)))
+    for owner in records.owners:
+        if owner not in same_run:  # one answer for missing keys and other runs' keys
+            raise Unprocessable(f"records owner {owner!r} is not a key of this run", param=param)
+    readable = readable_keys(s, parent)
+    if readable is not None and not set(records.owners) <= readable:
+        raise PermissionDenied("records owners must be keys whose records the parent key may read", param=param)
 
 
 def _require_active(chain: list[ApiKey]) -> None:

@@ -132,6 +132,12 @@ class ServicePolicy(BaseModel):
     """Sandbox: may open a model door (one loopback port that leads to inference only, with a
     key the sandbox never sees). Granted by the platform to evaluation-job keys, never by a
     parent to a child: a key nobody minted with it cannot get it."""
+    owners: list[str] | None = None
+    """Records only: the keys whose experiments, events and annotations this key may read
+    besides its own subtree (a reviewer names the workers it reviews; each named key's subtree
+    is included). None: its own subtree only. A root key reads its whole run regardless. At mint
+    time the named keys must be of the same run and readable by the parent
+    (services/core/keys.py); here a child may name only owners its parent names."""
 
     def allows_model(self, model: Any) -> bool:
         return self.models == "*" or (isinstance(model, str) and model in self.models)
@@ -189,6 +195,8 @@ class Policy(BaseModel):
                 raise PermissionDenied("model doors are granted by the platform only", param=f"{where}.door")
             if granted.detail == "aggregate" and child.detail == "full":
                 raise PermissionDenied("the parent key sees aggregate results only", param=f"{where}.detail")
+            if granted.owners is not None and child.owners is not None and not set(child.owners) <= set(granted.owners):
+                raise PermissionDenied("child records owners must be a subset of the parent's", param=f"{where}.owners")
             if granted.max_concurrency is not None and (
                 child.max_concurrency is None or child.max_concurrency > granted.max_concurrency
             ):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import select
 
 from services.core.errors import Conflict, NotFound
+from services.core.events import HARNESS_UPLOADED, EventLog
 from services.core.ids import new_id
 from services.core.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
@@ -31,8 +32,9 @@ def harness_view(row: HarnessRow) -> dict[str, Any]:
 
 
 class HarnessStore:
-    def __init__(self, store: Store, root: Path, limits: ArchiveLimits | None = None):
+    def __init__(self, store: Store, root: Path, limits: ArchiveLimits | None = None, events: EventLog | None = None):
         self.store, self.root, self.limits = store, root, limits or ArchiveLimits()
+        self.events = events
         self.root.mkdir(parents=True, exist_ok=True)
 
     def upload(self, *, run_id: str, key_id: str, raw: bytes) -> dict[str, Any]:
@@ -41,18 +43,21 @@ class HarnessStore:
             existing = s.scalar(select(HarnessRow).where(HarnessRow.run_id == run_id, HarnessRow.sha256 == digest))
             if existing is not None:
                 return harness_view(existing)
-        dest = self.root / digest
-        if not dest.exists():
+        dest, archive = self.root / digest, self.archive_path(digest)
+        if not dest.exists() or not archive.exists():
             fd, tmp = tempfile.mkstemp(prefix=".upload-", suffix=".tar.gz", dir=self.root)
             try:
                 with os.fdopen(fd, "wb") as fh:
                     fh.write(raw)
-                try:
-                    extract_archive(tmp, dest, self.limits)
-                except Conflict:  # another upload of the same bytes won the race: same content
-                    pass
+                if not dest.exists():
+                    try:
+                        extract_archive(tmp, dest, self.limits)
+                    except Conflict:  # another upload of the same bytes won the race: same content
+                        pass
+                os.replace(tmp, archive)  # kept as uploaded: the provenance audit re-hashes it
             finally:
-                os.unlink(tmp)
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         files = sum(1 for p in dest.rglob("*") if p.is_file())
         size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
         manifest = manifest_of(dest).model_dump(exclude_none=True)
@@ -60,7 +65,16 @@ class HarnessStore:
                          bytes=size, files=files, manifest=manifest)
         with self.store.transaction() as s:
             s.add(row)
+            s.flush()
+            if self.events is not None:
+                self.events.append(s, run_id=run_id, kind=HARNESS_UPLOADED, key_id=key_id,
+                                   data={"harness_id": row.id, "sha256": digest, "bytes": size, "files": files,
+                                         "name": row.name})
         return harness_view(row)
+
+    def archive_path(self, sha256: str) -> Path:
+        """The uploaded archive, kept byte for byte beside its unpacked tree (audits re-hash and re-read it)."""
+        return self.root / f"{sha256}.tar.gz"
 
     def list(self, run_id: str) -> list[dict[str, Any]]:
         with self.store.transaction() as s:

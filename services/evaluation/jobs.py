@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.core.errors import GymError, ServiceUnavailable
+from services.core.events import EVALUATION_JOB, EventLog
 from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
@@ -44,6 +45,8 @@ TASK_OF_PURPOSE = {"agent": "run", "score": "score", "baseline": "baseline", "va
 ASSIST_TASK = "rsigym.evaluation.assist"
 """A helper: another worker sharing a running job's trials (see :meth:`EvaluationRunner.assist`)."""
 CLAIM_POLL_S = 0.2
+RECORDED_PURPOSES = ("agent", "score")
+"""Jobs whose end is a platform event (baselines and validations are the gym's own)."""
 
 
 class _AlreadyRecorded(Exception):
@@ -69,8 +72,9 @@ class EvaluationRunner(JobRunnerBase):
     def __init__(self, store: Store, registry: BenchmarkRegistry, harnesses: HarnessStore, trials_root: Path,
                  *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial,
                  gateway_url: Callable[[], str | None] = lambda: None, dispatcher: Dispatcher | None = None,
-                 job_settings: JobSettings | None = None, workers_per_job: int = 1):
+                 job_settings: JobSettings | None = None, workers_per_job: int = 1, events: EventLog | None = None):
         super().__init__(store, workers=workers, name="rsigym-eval", settings=job_settings, dispatcher=dispatcher)
+        self.events = events
         self.workers_per_job = workers_per_job
         self.registry, self.harnesses = registry, harnesses
         self.keys = KeyRegistry(store)
@@ -288,6 +292,24 @@ class EvaluationRunner(JobRunnerBase):
         job.score = job_score(rewards) if job.purpose != "validation" else None
         session.execute(update(ScoreRow).where(ScoreRow.job_id == job_id).values(
             score=job.score if status == "succeeded" else None, status=status))
+        if self.events is not None and job.purpose in RECORDED_PURPOSES:
+            self.events.append(session, run_id=job.run_id, kind=EVALUATION_JOB, key_id=job.key_id,
+                               experiment_id=job.experiment_id,
+                               data={"job_id": job.id, "purpose": job.purpose, "status": status, "model": job.model,
+                                     "harness": job.harness, "benchmark": job.benchmark, "split": job.split,
+                                     "attempts": job.attempts, "score": job.score if status == "succeeded" else None})
+
+    def cancel_queued(self, job_id: str) -> bool:
+        """Cancel a job no worker has taken yet; it ends like any other (its final hooks run)."""
+        with self.store.transaction() as s:
+            done = s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id, EvaluationJob.status == "queued")
+                             .values(status="cancelled", finished_at=utcnow())
+                             .execution_options(synchronize_session=False)).rowcount  # type: ignore[attr-defined]
+            if done != 1:
+                return False
+            self._on_final(s, job_id, "cancelled")
+        self._after_final(job_id, "cancelled", None)
+        return True
 
     def _after_final(self, job_id: str, status: str, error: str | None) -> None:
         with self.store.transaction() as s:

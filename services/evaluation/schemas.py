@@ -30,6 +30,9 @@ class JobRequest(BaseModel):
     """A subset of the split's task ids (default: all)."""
     limit: int | None = Field(default=None, ge=1)
     """At most this many tasks (the first, in the split's order)."""
+    experiment: str | None = Field(default=None, max_length=40)
+    """The caller's own experiment to attach the evaluation to (default: the evaluated
+    checkpoint's experiment when the caller owns it, else a new implicit one)."""
 
 
 class SubmissionRequest(BaseModel):

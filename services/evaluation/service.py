@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from collections.abc import Callable
+
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from services.core.checkpoints import CheckpointRegistry
 from services.core.errors import (
@@ -22,6 +25,8 @@ from services.core.errors import (
     Unprocessable,
     validated,
 )
+from services.core.events import SUBMISSION, EventLog
+from services.core.experiments import Experiment, ExperimentRegistry
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.keys import KeyRegistry
@@ -51,7 +56,7 @@ def job_view(job: EvaluationJob) -> dict[str, Any]:
     return {
         "id": job.id, "object": "evaluation.job", "purpose": job.purpose, "status": job.status,
         "benchmark": job.benchmark, "split": job.split, "model": job.model, "harness": job.harness,
-        "attempts": job.attempts, "sampling": job.sampling, "tasks": len(job.task_ids),
+        "attempts": job.attempts, "sampling": job.sampling, "tasks": len(job.task_ids), "experiment": job.experiment_id,
         "progress": {"done": job.trials_done, "total": job.trials_total}, "score": job.score, "error": job.error,
         "created_at": job.created_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
@@ -71,15 +76,17 @@ class EvaluationService:
         self.store = context.store
         self.config = context.config
         data = context.data_dir / "evaluation"
+        self.events = EventLog(self.store, context.internal_secret)
+        self.experiments = ExperimentRegistry(self.events)
         self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
-        self.harnesses = HarnessStore(self.store, data / "harnesses")
+        self.harnesses = HarnessStore(self.store, data / "harnesses", events=self.events)
         self.keys = KeyRegistry(self.store)
         self.checkpoints = CheckpointRegistry.of(context)  # reads only
         self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
                                        workers=context.config.evaluation.workers,
                                        trial_concurrency=context.config.evaluation.trial_concurrency,
                                        workers_per_job=context.config.evaluation.workers_per_job,
-                                       gateway_url=lambda: context.settings.gateway_url)
+                                       gateway_url=lambda: context.settings.gateway_url, events=self.events)
 
     # -- benchmarks --------------------------------------------------------------------
 
@@ -133,16 +140,33 @@ class EvaluationService:
         else:
             task_ids = all_ids
         task_ids = task_ids[: req.limit] if req.limit else task_ids
+        produced = (None if self.config.base_model(req.model) is not None  # the checkpoint's own experiment
+                    else self.checkpoints.get(req.model, run_id=identity.run_id).experiment_id)
         job = self._new_job(run_id=identity.run_id, key_id=identity.key_id, purpose="agent",
                             benchmark=req.benchmark, split=req.split, model=req.model, harness=req.harness,
                             attempts=req.attempts, sampling=req.sampling.model_dump(exclude_none=True),
-                            task_ids=task_ids, trials=len(task_ids) * req.attempts)
+                            task_ids=task_ids, trials=len(task_ids) * req.attempts,
+                            experiment=lambda s: self._experiment_of(s, identity, req, produced))
         self.runner.submit(job.id)
         return job_view(job)
 
+    def _experiment_of(self, s: Session, identity: Identity, req: JobRequest, produced: str | None) -> str:
+        """Where an agent's evaluation attaches: the experiment it names (its own), else the
+        evaluated checkpoint's experiment (``produced``) when this key owns it, else a new
+        implicit one that continues the checkpoint's experiment."""
+        if req.experiment is None and produced is not None:
+            owner = s.get(Experiment, produced)
+            if owner is not None and owner.run_id == identity.run_id and owner.owner_key_id == identity.key_id:
+                return owner.id
+        return self.experiments.resolve(s, run_id=identity.run_id, key_id=identity.key_id,
+                                        experiment_id=req.experiment,
+                                        name=f"evaluate {req.model} on {req.benchmark}/{req.split}",
+                                        continues=[produced] if produced else [])
+
     def _new_job(self, *, run_id: str, key_id: str, purpose: str, benchmark: str,
                  split: str, model: str, harness: str, attempts: int, sampling: dict[str, Any], task_ids: list[str],
-                 trials: int) -> EvaluationJob:
+                 trials: int, experiment: Callable[[Session], str] | None = None) -> EvaluationJob:
+        """Insert a queued job; ``experiment`` resolves its experiment in the same transaction."""
         url = self.context.settings.gateway_url  # never a request's Host: the trials' keys go there
         if not url:
             raise ServiceUnavailable("evaluations are unavailable: the gym does not know its own address "
@@ -151,6 +175,8 @@ class EvaluationService:
                             split=split, model=model, harness=harness, attempts=attempts, sampling=sampling,
                             task_ids=task_ids, gateway_url=url, status="queued", trials_total=trials, trials_done=0)
         with self.store.transaction() as s:
+            if experiment is not None:
+                job.experiment_id = experiment(s)
             s.add(job)
             s.flush()
             s.expunge(job)
@@ -196,9 +222,8 @@ class EvaluationService:
         job = self._job(identity, job_id)
         with self.store.transaction() as s:
             s.execute(update(EvaluationJob).where(EvaluationJob.id == job.id).values(cancel_requested=True))
-            if job.status == "queued":
-                s.execute(update(EvaluationJob).where(EvaluationJob.id == job.id, EvaluationJob.status == "queued")
-                          .values(status="cancelled"))
+        if job.status == "queued":
+            self.runner.cancel_queued(job.id)
         return self.get_job(identity, job_id)
 
     # -- submissions and scores --------------------------------------------------------
@@ -231,8 +256,14 @@ class EvaluationService:
             self.harnesses.owned(harness, identity.run_id)
         row = SubmissionRow(id=new_id("sub"), run_id=identity.run_id, key_id=identity.key_id, track=track,
                             checkpoint_id=req.checkpoint, model=model, harness=harness)
+        experiment = self.checkpoints.get(req.checkpoint, run_id=identity.run_id).experiment_id if req.checkpoint else None
         with self.store.transaction() as s:
             s.add(row)
+            s.flush()
+            self.events.append(s, run_id=identity.run_id, kind=SUBMISSION, key_id=identity.key_id,
+                               experiment_id=experiment,
+                               data={"submission_id": row.id, "checkpoint": req.checkpoint, "model": model,
+                                     "harness": harness, "track": track})
         return submission_view(row)
 
     def submissions(self, identity: Identity, run_id: str | None = None) -> list[dict[str, Any]]:

@@ -66,6 +66,8 @@ class EvaluationJob(Base):
     attempts: Mapped[int] = mapped_column(Integer)
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     task_ids: Mapped[list[str]] = mapped_column(JSON)
+    experiment_id: Mapped[str | None] = mapped_column(String(40))
+    """The experiment it attaches to (agent jobs: named by the caller, or implicit)."""
     gateway_url: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(24), default="queued")
     """queued → running → succeeded | failed | cancelled"""

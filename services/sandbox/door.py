@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import h11
@@ -26,6 +26,9 @@ log = logging.getLogger("rsigym.sandbox.door")
 DOOR_PORT = 8700
 ALLOWED_PREFIX = "/inference/v1/"
 MAX_BODY = 16 * 1024 * 1024
+DENIED = "this sandbox's door leads to /inference/v1/ only"
+RefusalHook = Callable[[str, str, str, str], None]
+"""(sandbox id, method, path, rule) of a request the door refused; blocking (it writes a record)."""
 _HOP = {"connection", "keep-alive", "transfer-encoding", "host", "authorization", "x-api-key", "content-length",
         "proxy-authorization", "upgrade", "te", "trailer"}
 
@@ -33,7 +36,8 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "host", "authorization"
 class DoorServer:
     """One event loop thread serving every door of this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_refused: RefusalHook | None = None) -> None:
+        self.on_refused = on_refused
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rsigym-sandbox-doors", daemon=True)
         self._thread.start()
@@ -93,10 +97,11 @@ class DoorServer:
         target = request.target.decode("latin-1")
         path = target.split("?", 1)[0]
         if not path.startswith(ALLOWED_PREFIX) or ".." in path or "%2e" in path.lower():
-            log.info("door of %s refused %s %s", sandbox_id, request.method.decode(), path)
+            method = request.method.decode("latin-1")
+            log.info("door of %s refused %s %s", sandbox_id, method, path)
+            await self._report_refusal(sandbox_id, method, path)
             await _send_json(conn, writer, 403, {"type": "error", "error": {
-                "type": "permission_denied", "message": "this sandbox's door leads to /inference/v1/ only",
-                "param": None}, "code": 403, "message": "this sandbox's door leads to /inference/v1/ only"})
+                "type": "permission_denied", "message": DENIED, "param": None}, "code": 403, "message": DENIED})
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers
                    if k.decode("latin-1").lower() not in _HOP}
@@ -120,6 +125,17 @@ class DoorServer:
             await writer.drain()
         finally:
             await upstream.aclose()
+
+
+    async def _report_refusal(self, sandbox_id: str, method: str, path: str) -> None:
+        """Hand the refusal to the hook (off this loop: it writes to the store) before the 403
+        goes out; a hook that fails is logged and never changes the answer."""
+        if self.on_refused is None:
+            return
+        try:
+            await asyncio.to_thread(self.on_refused, sandbox_id, method, path[:500], DENIED)
+        except Exception:  # noqa: BLE001 - the record is best effort; the refusal stands regardless
+            log.exception("door of %s: the refusal of %s %s was not recorded", sandbox_id, method, path)
 
 
 async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[h11.Request | None, bytes]:

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from services.core.concurrency import ConcurrencySlots
 from services.core.errors import (
@@ -31,6 +32,7 @@ from services.core.errors import (
     Unprocessable,
     validated,
 )
+from services.core.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.keys import KeyRegistry
@@ -80,6 +82,7 @@ class SandboxService:
         self.keys = KeyRegistry(context.store)
         self.backend = backend
         self.secret = context.internal_secret
+        self.events = EventLog(context.store, context.internal_secret)
         self._doors: DoorServer | None = None
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
@@ -90,10 +93,15 @@ class SandboxService:
     # -- lifecycle ---------------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a restart this process holds no sandbox: close the rows that say otherwise."""
+        """After a restart this process holds no sandbox: close the rows that say otherwise
+        (each with its ``sandbox.session`` event, for the time it had been paid for)."""
+        reason = "the gym restarted"
         with self.store.transaction() as s:
-            s.execute(update(SandboxRow).where(SandboxRow.state == "running", SandboxRow.backend == self.backend.name)
-                      .values(state="failed", end_reason="the gym restarted", ended_at=utcnow()))
+            rows = list(s.scalars(select(SandboxRow).where(SandboxRow.state == "running",
+                                                           SandboxRow.backend == self.backend.name)))
+            for row in rows:
+                row.state, row.end_reason, row.ended_at = "failed", reason, utcnow()
+                self._record_session(s, row)
 
     def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         req = validated(CreateSandbox, body, what="sandbox request")
@@ -198,9 +206,29 @@ class SandboxService:
             seconds, charged = live.meter.close()
             self.slots.release(live.lease)
             with self.store.transaction() as s:
-                s.execute(update(SandboxRow).where(SandboxRow.id == sandbox_id).values(
-                    state=state, end_reason=reason, ended_at=utcnow(), seconds=seconds, cost_nusd=charged))
+                row = s.get(SandboxRow, sandbox_id)
+                if row is not None:
+                    row.state, row.end_reason, row.ended_at = state, reason, utcnow()
+                    row.seconds, row.cost_nusd = seconds, charged
+                    self._record_session(s, row)
         log.info("sandbox %s ended (%s): %.1f s, %d nUSD", sandbox_id, state, seconds, charged)
+
+    def _record_session(self, s: Session, row: SandboxRow) -> None:
+        """The ended sandbox's ``sandbox.session`` event, in the transaction that ends its row."""
+        self.events.append(s, run_id=row.run_id, kind=SANDBOX_SESSION, key_id=row.key_id,
+                           data={"sandbox_id": row.id, "template": row.template, "seconds": round(row.seconds, 3),
+                                 "cost_nusd": row.cost_nusd, "reason": row.end_reason, "state": row.state})
+
+    def _door_refused(self, sandbox_id: str, method: str, path: str, rule: str) -> None:
+        """The door refused a request from inside the sandbox: a ``call.refused`` for its run and key."""
+        with self.store.transaction() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None:
+                log.warning("door of %s refused %s %s, but the sandbox has no row", sandbox_id, method, path)
+                return
+            self.events.append(s, run_id=row.run_id, kind=CALL_REFUSED, key_id=row.key_id,
+                               data={"where": "door", "sandbox_id": sandbox_id, "method": method, "path": path,
+                                     "status": 403, "error": "permission_denied", "rule": rule})
 
     def shutdown(self) -> None:
         """Kill every live sandbox and stop the supervisor. Idempotent."""
@@ -221,7 +249,7 @@ class SandboxService:
     def doors(self) -> DoorServer:
         with self._lock:
             if self._doors is None:
-                self._doors = DoorServer()
+                self._doors = DoorServer(on_refused=self._door_refused)
             return self._doors
 
     # -- the supervisor ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 
 from services.core.errors import NotFound, Unprocessable
+from services.core.events import DATASET_REGISTERED, EventLog
 from services.core.ids import new_id
 from services.core.store import Store
 from services.models.chat_format import split_example
@@ -121,8 +122,9 @@ def dataset_view(d: Dataset) -> dict[str, Any]:
 
 
 class DatasetStore:
-    def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int):
+    def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int, events: EventLog | None = None):
         self.store = store
+        self.events = events
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.max_rows = max_rows
@@ -144,6 +146,10 @@ class DatasetStore:
                           rows=rows, bytes=len(raw))
             s.add(row)
             s.flush()
+            if self.events is not None:  # a new dataset only: a re-upload is the same record
+                self.events.append(s, run_id=run_id, kind=DATASET_REGISTERED, key_id=key_id,
+                                   data={"dataset_id": row.id, "sha256": digest, "rows": rows, "bytes": len(raw),
+                                         "format": fmt, "name": name})
             return dataset_view(row)
 
     def _write_blob(self, digest: str, raw: bytes) -> None:

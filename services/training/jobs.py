@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
-from services.core.checkpoints import CheckpointRegistry
+from services.core.checkpoints import Checkpoint, CheckpointRegistry
 from services.core.config import BaseModel_, GymConfig
 from services.core.errors import NotFound
+from services.core.events import TRAINING_JOB, EventLog
 from services.core.jobs import JobRunnerBase
 from services.core.ledger import Ledger, StepMeter
 from services.core.money import nusd_to_usd
@@ -34,7 +36,7 @@ def job_view(job: TrainingJob, steps: list[TrainingStep] | None = None, checkpoi
         "id": job.id, "object": "training.job", "status": job.status, "base_model": job.base_model,
         "parent_checkpoint": job.parent_checkpoint_id, "datasets": job.dataset_ids, "config": job.config,
         "step": job.step, "total_steps": job.total_steps, "cost_usd": nusd_to_usd(job.cost_nusd), "error": job.error,
-        "created_at": job.created_at.isoformat(),
+        "experiment": job.experiment_id, "created_at": job.created_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
     }
@@ -63,8 +65,10 @@ class JobRunner(JobRunnerBase):
     final = frozenset(FINAL)
 
     def __init__(self, store: Store, config: GymConfig, datasets: DatasetStore, registry: CheckpointRegistry,
-                 models_dir: Path, logs_dir: Path, hidden_paths: list[Path], tinker_client: Any = None):
+                 models_dir: Path, logs_dir: Path, hidden_paths: list[Path], tinker_client: Any = None,
+                 events: EventLog | None = None):
         super().__init__(store, workers=config.training.workers, name="rsigym-train")
+        self.events = events
         self.config, self.datasets, self.registry = config, datasets, registry
         self.tinker_client = tinker_client
         self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
@@ -77,6 +81,27 @@ class JobRunner(JobRunnerBase):
 
     def _after_final(self, job_id: str, status: str, error: str | None) -> None:
         self._log(job_id, f"finished: {status}" + (f" ({error})" if error else ""))
+
+    def _on_final(self, session: Session, job_id: str, status: str) -> None:
+        """In the finishing transaction (a worker's, or the reaper's): the job's ``training.job``
+        event, written once since a job reaches a final state once."""
+        if self.events is None:
+            return
+        job = session.get(TrainingJob, job_id, populate_existing=True)
+        if job is None:
+            return
+        datasets = [{"id": d.id, "sha256": d.sha256}
+                    for d in session.scalars(select(Dataset).where(Dataset.id.in_(job.dataset_ids)))]
+        order = {d: i for i, d in enumerate(job.dataset_ids)}
+        datasets.sort(key=lambda d: order.get(d["id"], len(order)))
+        outputs = list(session.scalars(select(Checkpoint.id).where(Checkpoint.job_id == job_id)
+                                       .order_by(Checkpoint.step)))
+        self.events.append(session, run_id=job.run_id, kind=TRAINING_JOB, key_id=job.key_id,
+                           experiment_id=job.experiment_id,
+                           data={"job_id": job.id, "status": status, "base_model": job.base_model,
+                                 "input_checkpoint": job.parent_checkpoint_id, "config_hash": job.config_hash,
+                                 "datasets": datasets, "loss_module_hash": job.loss_module_hash,
+                                 "output_checkpoints": outputs, "steps": job.step, "cost_nusd": job.cost_nusd})
 
     def _run(self, job: TrainingJob) -> None:
         job_id = job.id
@@ -108,7 +133,8 @@ class JobRunner(JobRunnerBase):
         def on_checkpoint(model: Any, step: int, metrics: dict[str, Any]) -> None:
             view = self.registry.save(model=model, run_id=job.run_id, job_id=job_id, base_model=base.name,
                                       parent=job.parent_checkpoint_id, dataset_hashes=hashes, config_hash=job.config_hash,
-                                      loss_module_hash=job.loss_module_hash, step=step, metrics=metrics)
+                                      loss_module_hash=job.loss_module_hash, step=step, metrics=metrics,
+                                      experiment_id=job.experiment_id, events=self.events, key_id=job.key_id)
             self._log(job_id, f"checkpoint {view['id']} at step {step}")
 
         def should_stop() -> bool:

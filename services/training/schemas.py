@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+NOT_CONFIG = frozenset({"datasets", "experiment"})
+"""Request fields that are not the job's training configuration (stored apart)."""
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -38,6 +40,9 @@ class JobRequest(BaseModel):
     custom_loss: str | None = Field(default=None, max_length=100_000)
     """Python source defining ``loss(logits, labels, mask) -> torch scalar``; needs loss = "custom"."""
     checkpoint_every: int = Field(default=50, ge=1)
+    experiment: str | None = Field(default=None, max_length=40)
+    """The caller's own experiment to attach the job to (default: a new implicit one). Not
+    part of the training configuration: it changes neither ``config`` nor ``config_hash``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> JobRequest:
@@ -50,7 +55,7 @@ class JobRequest(BaseModel):
         return self
 
     def config_hash(self) -> str:
-        body = self.model_dump(mode="json", exclude={"datasets", "custom_loss"})
+        body = self.model_dump(mode="json", exclude={*NOT_CONFIG, "custom_loss"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     def loss_module_hash(self) -> str | None:

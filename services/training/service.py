@@ -9,12 +9,14 @@ from sqlalchemy import select, update
 
 from services.core.checkpoints import CheckpointRegistry
 from services.core.errors import NotFound, Unprocessable
+from services.core.events import EventLog
+from services.core.experiments import ExperimentRegistry
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.spec import ServiceContext
 from services.training.datasets import DatasetStore
 from services.training.jobs import FINAL, JobRunner, job_view, queue_for
-from services.training.schemas import JobRequest
+from services.training.schemas import NOT_CONFIG, JobRequest
 from services.training.tables import Dataset, TrainingJob
 
 
@@ -32,8 +34,10 @@ class TrainingService:
         self.context = context
         config = context.config
         self.store = context.store
+        self.events = EventLog(context.store, context.internal_secret)
+        self.experiments = ExperimentRegistry(self.events)
         self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
-                                     config.training.max_dataset_rows)
+                                     config.training.max_dataset_rows, events=self.events)
         self.registry = CheckpointRegistry.of(context)
         tinker_client = None
         if any(m.backend == "tinker" for m in config.models):
@@ -42,15 +46,17 @@ class TrainingService:
             tinker_client = service_client(context.secrets)
         self.runner = JobRunner(context.store, config, self.datasets, self.registry,
                                 context.settings.resolved_models_dir(), context.data_dir / "jobs",
-                                hidden_paths=[context.data_dir], tinker_client=tinker_client)
+                                hidden_paths=[context.data_dir], tinker_client=tinker_client, events=self.events)
 
     def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         request = parse_job(body)
         run = identity.run_id
         base_name = request.base_model
         parent_id = request.parent_checkpoint
+        parent_experiment = None
         if parent_id is not None:
-            base_name = self.registry.get(parent_id, run_id=run).base_model
+            parent = self.registry.get(parent_id, run_id=run)
+            base_name, parent_experiment = parent.base_model, parent.experiment_id
         base = self.context.config.base_model(base_name) if base_name else None
         if base is None:
             raise NotFound(f"base model {base_name!r} is not offered by this gym", param="base_model")
@@ -62,11 +68,14 @@ class TrainingService:
         job = TrainingJob(
             id=new_id("ftjob"), run_id=run, key_id=identity.key_id, status="queued", base_model=base_name,
             parent_checkpoint_id=parent_id, dataset_ids=request.datasets,
-            config=request.model_dump(mode="json", exclude={"datasets"}), config_hash=request.config_hash(),
+            config=request.model_dump(mode="json", exclude=set(NOT_CONFIG)), config_hash=request.config_hash(),
             loss_module_hash=request.loss_module_hash(), total_steps=self.runner.total(request, rows),
             queue=queue_for(base),
         )
-        with self.store.transaction() as s:
+        with self.store.transaction() as s:  # the job and its experiment commit together, or neither
+            job.experiment_id = self.experiments.resolve(
+                s, run_id=run, key_id=identity.key_id, experiment_id=request.experiment,
+                name=f"train {parent_id or base_name}", continues=[parent_experiment] if parent_experiment else [])
             s.add(job)
             s.flush()
             view = job_view(job)

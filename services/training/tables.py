@@ -45,6 +45,8 @@ class TrainingJob(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     config_hash: Mapped[str] = mapped_column(String(64))
     loss_module_hash: Mapped[str | None] = mapped_column(String(64))
+    experiment_id: Mapped[str | None] = mapped_column(String(40))
+    """The experiment it attaches to (named by the caller, or implicit)."""
     total_steps: Mapped[int] = mapped_column(Integer)
     step: Mapped[int] = mapped_column(Integer, default=0)
     cost_nusd: Mapped[int] = mapped_column(BigInteger, default=0)

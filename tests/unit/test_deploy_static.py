@@ -52,7 +52,7 @@ DASHBOARD = GRAFANA / "rsigym-dashboard.json"
 
 TRACKS = ("data", "harness", "joint", "offline")
 PROFILES = (*TRACKS, "gpu", "cloud")
-SERVICE_NAMES = ("rollout", "training", "inference", "evaluation", "sandbox")
+SERVICE_NAMES = ("rollout", "training", "inference", "evaluation", "sandbox", "records")
 CORE = ("postgres", "redis", *SERVICE_NAMES, "gateway", "worker-cpu")
 ROLE_TARGETS = ("gateway", "service", "worker-cpu", "worker-gpu")
 """deploy/Dockerfile build targets, one per server role (the agent has its own Dockerfile)."""
@@ -417,7 +417,7 @@ def test_the_shared_data_volume_reaches_everything_that_reads_or_writes_files(se
                  for m in re.findall(r"RSIGYM_DATA_DIR=(\S+)", a)}
     assert data_dirs == {"/var/lib/rsigym"}, "every image keeps its data dir where gymdata is mounted"
     mounting = {n for n, s in services.items() if "gymdata:/var/lib/rsigym" in (s.get("volumes") or [])}
-    assert mounting == {"training", "inference", "evaluation", "worker-cpu", "worker-gpu"}
+    assert mounting == {"training", "inference", "evaluation", "records", "worker-cpu", "worker-gpu"}
 
 
 # ---- compose: isolation of the agent -------------------------------------------------------------
@@ -1024,7 +1024,7 @@ def test_chart_renders_valid_objects_whose_selectors_hold(rendered: list[dict[st
         assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], doc
         assert len(doc["metadata"]["name"]) <= 63
     kinds = [d["kind"] for d in rendered]
-    assert kinds.count("Deployment") == 8 and kinds.count("Service") == 6
+    assert kinds.count("Deployment") == 9 and kinds.count("Service") == 7
     assert {"ConfigMap", "PersistentVolumeClaim", "Job", "NetworkPolicy", "PodDisruptionBudget"} <= set(kinds)
     assert len({(d["kind"], d["metadata"]["name"]) for d in rendered}) == len(rendered), "duplicate objects"
     deployments = of_kind(rendered, "Deployment")

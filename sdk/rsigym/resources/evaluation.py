@@ -160,10 +160,12 @@ def harnesses_call() -> APICall[ObjectList[Harness]]:
 
 
 def run_call(benchmark: str, model: str, split: str, harness: str, attempts: int,
-             sampling: Mapping[str, Any] | None, tasks: list[str] | None, limit: int | None) -> APICall[EvaluationJob]:
+             sampling: Mapping[str, Any] | None, tasks: list[str] | None, limit: int | None,
+             experiment: str | None = None) -> APICall[EvaluationJob]:
     body = drop_none({"benchmark": benchmark, "model": model, "split": split, "harness": harness,
                       "attempts": attempts, "sampling": dict(sampling) if sampling is not None else None,
-                      "tasks": list(tasks) if tasks is not None else None, "limit": limit})
+                      "tasks": list(tasks) if tasks is not None else None, "limit": limit,
+                      "experiment": experiment})
     return APICall("POST", "/evaluation/v1/jobs", parse_object(EvaluationJob), json=body)
 
 
@@ -236,13 +238,16 @@ class Evaluation(SyncResource):
 
     def run(self, benchmark: str, model: str, split: str = "dev", harness: str = MINIMAL_HARNESS, attempts: int = 1,
             sampling: Mapping[str, Any] | None = None, tasks: list[str] | None = None,
-            limit: int | None = None) -> EvaluationJob:
+            limit: int | None = None, experiment: str | None = None) -> EvaluationJob:
         """Start an evaluation job and return it at once (``queued``); see :meth:`wait`.
 
         ``model`` is a base model or one of the run's checkpoints; ``harness`` is ``minimal`` or an
         uploaded harness id; ``sampling`` may set ``temperature``, ``top_p``, ``max_tokens``,
-        ``seed``; ``tasks`` picks task ids of the split and ``limit`` keeps the first N."""
-        return self._client._request(run_call(benchmark, model, split, harness, attempts, sampling, tasks, limit))
+        ``seed``; ``tasks`` picks task ids of the split and ``limit`` keeps the first N.
+        ``experiment`` attaches the job to one of this key's experiments (default: the evaluated
+        checkpoint's experiment when it is this key's, else a new one)."""
+        return self._client._request(run_call(benchmark, model, split, harness, attempts, sampling, tasks, limit,
+                                              experiment))
 
     def jobs(self) -> ObjectList[EvaluationJob]:
         """This run's evaluation jobs, oldest first."""
@@ -288,8 +293,9 @@ class AsyncEvaluation(AsyncResource):
 
     async def run(self, benchmark: str, model: str, split: str = "dev", harness: str = MINIMAL_HARNESS,
                   attempts: int = 1, sampling: Mapping[str, Any] | None = None, tasks: list[str] | None = None,
-                  limit: int | None = None) -> EvaluationJob:
-        return await self._client._request(run_call(benchmark, model, split, harness, attempts, sampling, tasks, limit))
+                  limit: int | None = None, experiment: str | None = None) -> EvaluationJob:
+        return await self._client._request(run_call(benchmark, model, split, harness, attempts, sampling, tasks, limit,
+                                                    experiment))
 
     async def jobs(self) -> ObjectList[EvaluationJob]:
         return await self._client._request(jobs_call())

@@ -65,7 +65,9 @@ class Training(SyncResource):
 
     def create_job(self, **params: Any) -> TrainingJob:
         """Submit a job: ``datasets=[ids]``, ``base_model`` or ``parent_checkpoint``, ``lora={...}``,
-        ``learning_rate``, ``steps`` or ``epochs``, ``batch_size``, … (see the agent guide)."""
+        ``learning_rate``, ``steps`` or ``epochs``, ``batch_size``, … (see the agent guide).
+        ``experiment="exp_…"`` attaches it to one of this key's experiments (default: a new one
+        continuing the parent checkpoint's experiment)."""
         return self._client._request(create_job_call(params))
 
     def get_job(self, job_id: str) -> TrainingJob:

@@ -3,8 +3,11 @@
 from alembic import context
 
 from services.core import checkpoints as _checkpoints  # noqa: F401 - registers its table
+from services.core import events as _events  # noqa: F401 - registers its tables
+from services.core import experiments as _experiments  # noqa: F401 - registers its tables
 from services.core.tables import Base
 from services.evaluation import tables as _evaluation_tables  # noqa: F401 - registers its tables
+from services.records import tables as _records_tables  # noqa: F401 - registers its tables
 from services.sandbox import tables as _sandbox_tables  # noqa: F401 - registers its tables
 from services.training import tables as _training_tables  # noqa: F401 - registers its tables
 

@@ -1,0 +1,206 @@
+"""Platform events: the append-only, hash-chained record of what a run did (the Experiment OS).
+
+Only the platform writes here — training, evaluation, sandbox and the gateway append an event
+in the same transaction as the action it records, so an action and its record commit
+together or not at all. No route lets an agent write or change one.
+
+Each run's events form a chain: event ``n`` carries the SHA-256 of event ``n-1`` and its own
+hash covers every field. The chain head (last sequence number and hash) is also kept apart,
+in ``record_heads``, with an HMAC under the gym's internal secret, so:
+
+* changing an event breaks its own hash;
+* deleting one leaves a gap in the sequence and a broken ``prev_hash`` link;
+* truncating the tail leaves the head pointing past the last stored event;
+* rewriting the whole chain consistently still fails the head's HMAC, which only the platform
+  can compute.
+
+Appends of one run are serialised on the head row (``SELECT … FOR UPDATE`` on PostgreSQL;
+SQLite's ``BEGIN IMMEDIATE`` already serialises writers), and ``(run_id, seq)`` is the
+primary key, so a chain can never fork.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Integer, String, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from services.core.store import Store
+from services.core.tables import Base, UTCDateTime, utcnow
+
+GENESIS = "0" * 64
+
+# Event kinds (data fields in brackets). Stable names: audits and reports read them.
+DATASET_REGISTERED = "dataset.registered"  # dataset_id, sha256, rows, bytes, format, name
+HARNESS_UPLOADED = "harness.uploaded"  # harness_id, sha256, bytes, files, name
+TRAINING_JOB = "training.job"  # job_id, status, base_model, input_checkpoint, config_hash, datasets
+#                                [{id, sha256}], loss_module_hash, output_checkpoints, steps, cost_nusd
+CHECKPOINT_REGISTERED = "checkpoint.registered"  # checkpoint_id, job_id, base_model, parent_checkpoint,
+#                                                  weights_hash, dataset_hashes, config_hash, step
+EVALUATION_JOB = "evaluation.job"  # job_id, purpose, status, model, harness, benchmark, split, attempts, score
+SANDBOX_SESSION = "sandbox.session"  # sandbox_id, template, seconds, cost_nusd, reason
+SUBMISSION = "submission.created"  # submission_id, checkpoint, model, harness, track
+CALL_REFUSED = "call.refused"  # where (gateway|door|service), service, operation, error, rule, status
+EXPERIMENT_CREATED = "experiment.created"  # experiment_id, name, parents, implicit
+AUDIT_RESULT = "audit.result"  # audit_id, status, hacking_rate, checks [{name, verdict, findings}]
+
+KINDS = (DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB, CHECKPOINT_REGISTERED, EVALUATION_JOB,
+         SANDBOX_SESSION, SUBMISSION, CALL_REFUSED, EXPERIMENT_CREATED, AUDIT_RESULT)
+
+
+class RecordEvent(Base):
+    __tablename__ = "record_events"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    """The key whose call caused it (None: the platform or the operator)."""
+    experiment_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class RecordHead(Base):
+    """The last event of each run's chain, kept apart from the events and sealed with an HMAC."""
+
+    __tablename__ = "record_heads"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, default=0)
+    hash: Mapped[str] = mapped_column(String(64), default=GENESIS)
+    mac: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def event_hash(*, run_id: str, seq: int, kind: str, key_id: str | None, experiment_id: str | None,
+               data: dict[str, Any], created_at: datetime, prev_hash: str) -> str:
+    body = {"run_id": run_id, "seq": seq, "kind": kind, "key_id": key_id, "experiment_id": experiment_id,
+            "data": data, "created_at": created_at.isoformat(timespec="microseconds"), "prev_hash": prev_hash}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def head_mac(secret: str, run_id: str, seq: int, hash_: str) -> str:
+    return hmac.new(secret.encode(), f"record-head\n{run_id}\n{seq}\n{hash_}".encode(), hashlib.sha256).hexdigest()
+
+
+def event_view(e: RecordEvent) -> dict[str, Any]:
+    return {"object": "event", "run_id": e.run_id, "seq": e.seq, "kind": e.kind, "key_id": e.key_id,
+            "experiment_id": e.experiment_id, "data": e.data, "created_at": e.created_at.isoformat(),
+            "prev_hash": e.prev_hash, "hash": e.hash}
+
+
+@dataclass
+class ChainReport:
+    """The result of walking one run's chain. ``ok`` is False on the first break found."""
+
+    run_id: str
+    ok: bool
+    events: int
+    head_seq: int
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    """[{"seq", "problem": changed|deleted|reordered|truncated|head_forged|head_missing, "detail"}]"""
+
+    def view(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "ok": self.ok, "events": self.events, "head_seq": self.head_seq,
+                "problems": self.problems}
+
+
+class EventLog:
+    """Appends to and verifies the per-run chains. ``secret`` seals the heads (the gym's
+    internal secret: services and gateway share it, agents never see it)."""
+
+    def __init__(self, store: Store, secret: str):
+        self.store = store
+        self.secret = secret
+
+    def append(self, s: Session, *, run_id: str, kind: str, data: dict[str, Any], key_id: str | None = None,
+               experiment_id: str | None = None) -> RecordEvent:
+        """Append one event in the caller's transaction (it commits with the action it records)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        head = self._lock_head(s, run_id)
+        seq = head.seq + 1
+        now = utcnow()
+        data = json.loads(json.dumps(data, default=str))  # what is stored is what was hashed
+        digest = event_hash(run_id=run_id, seq=seq, kind=kind, key_id=key_id, experiment_id=experiment_id,
+                            data=data, created_at=now, prev_hash=head.hash)
+        event = RecordEvent(run_id=run_id, seq=seq, kind=kind, key_id=key_id, experiment_id=experiment_id,
+                            data=data, created_at=now, prev_hash=head.hash, hash=digest)
+        s.add(event)
+        head.seq, head.hash, head.mac, head.updated_at = seq, digest, head_mac(self.secret, run_id, seq, digest), now
+        s.flush()
+        return event
+
+    def record(self, *, run_id: str, kind: str, data: dict[str, Any], key_id: str | None = None,
+               experiment_id: str | None = None) -> dict[str, Any]:
+        """Append in a transaction of its own (for events not tied to another write)."""
+        with self.store.transaction() as s:
+            return event_view(self.append(s, run_id=run_id, kind=kind, data=data, key_id=key_id,
+                                          experiment_id=experiment_id))
+
+    def _lock_head(self, s: Session, run_id: str) -> RecordHead:
+        dialect = s.get_bind().dialect.name
+        values = {"run_id": run_id, "seq": 0, "hash": GENESIS, "mac": head_mac(self.secret, run_id, 0, GENESIS),
+                  "updated_at": utcnow()}
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        s.execute(insert(RecordHead).values(**values).on_conflict_do_nothing(index_elements=["run_id"]))
+        head = s.scalars(select(RecordHead).where(RecordHead.run_id == run_id)
+                         .with_for_update().execution_options(populate_existing=True)).one()
+        return head
+
+    def events(self, run_id: str, *, kinds: tuple[str, ...] | None = None) -> list[RecordEvent]:
+        with self.store.transaction() as s:
+            q = select(RecordEvent).where(RecordEvent.run_id == run_id)
+            if kinds:
+                q = q.where(RecordEvent.kind.in_(kinds))
+            return list(s.scalars(q.order_by(RecordEvent.seq)))
+
+    def verify(self, run_id: str) -> ChainReport:
+        """Walk the chain from the first event to the head; report every break found."""
+        with self.store.transaction() as s:
+            rows = list(s.scalars(select(RecordEvent).where(RecordEvent.run_id == run_id).order_by(RecordEvent.seq)))
+            head = s.get(RecordHead, run_id)
+        problems: list[dict[str, Any]] = []
+        prev_hash, expected_seq = GENESIS, 1
+        for e in rows:
+            if e.seq != expected_seq:
+                problems.append({"seq": expected_seq, "problem": "deleted",
+                                 "detail": f"events {expected_seq}..{e.seq - 1} are missing"})
+            elif e.prev_hash != prev_hash:
+                problems.append({"seq": e.seq, "problem": "reordered",
+                                 "detail": "prev_hash does not match the previous event's hash"})
+            recomputed = event_hash(run_id=e.run_id, seq=e.seq, kind=e.kind, key_id=e.key_id,
+                                    experiment_id=e.experiment_id, data=e.data, created_at=e.created_at,
+                                    prev_hash=e.prev_hash)
+            if recomputed != e.hash:
+                problems.append({"seq": e.seq, "problem": "changed",
+                                 "detail": f"{e.kind} event's content does not match its hash"})
+            prev_hash, expected_seq = e.hash, e.seq + 1
+        last_seq, last_hash = (rows[-1].seq, rows[-1].hash) if rows else (0, GENESIS)
+        if head is None:
+            if rows:
+                problems.append({"seq": last_seq, "problem": "head_missing", "detail": "the chain head was deleted"})
+        else:
+            if not hmac.compare_digest(head.mac, head_mac(self.secret, run_id, head.seq, head.hash)):
+                problems.append({"seq": head.seq, "problem": "head_forged",
+                                 "detail": "the chain head's seal does not match (written outside the platform)"})
+            if head.seq > last_seq:
+                problems.append({"seq": last_seq + 1, "problem": "truncated",
+                                 "detail": f"the head is at event {head.seq}, the last stored event is {last_seq}"})
+            elif head.seq != last_seq or head.hash != last_hash:
+                problems.append({"seq": head.seq, "problem": "changed",
+                                 "detail": "the stored events do not end where the head says"})
+        return ChainReport(run_id=run_id, ok=not problems, events=len(rows),
+                           head_seq=head.seq if head else 0, problems=problems)

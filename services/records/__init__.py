@@ -1,0 +1,1 @@
+"""The records service (Experiment OS): platform events, experiments, agent annotations, audits."""
