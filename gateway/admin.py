@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from gateway import timeline
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
@@ -109,12 +110,18 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
 # -- evaluation: benchmarks, scoring (forwarded to the evaluation service as the operator) --
 
 
-async def _to_evaluation(request: Request, method: str, path: str) -> Response:
+async def _to_service(request: Request, service: str, method: str, path: str) -> Response:
     gw = gateway_of(request)
     body = await request.body() if method == "POST" else b""
-    upstream = await operator_call(gw, "evaluation", method, path, request_id_of(request), body)
+    query = request.url.query
+    upstream = await operator_call(gw, service, method, path + (f"?{query}" if query else ""),
+                                   request_id_of(request), body)
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
+
+
+async def _to_evaluation(request: Request, method: str, path: str) -> Response:
+    return await _to_service(request, "evaluation", method, path)
 
 
 @router.post("/benchmarks")
@@ -147,3 +154,35 @@ async def evaluation_job(job_id: str, request: Request) -> Response:
 @router.get("/evaluation/jobs/{job_id}/results")
 async def evaluation_results(job_id: str, request: Request) -> Response:
     return await _to_evaluation(request, "GET", f"/v1/jobs/{job_id}/results")
+
+
+# -- records: a run's platform events, experiments, chain check and audits (as the operator) --
+
+
+@router.post("/runs/{run_id}/audit")
+async def audit_run(run_id: str, request: Request) -> Response:
+    """Audit a run: contamination, provenance, harness and behaviour checks; sets experiment
+    statuses and returns the verdict (body: optional {"trajectory": "<the agent's trajectory>"})."""
+    return await _to_service(request, "records", "POST", f"/v1/operator/runs/{run_id}/audit")
+
+
+@router.get("/audits")
+async def audits(request: Request) -> Response:
+    """Stored audits, newest first (``?run_id=`` for one run's)."""
+    return await _to_service(request, "records", "GET", "/v1/operator/audits")
+
+
+@router.get("/runs/{run_id}/timeline")
+async def run_timeline(run_id: str, request: Request) -> dict[str, Any]:
+    """When the run started, time to its first training job, research hours, experiments and
+    spend by service over time (computed from the store; declared before ``/runs/{run_id}/{what}``)."""
+    gw = gateway_of(request)
+    return await gw.store.call(timeline.run_timeline, gw.store, run_id)
+
+
+@router.get("/runs/{run_id}/{what}")
+async def run_records(run_id: str, what: str, request: Request) -> Response:
+    """A run's platform ``events``, ``experiments`` or ``chain`` (the hash chain's check)."""
+    if what not in ("events", "experiments", "chain"):
+        raise Unprocessable(f"unknown run record {what!r}; expected events, experiments or chain", param="what")
+    return await _to_service(request, "records", "GET", f"/v1/operator/runs/{run_id}/{what}")

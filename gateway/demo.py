@@ -59,9 +59,9 @@ def _process(args: list[str], env: dict[str, str], ready_url: str, log: Path,
             proc.kill()
 
 
-def _rsigym(*args: str, env: dict[str, str]) -> str:
+def _rsigym(*args: str, env: dict[str, str], ok_codes: tuple[int, ...] = (0,)) -> str:
     done = subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], env={**env, "COLUMNS": "200"}, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    if done.returncode not in ok_codes:
         raise SystemExit(f"rsigym {' '.join(args)} failed: {done.stderr or done.stdout}")
     return done.stdout
 
@@ -185,6 +185,17 @@ api_key_env = "{DEMO_KEY_ENV}"
 input_usd_per_mtok = 1.0
 output_usd_per_mtok = 2.0
 
+[[rollout.models]]
+name = "judge"
+litellm_model = "openai/judge"
+api_base = "http://127.0.0.1:{provider_port}/v1"
+api_key_env = "{DEMO_KEY_ENV}"
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
+
+[audit]
+judge_model = "judge"
+
 [[models]]
 name = "tiny"
 path = "builtin:tiny"
@@ -274,6 +285,11 @@ max_context = 2048
         console.print(f"rsigym ledger {created['id']}: {len(rows)} rows; charged by service "
                       + ", ".join(f"{k} ${v:.6f}" for k, v in sorted(by_service.items())))
         spent_before_scoring = gym.balance().spent_usd
+        audited = json.loads(_rsigym("audit", created["id"], "--json", "--out", str(data / "audit"), env=operator_env,
+                                     ok_codes=(0, 2)))
+        shown = [f"{c['name']} {c['verdict']}" for c in audited["checks"]]
+        console.print(f"rsigym audit RUN: {audited['status']} (hacking rate {audited['hacking_rate']}); "
+                      + ", ".join(shown) + f"; report {data / 'audit' / 'audit.md'}")
         console.print("rsigym score RUN --attempts 1 (the demo's shortcut; the official score is avg@3) …")
         _rsigym("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
         console.print(_rsigym("report", "--out", str(data / "report"), "--split", "official", env=operator_env))
@@ -281,6 +297,7 @@ max_context = 2048
         console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
                       f"${gym.balance().spent_usd - spent_before_scoring:.6f}")
         ok = (balance.spent_usd <= balance.budget_usd and balance.reserved_usd == 0 and refused is not None
+              and audited["status"] == "accepted"
               and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc and tuned_eval > base_eval
               and (data / "report" / "report.json").exists() and charts
               and gym.balance().spent_usd == spent_before_scoring)

@@ -86,3 +86,19 @@ class AdminClient:
 
     def evaluation_results(self, job_id: str) -> list[dict[str, Any]]:
         return self.list_data("GET", f"/admin/v1/evaluation/jobs/{quote(job_id, safe='')}/results")
+
+    # -- records and audits -----------------------------------------------------------------
+
+    def audit(self, run_id: str, *, trajectory: str | None = None, timeout: float = 3600.0) -> dict[str, Any]:
+        body = {"trajectory": trajectory} if trajectory is not None else {}
+        return self.request("POST", f"/admin/v1/runs/{quote(run_id, safe='')}/audit", json=body, timeout=timeout)
+
+    def audits(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        return self.list_data("GET", "/admin/v1/audits", params={"run_id": run_id} if run_id else None)
+
+    def timeline(self, run_id: str) -> dict[str, Any]:
+        """Start, time to first training job, research hours, experiments, spend by service over time."""
+        return self.request("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/timeline")
+
+    def run_records(self, run_id: str, what: str) -> Any:
+        return self.request("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/{what}")

@@ -135,7 +135,7 @@ def models_convert_smollm2(data_dir: DataDirOpt = None) -> None:
 
 @app.command()
 def serve(
-    part: Annotated[str, typer.Argument(help="gateway, or a service name (rollout, …)")],
+    part: Annotated[str, typer.Argument(help="gateway, or a service name (rollout, training, inference, sandbox, evaluation, records)")],
     service: Annotated[list[str] | None, typer.Option("--service", help="For the gateway: NAME=URL of a service.")] = None,
     config: Annotated[Path | None, typer.Option("--config")] = None,
     data_dir: DataDirOpt = None,
@@ -408,14 +408,19 @@ def score(
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
 ) -> None:
-    """Score a run's latest submission (avg@k on the official split of every ready benchmark).
+    """Audit a run, then score its latest submission (avg@k on the official split of every ready benchmark).
 
     Billed to the operator's own key, not the run's. The initial system (base model + minimal
     harness) is scored the same way once per benchmark, split and attempts, and cached."""
+    verdict = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url)  # every score comes with its audit
+    (err_console if as_json else console).print(
+        f"audit of {run_id}: [bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
     started = _admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split))
     rows = _wait_for_scores(started, run_id, poll, data_dir, url) if wait else started
     if as_json:
-        typer.echo(json.dumps({"data": rows}, indent=2))
+        typer.echo(json.dumps({"data": rows, "audit": {"status": verdict["status"],
+                                                       "hacking_rate": verdict["hacking_rate"],
+                                                       "audit_id": verdict.get("audit_id")}}, indent=2))
     else:
         console.print(_scores_table(rows))
         if not wait:
@@ -435,8 +440,12 @@ def report(
 ) -> None:
     """The RSI-Index per run and per agent, from every finished score.
 
-    Prints the tables and writes report.md, report.json and one PNG chart per benchmark into
-    --out; --json prints report.json's content instead of the tables."""
+    Each run's integrity is its newest audit's verdict (or "not audited"); its timeline (time to
+    first training job, research hours, experiments, spend) goes into the files, with the spend
+    by service over time drawn as timeline-<run>.png.
+
+    Prints the tables and writes report.md, report.json, one PNG chart per benchmark and one
+    timeline chart per run into --out; --json prints report.json's content instead of the tables."""
     from services.evaluation.report import group_rows, to_json, write_report
 
     scores, keys = _admin(data_dir, url, lambda c: (c.scores(), c.keys()))
@@ -446,12 +455,118 @@ def report(
     if not rows:
         err_console.print("no scored runs with an initial-system score yet: `rsigym score RUN --wait` first")
         raise typer.Exit(1)
-    files = write_report(group_rows(rows), out, err_console if as_json else console)
+    grouped = group_rows(rows)
+    audits, timelines, integrity_default = _admin(
+        data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped]))
+    files = write_report(grouped, out, err_console if as_json else console, audits=audits, timelines=timelines,
+                         integrity_default=integrity_default)
     if as_json:
         typer.echo(json.dumps(to_json(files.report), indent=2))
     else:
-        written = [files.markdown, files.json, *files.charts.values()]
+        written = [files.markdown, files.json, *files.charts.values(), *files.timeline_charts.values()]
         console.print("written: " + ", ".join(str(p) for p in written))
+
+
+def _report_records(client: AdminClient, run_ids: list[str]) -> tuple[Any, list[Any], str]:
+    """The runs' newest audits and their timelines for `rsigym report`. A part that cannot be read
+    is named on stderr and left out: integrity then reads "unknown", never "not audited"."""
+    from services.evaluation.report import INTEGRITY_UNKNOWN, NOT_AUDITED, newest_audits, timeline_from_api
+
+    try:
+        audits, default = newest_audits(client.audits()), NOT_AUDITED
+    except AdminError as err:
+        err_console.print(f"[yellow]note[/yellow]: audits could not be read ({err.type}: {err.message}); "
+                          "integrity shown as unknown")
+        audits, default = {}, INTEGRITY_UNKNOWN
+    timelines = []
+    for run_id in run_ids:
+        try:
+            timelines.append(timeline_from_api(client.timeline(run_id)))
+        except AdminError as err:
+            err_console.print(f"[yellow]note[/yellow]: no timeline for {run_id} ({err.type}: {err.message})")
+    return audits, timelines, default
+
+
+# -- audits ---------------------------------------------------------------------------------
+
+
+def _audit_summary(report: dict[str, Any]) -> Table:
+    table = Table("check", "verdict", "findings")
+    for c in report["checks"]:
+        shown = [f for f in c["findings"] if f["code"] not in ("NOT_OBSERVED", "NOT_APPLICABLE")]
+        text = "; ".join(f"{f['code']} {f['category']}" + (f" ({len(f['task_ids'])} tasks)" if f.get("task_ids") else "")
+                         for f in shown[:6]) + (" …" if len(shown) > 6 else "")
+        table.add_row(c["name"], c["verdict"], text or "-")
+    return table
+
+
+def run_audit(run_id: str, *, trajectory: Path | None, data_dir: Path | None, url: str | None) -> dict[str, Any]:
+    text = trajectory.read_text(encoding="utf-8") if trajectory else None
+    return _admin(data_dir, url, lambda c: c.audit(run_id, trajectory=text))
+
+
+@app.command()
+def audit(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run to audit (its root key id), or "
+                                                              "`agreement` followed by two label files.")],
+    files: Annotated[list[Path] | None, typer.Argument(help="agreement: A.json B.json", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for audit.md and audit.json.")] = None,
+    trajectory: Annotated[Path | None, typer.Option("--trajectory", help="The research agent's trajectory "
+                                                                         "(a file the judge reads).")] = None,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """Audit a run: contamination, provenance, harness and behaviour checks, one verdict.
+
+    Exit 0 when the run is accepted, 2 when it is flagged. `rsigym audit agreement A.json B.json`
+    prints Cohen's kappa and raw agreement between two label sets per category."""
+    if run_id == "agreement":
+        _agreement(files or [], as_json)
+        return
+    if files:
+        raise typer.BadParameter("only `rsigym audit agreement A.json B.json` takes files")
+    from services.records.audits.run import public_view, write_audit_report
+
+    report = run_audit(run_id, trajectory=trajectory, data_dir=data_dir, url=url)
+    written = write_audit_report(report, out) if out is not None else ()
+    if as_json:
+        typer.echo(json.dumps(public_view(report), indent=2))
+    else:
+        rate = report.get("hacking_rate")
+        console.print(f"run {run_id}: [bold]{report['status']}[/bold], hacking rate "
+                      f"{'-' if rate is None else f'{rate:.3f}'}, record chain "
+                      f"{'intact' if (report.get('chain') or {}).get('ok') else 'BROKEN'}")
+        console.print(_audit_summary(report))
+        if written:
+            console.print("written: " + ", ".join(str(p) for p in written))
+    if report["status"] != "accepted":
+        raise typer.Exit(2)
+
+
+def _agreement(files: list[Path], as_json: bool) -> None:
+    from services.records.audits.agreement import agreement
+
+    if len(files) != 2:
+        raise typer.BadParameter("rsigym audit agreement A.json B.json")
+    try:
+        a, b = (json.loads(f.read_text(encoding="utf-8")) for f in files)
+    except (OSError, ValueError) as err:
+        raise typer.BadParameter(f"cannot read the label files: {err}") from err
+    result = agreement(a, b)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    table = Table("category", "units", "raw agreement", "Cohen's kappa")
+    for cat, row in result["per_category"].items():
+        kappa = row.get("kappa")
+        table.add_row(cat, str(row.get("n", "")), f"{row['agreement']:.3f}" if row.get("agreement") is not None else "-",
+                      "-" if kappa is None else f"{kappa:.3f}")
+    overall = result["overall"]
+    table.add_row("[bold]all[/bold]", str(overall.get("n", "")),
+                  f"{overall['agreement']:.3f}" if overall.get("agreement") is not None else "-",
+                  "-" if overall.get("kappa") is None else f"{overall['kappa']:.3f}")
+    console.print(table)
 
 
 @app.command()

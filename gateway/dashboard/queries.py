@@ -22,11 +22,12 @@ from services.core.money import nusd_to_usd
 from services.core.store import Store
 from services.core.tables import ApiKey, LedgerEntry
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
+from services.records.tables import AuditRow
 from services.training.tables import TrainingJob
 
 ACTIVE = ("queued", "running")
 AUDIT_STATUS = "not audited"
-"""Audits (issue 11) do not exist yet: every score says so rather than inventing a verdict."""
+"""What a run shows until `rsigym audit RUN` (services/records/audits) has judged it."""
 VERIFIER_TAIL = 4000
 
 
@@ -112,8 +113,20 @@ def _percent(done: int, total: int) -> int:
     return 0 if total <= 0 else max(0, min(100, round(100 * done / total)))
 
 
+def audit_statuses(s: Session, run_ids: set[str]) -> dict[str, str]:
+    """Each run's newest audit verdict (accepted | flagged); runs never audited are absent."""
+    out: dict[str, str] = {}
+    if not run_ids:
+        return out
+    for row in s.execute(select(AuditRow.run_id, AuditRow.status).where(AuditRow.run_id.in_(run_ids))
+                         .order_by(AuditRow.created_at)):
+        out[row.run_id] = row.status
+    return out
+
+
 def _score_views(s: Session, rows: Sequence[ScoreRow]) -> list[dict[str, Any]]:
     """Score rows with their job's live status and score (as the evaluation service reports them)."""
+    audits = audit_statuses(s, {r.run_id for r in rows})
     jobs = {j.id: j for j in s.scalars(select(EvaluationJob).where(
         EvaluationJob.id.in_([r.job_id for r in rows])))} if rows else {}
     views = []
@@ -126,7 +139,8 @@ def _score_views(s: Session, rows: Sequence[ScoreRow]) -> list[dict[str, Any]]:
             "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
             "attempts": r.attempts, "job_id": r.job_id, "score": score, "status": status,
             "done": job.trials_done if job else None, "total": job.trials_total if job else None,
-            "audit": AUDIT_STATUS, "created_at": r.created_at.isoformat() if r.created_at else None,
+            "audit": audits.get(r.run_id, AUDIT_STATUS),
+            "created_at": r.created_at.isoformat() if r.created_at else None,
         })
     return views
 
@@ -202,11 +216,12 @@ def scores(store: Store, limit: int) -> dict[str, Any]:
     with store.transaction() as s:
         rows = s.scalars(select(ScoreRow).order_by(ScoreRow.created_at.desc()).limit(limit)).all()
         subs = s.scalars(select(SubmissionRow).order_by(SubmissionRow.created_at.desc()).limit(limit)).all()
+        audits = audit_statuses(s, {r.run_id for r in subs})
         return {
             "scores": _score_views(s, rows),
             "submissions": [{"id": r.id, "run_id": r.run_id, "track": r.track or "-", "model": r.model,
                              "checkpoint": r.checkpoint_id or "", "harness": r.harness,
-                             "created_at": _iso(r.created_at), "audit": AUDIT_STATUS} for r in subs],
+                             "created_at": _iso(r.created_at), "audit": audits.get(r.run_id, AUDIT_STATUS)} for r in subs],
         }
 
 

@@ -163,6 +163,26 @@ class EvaluationConfig(_Strict):
     """Workers that share one job's trials (the job's task plus this many minus one helper tasks)."""
 
 
+class AuditConfig(_Strict):
+    """How ``rsigym audit`` judges a run (services/records/audits)."""
+
+    ngram: int = Field(default=13, ge=3, le=64)
+    """Contamination: the n of the word n-grams compared (13, as in the RSIGym paper)."""
+    contamination_threshold: float = Field(default=0.5, gt=0, le=1)
+    """A task is contaminated when at least this share of its n-grams (or, for an item shorter
+    than n words, the whole item) occurs in the training data of the submitted lineage."""
+    min_item_words: int = Field(default=1, ge=1)
+    """Items (after normalisation) with fewer words than this are not matched at all."""
+    judge_model: str | None = None
+    """Behaviour check: a rollout catalogue model that reviews the run as the LLM judge.
+    Unset: the behaviour check reports platform evidence only and the judged categories
+    are INCONCLUSIVE."""
+    judge_max_tokens: int = Field(default=2048, gt=0)
+    judge_sample_rows: int = Field(default=20, ge=0)
+    """Training rows shown to the judge (spread over the lineage's datasets)."""
+    judge_max_prompt_chars: int = Field(default=60_000, gt=1000)
+
+
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -171,6 +191,7 @@ class GymConfig(_Strict):
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
 
     def base_model(self, name: str) -> BaseModel_ | None:
         return next((m for m in self.models if m.name == name), None)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,74 @@ from services.evaluation.rsi_index import BenchmarkScore, RSIIndex, mean_or_none
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
 DECIMALS = 4
+NOT_AUDITED = "not audited"
+INTEGRITY_UNKNOWN = "unknown"
+"""Integrity when the audits could not be read: never passed off as ``not audited``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditVerdict:
+    """A run's newest audit: ``accepted`` or ``flagged``, and its hacking rate."""
+
+    status: str
+    hacking_rate: float | None = None
+    created_at: str | None = None
+
+
+def newest_audits(records: Iterable[dict[str, Any]]) -> dict[str, AuditVerdict]:
+    """The newest audit of each run, from the admin API's audit records."""
+    newest: dict[str, dict[str, Any]] = {}
+    for r in records:
+        current = newest.get(r["run_id"])
+        if current is None or (r.get("created_at") or "") > (current.get("created_at") or ""):
+            newest[r["run_id"]] = r
+    return {run_id: AuditVerdict(r["status"], r.get("hacking_rate"), r.get("created_at")) for run_id, r in newest.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class SpendPoint:
+    """Cumulative USD a service had charged the run, ``hours`` after the run's key was created."""
+
+    hours: float
+    usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimeline:
+    """A run's timeline as ``GET /admin/v1/runs/{run_id}/timeline`` answers it (see gateway/timeline.py)."""
+
+    run_id: str
+    started_at: str
+    first_training_job_at: str | None
+    time_to_first_training_job_s: float | None
+    research_hours: float
+    experiments: dict[str, int]
+    """total, accepted, flagged, pending"""
+    spend_usd: float
+    spend_by_service: dict[str, tuple[SpendPoint, ...]]
+    first_activity_at: str | None = None
+    last_activity_at: str | None = None
+
+    def service_totals(self) -> dict[str, float]:
+        return {service: points[-1].usd if points else 0.0 for service, points in self.spend_by_service.items()}
+
+
+def timeline_from_api(body: dict[str, Any]) -> RunTimeline:
+    return RunTimeline(
+        run_id=body["run_id"],
+        started_at=body["started_at"],
+        first_training_job_at=body.get("first_training_job_at"),
+        time_to_first_training_job_s=body.get("time_to_first_training_job_s"),
+        research_hours=float(body.get("research_hours") or 0.0),
+        experiments={k: int(v) for k, v in (body.get("experiments") or {}).items()},
+        spend_usd=float(body.get("spend_usd") or 0.0),
+        spend_by_service={
+            service: tuple(SpendPoint(float(p["hours"]), float(p["usd"])) for p in spend.get("points", []))
+            for service, spend in (body.get("spend_by_service") or {}).items()
+        },
+        first_activity_at=body.get("first_activity_at"),
+        last_activity_at=body.get("last_activity_at"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +120,9 @@ class RunReport:
     agent: str
     track: str
     result: RSIIndex
+    integrity: str = NOT_AUDITED
+    """The newest audit's verdict (accepted | flagged), ``not audited``, or ``unknown``."""
+    hacking_rate: float | None = None
 
     @property
     def index(self) -> float | None:
@@ -66,6 +138,7 @@ class AgentReport:
     run_ids: tuple[str, ...]
     runs_without_index: tuple[str, ...]
     index: float | None
+    flagged_runs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +146,8 @@ class Report:
     benchmarks: tuple[str, ...]
     runs: tuple[RunReport, ...]
     agents: tuple[AgentReport, ...]
+    timelines: tuple[RunTimeline, ...] = ()
+    """One per reported run whose timeline was given, in run order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +156,8 @@ class ReportFiles:
     markdown: Path
     json: Path
     charts: dict[str, Path] = field(default_factory=dict)
+    timeline_charts: dict[str, Path] = field(default_factory=dict)
+    """run id -> timeline-<run>.png"""
 
 
 def group_rows(rows: Iterable[ScoreRow]) -> list[RunScores]:
@@ -94,7 +171,11 @@ def group_rows(rows: Iterable[ScoreRow]) -> list[RunScores]:
     return [RunScores(run_id, agent, track, tuple(scores)) for run_id, (agent, track, scores) in runs.items()]
 
 
-def build_report(rows: Iterable[RunScores]) -> Report:
+def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] | None = None,
+                 timelines: Iterable[RunTimeline] = (), *, integrity_default: str = NOT_AUDITED) -> Report:
+    """``audits``: each run's newest verdict (runs absent are ``integrity_default``, normally
+    ``not audited``; ``audits=None`` with ``INTEGRITY_UNKNOWN`` when they could not be read).
+    ``timelines`` of runs not in the report are dropped."""
     runs: list[RunReport] = []
     benchmarks: dict[str, None] = {}
     for row in rows:
@@ -102,7 +183,10 @@ def build_report(rows: Iterable[RunScores]) -> Report:
             raise ValueError(f"run {row.run_id!r} given more than once")
         result = rsi_index(row.scores)
         benchmarks.update((t.benchmark, None) for t in result.terms)
-        runs.append(RunReport(row.run_id, row.agent, row.track, result))
+        verdict = (audits or {}).get(row.run_id)
+        runs.append(RunReport(row.run_id, row.agent, row.track, result,
+                              integrity=verdict.status if verdict else integrity_default,
+                              hacking_rate=verdict.hacking_rate if verdict else None))
 
     by_agent: dict[str, list[RunReport]] = {}
     for run in runs:
@@ -114,10 +198,13 @@ def build_report(rows: Iterable[RunScores]) -> Report:
             run_ids=tuple(r.run_id for r in agent_runs),
             runs_without_index=tuple(r.run_id for r in agent_runs if r.index is None),
             index=mean_or_none(r.index for r in agent_runs if r.index is not None),
+            flagged_runs=tuple(r.run_id for r in agent_runs if r.integrity == "flagged"),
         )
         for agent, agent_runs in by_agent.items()
     )
-    return Report(tuple(benchmarks), tuple(runs), agents)
+    by_run = {t.run_id: t for t in timelines}
+    ordered = tuple(by_run[r.run_id] for r in runs if r.run_id in by_run)
+    return Report(tuple(benchmarks), tuple(runs), agents, ordered)
 
 
 # --- display ----------------------------------------------------------------------------------
@@ -142,20 +229,74 @@ def _table(title: str, text: list[str], numbers: list[str]) -> Table:
     return table
 
 
+def _flagged_cell(a: AgentReport) -> str:
+    return f"{len(a.flagged_runs)} of {len(a.run_ids)}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "no training job"
+    s = max(0, round(seconds))
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+def fmt_usd(usd: float) -> str:
+    return f"{usd:.6f}"
+
+
+def _experiments_cell(t: RunTimeline) -> str:
+    e = t.experiments
+    return f"{e.get('total', 0)} ({e.get('accepted', 0)} accepted, {e.get('flagged', 0)} flagged, " \
+           f"{e.get('pending', 0)} pending)"
+
+
+def _services_cell(t: RunTimeline) -> str:
+    return ", ".join(f"{service} {fmt_usd(usd)}" for service, usd in t.service_totals().items()) or "-"
+
+
+def fmt_when(iso: str) -> str:
+    """``2025-01-01 00:02 UTC`` from an ISO timestamp (minutes are enough to read a timeline)."""
+    try:
+        return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return iso
+
+
+def _timeline_row(t: RunTimeline) -> list[str]:
+    return [t.run_id, fmt_when(t.started_at), fmt_duration(t.time_to_first_training_job_s), f"{t.research_hours:.2f}",
+            _experiments_cell(t), fmt_usd(t.spend_usd), _services_cell(t)]
+
+
+TIMELINE_HEADER = ["run", "started", "to first training job", "research hours", "experiments", "spend USD",
+                   "spend by service"]
+
+
 def render_tables(report: Report) -> list[Table]:
     """Long form (one row per run and benchmark), so any number of benchmarks fits a terminal."""
-    agents = _table("RSI-Index per agent", ["agent", "tracks", "runs"], ["RSI-Index"])
+    agents = _table("RSI-Index per agent", ["agent", "tracks", "runs", "flagged"], ["RSI-Index"])
     for a in report.agents:
-        agents.add_row(a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), fmt(a.index))
-    runs = _table("RSI-Index per run", ["run", "agent", "track", "benchmarks used"], ["RSI-Index"])
+        agents.add_row(a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), _flagged_cell(a), fmt(a.index))
+    runs = _table("RSI-Index per run", ["run", "agent", "track", "benchmarks used", "integrity"],
+                  ["hacking rate", "RSI-Index"])
     for r in report.runs:
-        runs.add_row(r.run_id, r.agent, r.track, f"{len(r.result.included)} of {len(r.result.terms)}", fmt(r.index))
+        runs.add_row(r.run_id, r.agent, r.track, f"{len(r.result.included)} of {len(r.result.terms)}", r.integrity,
+                     fmt(r.hacking_rate), fmt(r.index))
     scores = _table("Scores and terms", ["run", "benchmark"], ["initial", "submitted", "term"])
     scores.add_column("note", overflow="fold")
     for r in report.runs:
         for t in r.result.terms:
             scores.add_row(r.run_id, t.benchmark, fmt(t.initial), fmt(t.submitted), fmt(t.term), t.reason or "")
-    return [agents, runs, scores]
+    tables = [agents, runs, scores]
+    if report.timelines:
+        timeline = Table(title="Timeline per run")
+        for name in TIMELINE_HEADER:
+            timeline.add_column(name, overflow="fold")
+        for tl in report.timelines:
+            timeline.add_row(*_timeline_row(tl))
+        tables.append(timeline)
+    return tables
 
 
 def print_report(report: Report, console: Console) -> None:
@@ -177,13 +318,14 @@ def to_markdown(report: Report) -> str:
     lines = ["# RSI-Index report", "", f"`{FORMULA}`; scores in [0, 1], shown to {DECIMALS} decimals.", ""]
     lines += ["## Per agent", ""]
     lines += _md_table(
-        ["agent", "tracks", "runs", "RSI-Index"],
-        [[a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), fmt(a.index)] for a in report.agents],
+        ["agent", "tracks", "runs", "flagged", "RSI-Index"],
+        [[a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), _flagged_cell(a), fmt(a.index)] for a in report.agents],
     )
     lines += ["", "## Per run", ""]
     lines += _md_table(
-        ["run", "agent", "track", *report.benchmarks, "RSI-Index"],
-        [[r.run_id, r.agent, r.track, *_term_cells(report, r), fmt(r.index)] for r in report.runs],
+        ["run", "agent", "track", *report.benchmarks, "RSI-Index", "integrity", "hacking rate"],
+        [[r.run_id, r.agent, r.track, *_term_cells(report, r), fmt(r.index), r.integrity, fmt(r.hacking_rate)]
+         for r in report.runs],
     )
     lines += ["", "## Scores", ""]
     lines += _md_table(
@@ -194,11 +336,19 @@ def to_markdown(report: Report) -> str:
             for t in r.result.terms
         ],
     )
+    if report.timelines:
+        _, figures = chart_names(report)
+        lines += ["", "## Timeline", "",
+                  "Research hours: first to last recorded activity of the run's keys. Spend: charged USD.", ""]
+        lines += _md_table(TIMELINE_HEADER, [_timeline_row(t) for t in report.timelines])
+        for t in report.timelines:
+            lines += ["", f"![{_md_cell(t.run_id)}: spend by service over time]({figures[t.run_id]})"]
     return "\n".join(lines) + "\n"
 
 
 def to_json(report: Report) -> dict[str, Any]:
     """Full-precision numbers; ``None`` (no term, no index) becomes JSON ``null``."""
+    _, figures = chart_names(report)
     return {
         "formula": FORMULA,
         "benchmarks": list(report.benchmarks),
@@ -208,6 +358,7 @@ def to_json(report: Report) -> dict[str, Any]:
                 "tracks": list(a.tracks),
                 "runs": list(a.run_ids),
                 "runs_without_index": list(a.runs_without_index),
+                "flagged_runs": list(a.flagged_runs),
                 "rsi_index": a.index,
             }
             for a in report.agents
@@ -218,6 +369,8 @@ def to_json(report: Report) -> dict[str, Any]:
                 "agent": r.agent,
                 "track": r.track,
                 "rsi_index": r.index,
+                "integrity": r.integrity,
+                "hacking_rate": r.hacking_rate,
                 "benchmarks": [
                     {
                         "benchmark": t.benchmark,
@@ -233,6 +386,23 @@ def to_json(report: Report) -> dict[str, Any]:
             }
             for r in report.runs
         ],
+        "timelines": [_timeline_json(t, figures[t.run_id]) for t in report.timelines],
+    }
+
+
+def _timeline_json(t: RunTimeline, figure: str) -> dict[str, Any]:
+    return {
+        "run_id": t.run_id,
+        "started_at": t.started_at,
+        "first_training_job_at": t.first_training_job_at,
+        "time_to_first_training_job_s": t.time_to_first_training_job_s,
+        "first_activity_at": t.first_activity_at,
+        "last_activity_at": t.last_activity_at,
+        "research_hours": t.research_hours,
+        "experiments": dict(t.experiments),
+        "spend_usd": t.spend_usd,
+        "spend_by_service_usd": t.service_totals(),
+        "figure": figure,
     }
 
 
@@ -279,14 +449,61 @@ def draw_chart(report: Report, benchmark: str, path: Path) -> Path:
     return path
 
 
-def write_charts(report: Report, out_dir: Path) -> dict[str, Path]:
+def chart_names(report: Report) -> tuple[dict[str, str], dict[str, str]]:
+    """File names of the benchmark charts and of the runs' ``timeline-<run>.png``, never clashing."""
     taken: set[str] = set()
-    return {b: draw_chart(report, b, out_dir / chart_filename(b, taken)) for b in report.benchmarks}
+    benchmarks = {b: chart_filename(b, taken) for b in report.benchmarks}
+    timelines = {t.run_id: chart_filename(f"timeline-{t.run_id}", taken) for t in report.timelines}
+    return benchmarks, timelines
 
 
-def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Console | None = None) -> ReportFiles:
-    """Compute the report, print it to ``console`` and write report.md, report.json and charts."""
-    report = build_report(rows)
+def draw_timeline(timeline: RunTimeline, path: Path) -> Path:
+    """Cumulative spend (USD) of each service against hours since the run's key was created:
+    one step line per service, and a marker at the first training job."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # charts only: keep matplotlib out of readers
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 4.8), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    end = max((p.hours for points in timeline.spend_by_service.values() for p in points), default=0.0)
+    for service, points in timeline.spend_by_service.items():
+        xs = [0.0, *(p.hours for p in points), end]
+        ys = [0.0, *(p.usd for p in points), points[-1].usd if points else 0.0]
+        ax.step(xs, ys, where="post", label=f"{service} ({fmt_usd(ys[-1])} USD)", linewidth=1.8)
+    first_job_h = None if timeline.time_to_first_training_job_s is None else timeline.time_to_first_training_job_s / 3600
+    if first_job_h is not None:
+        ax.axvline(first_job_h, color="#9aa5b1", linestyle="--", linewidth=1, label="first training job")
+    if not timeline.spend_by_service:
+        ax.text(0.5, 0.5, "no spend recorded", transform=ax.transAxes, ha="center", va="center", color="#555555")
+    ax.set_xlim(0, max(end, first_job_h or 0.0) * 1.02 or 1.0)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("hours since the run's key was created")
+    ax.set_ylabel("cumulative spend (USD)")
+    ax.set_title(f"{timeline.run_id}: spend by service (total {fmt_usd(timeline.spend_usd)} USD)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        fig.legend(loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    fig.savefig(path, format="png")
+    return path
+
+
+def write_charts(report: Report, out_dir: Path) -> dict[str, Path]:
+    names, _ = chart_names(report)
+    return {b: draw_chart(report, b, out_dir / names[b]) for b in report.benchmarks}
+
+
+def write_timeline_charts(report: Report, out_dir: Path) -> dict[str, Path]:
+    _, names = chart_names(report)
+    return {t.run_id: draw_timeline(t, out_dir / names[t.run_id]) for t in report.timelines}
+
+
+def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Console | None = None, *,
+                 audits: Mapping[str, AuditVerdict] | None = None, timelines: Iterable[RunTimeline] = (),
+                 integrity_default: str = NOT_AUDITED) -> ReportFiles:
+    """Compute the report, print it to ``console`` and write report.md, report.json, the benchmark
+    charts and one timeline chart per run with a timeline."""
+    report = build_report(rows, audits, timelines, integrity_default=integrity_default)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print_report(report, console or Console())
@@ -294,7 +511,7 @@ def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Consol
     md_path.write_text(to_markdown(report), encoding="utf-8")
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return ReportFiles(report, md_path, json_path, write_charts(report, out))
+    return ReportFiles(report, md_path, json_path, write_charts(report, out), write_timeline_charts(report, out))
 
 
 # -- rows from score records ------------------------------------------------------------

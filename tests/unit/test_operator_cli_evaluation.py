@@ -26,6 +26,7 @@ from services.core.ids import new_id
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
 from services.evaluation.tables import EvaluationJob, ScoreRow
+from services.records.tables import AuditRow
 from tests.conftest import ADMIN_TOKEN, create_key
 from tests.fakes.servers import serve_gym
 
@@ -99,13 +100,19 @@ def fill_scores(store: Store, run_a: str, run_b: str, run_c: str) -> None:
 def test_report_writes_tables_markdown_json_and_charts(served: str, store: Store, tmp_path: Path) -> None:
     a, b, c = (new_key(served, t, n)["id"] for t, n in (("data", "agent-a"), ("harness", "agent-b"), ("joint", "c")))
     fill_scores(store, a, b, c)
+    with store.transaction() as s:  # audits as `rsigym audit` stores them: the newest one counts
+        s.add(AuditRow(id="aud_old", run_id=a, status="accepted", hacking_rate=0.0, report={}, created_at=T0))
+        s.add(AuditRow(id="aud_new", run_id=a, status="flagged", hacking_rate=0.5, report={},
+                       created_at=T0 + timedelta(hours=1)))
     out = tmp_path / "report"
 
     result = rsigym("report", "--out", str(out))
     assert "RSI-Index per agent" in result.stdout and "agent-a" in result.stdout and "0.5000" in result.stdout
     assert "still being scored" in result.stderr and c in result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["arithmetic.png", "report.json", "report.md", "shell.png"]
-    assert all((out / n).read_bytes().startswith(PNG) for n in ("arithmetic.png", "shell.png"))
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["arithmetic.png", "report.json", "report.md", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"])
+    assert all((out / n).read_bytes().startswith(PNG)
+               for n in ("arithmetic.png", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"))
     md = (out / "report.md").read_text()
     assert "# RSI-Index report" in md and f"| {a} | agent-a | data |" in md and "no headroom" in md
 
@@ -113,6 +120,9 @@ def test_report_writes_tables_markdown_json_and_charts(served: str, store: Store
     runs = {r["run_id"]: r for r in data["runs"]}
     assert set(runs) == {a, b}
     assert runs[a]["track"] == "data" and runs[a]["agent"] == "agent-a"
+    assert (runs[a]["integrity"], runs[a]["hacking_rate"]) == ("flagged", 0.5)
+    assert (runs[b]["integrity"], runs[b]["hacking_rate"]) == ("not audited", None)
+    assert [t["run_id"] for t in data["timelines"]] == [a, b] and data["timelines"][0]["spend_usd"] == 0
     assert runs[a]["rsi_index"] == pytest.approx((0.7 - 0.4) / 0.6)  # the newest score and baseline
     assert runs[a]["excluded"] == [{"benchmark": "shell", "reason": "initial score already 1: no headroom"}]
     assert runs[b]["track"] == "harness" and [t["benchmark"] for t in runs[b]["benchmarks"]] == ["arithmetic"]

@@ -1,0 +1,1 @@
+"""Audits: contamination, provenance, harness and behaviour checks, and the run verdict."""

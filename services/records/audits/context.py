@@ -1,0 +1,26 @@
+"""What an audit check is given: the gym's store and config, and the run under audit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.core.config import GymConfig
+from services.core.events import EventLog, RecordEvent
+from services.core.settings import ProviderSecrets
+from services.core.store import Store
+
+
+@dataclass
+class AuditContext:
+    store: Store
+    config: GymConfig
+    data_dir: Path
+    events: EventLog
+    run_id: str
+    secrets: ProviderSecrets | None = None
+    """Provider keys for the LLM judge (read at call time, never stored)."""
+
+    def run_events(self, *kinds: str) -> list[RecordEvent]:
+        """The run's platform events in order (only ``kinds`` when given)."""
+        return self.events.events(self.run_id, kinds=kinds or None)

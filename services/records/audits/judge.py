@@ -1,0 +1,86 @@
+"""The LLM judge of the behaviour audit: one chat completion from a rollout catalogue model.
+
+The judge is an operator-side call (``rsigym audit``), not an agent's: it is not reserved on
+any run's ledger, but it goes through the same LiteLLM backend as agents' rollout calls — one
+attempt, never a retry (a retry would spend money the audit report never shows) — and its cost
+is computed from the catalogue's prices (services/rollout/metering.py), so the report states
+what the verdict cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from services.core.config import GymConfig, RolloutConfig, RolloutModel
+from services.core.money import nusd_to_usd
+from services.core.settings import ProviderSecrets
+from services.rollout.backends.litellm_backend import LiteLLMBackend
+from services.rollout.metering import call_cost_nusd, catalogue_model
+from services.rollout.schemas import ChatRequest
+
+_NEVER_OVERRIDDEN = ("num_retries", "max_retries", "model", "messages", "max_tokens", "stream")
+"""litellm_kwargs may not change these: one call is one attempt at the catalogue model."""
+
+
+@dataclass(frozen=True)
+class JudgeReply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+class Judge(Protocol):
+    async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
+        """The judge's answer to ``messages``. Raises a GymError when the provider fails."""
+        ...
+
+
+class _JudgeBackend(LiteLLMBackend):
+    """The rollout LiteLLM backend with extra LiteLLM arguments passed through (tests use
+    LiteLLM's own ``mock_response``, so the real LiteLLM code path runs)."""
+
+    def __init__(self, config: RolloutConfig, secrets: ProviderSecrets, extra: dict[str, Any]):
+        super().__init__(config, secrets)
+        self.extra = {k: v for k, v in extra.items() if k not in _NEVER_OVERRIDDEN}
+
+    def _kwargs(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> dict[str, Any]:
+        return {**super()._kwargs(model, request, max_tokens), **self.extra}
+
+
+class RolloutJudge:
+    """The judge as a rollout catalogue model (``GymConfig.audit.judge_model``).
+
+    Raises NotFound at construction when ``model_name`` is not in the catalogue."""
+
+    def __init__(self, config: GymConfig, secrets: ProviderSecrets, model_name: str, **litellm_kwargs: Any):
+        self.config = config
+        self.model_name = model_name
+        self.model = catalogue_model(config.rollout, model_name)
+        self.backend = _JudgeBackend(config.rollout, secrets, litellm_kwargs)
+        caps = [config.audit.judge_max_tokens, config.rollout.max_tokens_cap]
+        if self.model.max_output_tokens:
+            caps.append(self.model.max_output_tokens)
+        self.max_tokens = min(caps)
+
+    async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
+        request = ChatRequest.model_validate({"model": self.model_name, "messages": messages, "temperature": 0})
+        response = await self.backend.complete(self.model, request, self.max_tokens)
+        choices = response.get("choices") or []
+        message = (choices[0].get("message") or {}) if choices else {}
+        text = message.get("content") or ""
+        usage = response.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        cost = call_cost_nusd(self.model, prompt_tokens, completion_tokens)
+        return JudgeReply(text=text if isinstance(text, str) else str(text), prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, cost_usd=nusd_to_usd(cost))
+
+
+def judge_from_config(config: GymConfig, secrets: ProviderSecrets, **litellm_kwargs: Any) -> RolloutJudge | None:
+    """The configured judge, or None when ``audit.judge_model`` is unset (the behaviour check then
+    reports platform evidence only and the judged categories are INCONCLUSIVE)."""
+    if not config.audit.judge_model:
+        return None
+    return RolloutJudge(config, secrets, config.audit.judge_model, **litellm_kwargs)
