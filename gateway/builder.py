@@ -87,6 +87,27 @@ def ensure_admin_token(settings: GymSettings) -> str:
     return token
 
 
+def ensure_internal_secret(settings: GymSettings) -> str:
+    """RSIGYM_INTERNAL_SECRET, or the embedded gym's own, kept in <data-dir>/internal-secret (mode
+    0600) so it survives a restart: it signs gateway→service identities and seals each run's record
+    chain (services/core/events.py), whose heads would all read as forged under a fresh secret."""
+    if settings.internal_secret:
+        return settings.internal_secret
+    path = Path(settings.data_dir) / "internal-secret"
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = ""
+    if existing:
+        return existing
+    secret = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+    return secret
+
+
 def open_store(settings: GymSettings, store_settings: StoreSettings, *, schema: str | None = None) -> Store:
     store = Store(store_settings.url or sqlite_url(settings.data_dir), store_settings, schema=schema)
     store.migrate()
@@ -112,7 +133,7 @@ def build_embedded(
         config=config,
         store=store or open_store(settings, store_settings or StoreSettings()),
         settings=settings,
-        internal_secret=settings.internal_secret or secrets.token_urlsafe(32),
+        internal_secret=ensure_internal_secret(settings),
         secrets=provider_secrets,
     )
     admin_token = ensure_admin_token(settings)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.cli.admin_client import AdminClient, AdminError
+from services.core.errors import GymError
 from services.core.settings import GymSettings
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
 from services.evaluation.report import INITIAL_RUN, build_report_rows
@@ -544,6 +545,43 @@ def audit(
         raise typer.Exit(2)
 
 
+@app.command()
+def records(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run (its root key id).")],
+    what: Annotated[str, typer.Argument(help="events | experiments | chain")] = "experiments",
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """A run's record: its platform events, its experiments (with integrity status), or the check
+    of its hash chain (exit 1 when the chain is broken)."""
+    if what not in ("events", "experiments", "chain"):
+        raise typer.BadParameter("events, experiments or chain")
+    body = _admin(data_dir, url, lambda c: c.run_records(run_id, what))
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+    elif what == "chain":
+        console.print(f"run {run_id}: {body['events']} events, head at {body['head_seq']}: "
+                      + ("[green]intact[/green]" if body["ok"] else "[red]BROKEN[/red]"))
+        for p in body.get("problems", []):
+            console.print(f"  event {p['seq']}: {p['problem']} — {p['detail']}")
+    elif what == "events":
+        table = Table("seq", "kind", "key", "experiment", "at", "data")
+        for e in body["data"]:
+            table.add_row(str(e["seq"]), e["kind"], e.get("key_id") or "-", e.get("experiment_id") or "-",
+                          e["created_at"][:19], json.dumps(e["data"])[:80])
+        console.print(table)
+    else:
+        table = Table("experiment", "owner", "name", "status", "parents", "checkpoints", "reasons")
+        for e in body["data"]:
+            table.add_row(e["id"], e["owner_key_id"], e["name"], e["status"], ", ".join(e.get("parents") or []) or "-",
+                          ", ".join((e.get("theta_out") or {}).get("checkpoints") or []) or "-",
+                          "; ".join(e.get("reasons") or [])[:80])
+        console.print(table)
+    if what == "chain" and not body["ok"]:
+        raise typer.Exit(1)
+
+
 def _agreement(files: list[Path], as_json: bool) -> None:
     from services.records.audits.agreement import agreement
 
@@ -553,7 +591,10 @@ def _agreement(files: list[Path], as_json: bool) -> None:
         a, b = (json.loads(f.read_text(encoding="utf-8")) for f in files)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(f"cannot read the label files: {err}") from err
-    result = agreement(a, b)
+    try:
+        result = agreement(a, b)
+    except GymError as err:  # labels that are not audit outputs or {category: code} maps
+        raise typer.BadParameter(err.message) from err
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

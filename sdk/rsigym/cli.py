@@ -15,6 +15,7 @@
     gym sandbox kill ID
     gym eval benchmarks [--json]
     gym eval run --benchmark B --model M [--split dev] [--harness minimal|ID] [--attempts N] [--limit N]
+                 [--experiment EXP]
                  [--task ID]… [--temperature T] [--top-p P] [--max-tokens N] [--seed S] [--wait] [--json]
     gym eval ls [--json]
     gym eval status ID [--json]
@@ -368,7 +369,8 @@ def _eval_run(gym: Gym, args: argparse.Namespace) -> int:
     sampling = {key: value for key, value in (("temperature", args.temperature), ("top_p", args.top_p),
                                               ("max_tokens", args.max_tokens), ("seed", args.seed)) if value is not None}
     job = gym.evaluation.run(args.benchmark, args.model, split=args.split, harness=args.harness,
-                             attempts=args.attempts, sampling=sampling or None, tasks=args.task, limit=args.limit)
+                             attempts=args.attempts, sampling=sampling or None, tasks=args.task, limit=args.limit,
+                             experiment=args.experiment)
     if args.wait:
         if not args.json:
             _out(job.id)
@@ -795,6 +797,8 @@ def _add_evaluation(services: Any) -> None:
     run.add_argument("--attempts", type=_positive_int, default=1, metavar="N", help="attempts per task (avg@N)")
     run.add_argument("--limit", type=_positive_int, metavar="N", help="only the split's first N tasks")
     run.add_argument("--task", action="append", metavar="ID", help="only this task (repeatable)")
+    run.add_argument("--experiment", metavar="EXP", help="attach to this experiment of yours (default: the one "
+                                                          "that produced the checkpoint, or a new implicit one)")
     run.add_argument("--temperature", type=float)
     run.add_argument("--top-p", type=float, dest="top_p")
     run.add_argument("--max-tokens", type=int, dest="max_tokens")

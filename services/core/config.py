@@ -170,7 +170,9 @@ class AuditConfig(_Strict):
     """Contamination: the n of the word n-grams compared (13, as in the RSIGym paper)."""
     contamination_threshold: float = Field(default=0.5, gt=0, le=1)
     """A task is contaminated when at least this share of its n-grams (or, for an item shorter
-    than n words, the whole item) occurs in the training data of the submitted lineage."""
+    than n words, the whole item) occurs in the training data. Every dataset the run registered
+    is scanned; a hit flags the experiments that trained on it and the submission when it is in
+    the submitted checkpoint's lineage (data never trained on is only SUSPECTED)."""
     min_item_words: int = Field(default=1, ge=1)
     """Items (after normalisation) with fewer words than this are not matched at all."""
     judge_model: str | None = None
@@ -178,8 +180,11 @@ class AuditConfig(_Strict):
     Unset: the behaviour check reports platform evidence only and the judged categories
     are INCONCLUSIVE."""
     judge_max_tokens: int = Field(default=2048, gt=0)
+    judge_budget_usd: float = Field(default=20.0, ge=0)
+    """Budget of the gym's auditor key, which the judge's rollout calls are metered on (created
+    on the first audit; top it up like any key)."""
     judge_sample_rows: int = Field(default=20, ge=0)
-    """Training rows shown to the judge (spread over the lineage's datasets)."""
+    """Training rows shown to the judge (spread over the run's datasets)."""
     judge_max_prompt_chars: int = Field(default=60_000, gt=1000)
 
 

@@ -37,6 +37,8 @@ from services.core.store import Store
 from services.core.tables import Base, UTCDateTime, utcnow
 
 GENESIS = "0" * 64
+UNSEALED_HEAD = "_unsealed_head"
+"""Set in an event's data when the head it extended was not sealed by the platform."""
 
 # Event kinds (data fields in brackets). Stable names: audits and reports read them.
 DATASET_REGISTERED = "dataset.registered"  # dataset_id, sha256, rows, bytes, format, name
@@ -134,6 +136,11 @@ class EventLog:
         seq = head.seq + 1
         now = utcnow()
         data = json.loads(json.dumps(data, default=str))  # what is stored is what was hashed
+        if not hmac.compare_digest(head.mac, head_mac(self.secret, run_id, head.seq, head.hash)):
+            # Someone rewrote the chain and its head without the secret. Sealing on top would
+            # launder the rewrite, and refusing would let them stop the platform: the event says
+            # so itself, under its own hash, for every later check to see.
+            data[UNSEALED_HEAD] = {"seq": head.seq, "hash": head.hash}
         digest = event_hash(run_id=run_id, seq=seq, kind=kind, key_id=key_id, experiment_id=experiment_id,
                             data=data, created_at=now, prev_hash=head.hash)
         event = RecordEvent(run_id=run_id, seq=seq, kind=kind, key_id=key_id, experiment_id=experiment_id,
@@ -187,6 +194,9 @@ class EventLog:
             if recomputed != e.hash:
                 problems.append({"seq": e.seq, "problem": "changed",
                                  "detail": f"{e.kind} event's content does not match its hash"})
+            if isinstance(e.data, dict) and UNSEALED_HEAD in e.data:
+                problems.append({"seq": e.seq, "problem": "head_forged",
+                                 "detail": f"event {e.seq} extended a chain head not sealed by the platform"})
             prev_hash, expected_seq = e.hash, e.seq + 1
         last_seq, last_hash = (rows[-1].seq, rows[-1].hash) if rows else (0, GENESIS)
         if head is None:

@@ -271,6 +271,7 @@ class RecordsService:
         from services.records.audits.run import audit_run  # the audits are heavy: loaded on use
 
         ctx = AuditContext(store=self.store, config=self.context.config, data_dir=self.context.data_dir,
-                           events=self.events, run_id=run_id, secrets=self.context.secrets)
+                           events=self.events, run_id=run_id, secrets=self.context.secrets,
+                           gateway_url=self.context.settings.gateway_url)
         result: dict[str, Any] = audit_run(ctx, trajectory=trajectory)
         return result

@@ -133,8 +133,14 @@ def test_contaminated_run_is_flagged_with_its_tasks_and_a_clean_run_is_accepted(
         statuses = {e.status for e in s.query(Experiment).filter(Experiment.run_id == clean_key["id"])}
     assert statuses == {"accepted"}
 
+    # The judge was asked through the gym's rollout service, metered on the auditor's own key.
+    keys = httpx.get(f"{url}/admin/v1/keys", headers=admin_headers()).json()["data"]
+    auditor = next(k for k in keys if k["name"] == "rsigym-auditor")
+    ledger = httpx.get(f"{url}/admin/v1/keys/{auditor['id']}/ledger", headers=admin_headers()).json()["data"]
+    assert len(ledger) == 2 and {(r["service"], r["status"]) for r in ledger} == {("rollout", "settled")}
+    assert all(r["actual_usd"] > 0 for r in ledger)
     # The audit itself is on the record, and the operator can compare two label sets.
-    events = httpx.get(f"{url}/admin/v1/runs/{clean_key['id']}/events", headers=admin_headers()).json()["data"]
+    events = rsigym("records", clean_key["id"], "events", "--json")["data"]
     assert events[-1]["kind"] == "audit.result" and events[-1]["data"]["status"] == "accepted"
     (tmp_path / "a.json").write_text(json.dumps(flagged))
     (tmp_path / "b.json").write_text(json.dumps(flagged))
@@ -169,6 +175,7 @@ def test_weights_changed_after_registration_and_an_edited_record_are_flagged(liv
         s.execute(update(RecordEvent).where(RecordEvent.run_id == key["id"], RecordEvent.kind == "training.job")
                   .values(data={"job_id": "ftjob_forged", "status": "succeeded"}))
     report = rsigym("audit", key["id"], "--json", code=2)
+    assert "BROKEN" in rsigym("records", key["id"], "chain", code=1).output
     chain = httpx.get(f"{url}/admin/v1/runs/{key['id']}/chain", headers=admin_headers()).json()
     assert chain["ok"] is False and any(p["problem"] == "changed" for p in chain["problems"])
     assert any(f["category"] == "evaluation_tampering" and "record chain" in f["evidence"]

@@ -70,3 +70,42 @@ def test_sandbox_service_as_its_own_server(tmp_path: Path, standin: Any) -> None
                     sbx.kill()
     finally:
         service.state.close()
+
+
+def test_records_service_as_its_own_server(tmp_path: Path, standin: Any) -> None:
+    """The records service behind a gateway over real HTTP: an agent records an experiment, a
+    refused call lands in the run's chain (written by the gateway into the shared store), the
+    operator audits the run through the admin API; a direct call to the service is refused."""
+    port = free_port()
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret",
+                           gateway_url=f"http://127.0.0.1:{port}")
+    config = gym_config(standin[0])
+    with serve(build_service("records", settings, config)) as records_url:
+        gym = build_gateway(settings, StoreSettings(), {"records": records_url}, config)
+        with serve(gym.app, port=port) as url, httpx.Client(base_url=url, timeout=120) as client:
+            run = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1}, headers=admin_headers()).json()
+            made = client.post("/records/v1/experiments", json={"name": "baseline", "parents": []},
+                               headers=bearer(run["key"]))
+            assert made.status_code == 201, made.text
+            listed = client.get("/records/v1/experiments", headers=bearer(run["key"])).json()["data"]
+            assert [e["id"] for e in listed] == [made.json()["id"]]
+            refused = client.post("/records/v1/annotations", json={"kind": "finding", "claim": "x",
+                                                                    "experiment_ids": ["exp_nope"]},
+                                  headers=bearer(run["key"]))
+            assert refused.status_code in (404, 422)
+            minted = client.post("/v1/keys", json={"name": "w", "policy": {"services": {"rollout": {"max_concurrency": 1}}}},
+                                 headers=bearer(run["key"]))
+            assert minted.status_code == 201, minted.text
+            child = minted.json()
+            denied = client.get("/records/v1/events", headers=bearer(child["key"]))
+            assert denied.status_code == 403  # the child is not granted records
+            kinds = [e["kind"] for e in client.get(f"/admin/v1/runs/{run['id']}/events",
+                                                   headers=admin_headers()).json()["data"]]
+            assert kinds == ["experiment.created", "call.refused"]
+            audit = client.post(f"/admin/v1/runs/{run['id']}/audit", json={}, headers=admin_headers())
+            assert audit.status_code == 200, audit.text
+            assert audit.json()["run_id"] == run["id"] and audit.json()["status"] in ("accepted", "flagged")
+            chain = client.get(f"/admin/v1/runs/{run['id']}/chain", headers=admin_headers()).json()
+            assert chain["ok"] is True and chain["events"] == 3  # … and the audit's own result
+            direct = httpx.get(f"{records_url}/v1/events", headers=bearer(run["key"]))
+            assert direct.status_code == 401

@@ -4,7 +4,7 @@ the best accepted checkpoint, and the agent's own annotations.
 ::
 
     exp = gym.records.experiments.create("lr sweep 3e-4", parents=[prev.id], note="halve the lr")
-    job = gym.training.create(..., experiment=exp.id)             # actions attach to your experiment
+    job = gym.training.create_job(..., experiment=exp.id)         # actions attach to your experiment
     gym.records.experiments.get(exp.id).evaluations               # scores, from platform events
     gym.records.experiments.diff(prev.id, exp.id).scores          # per benchmark/split, a vs b
     gym.records.lineage("ckpt_…").links                           # ckpt → parent → … → base model

@@ -19,7 +19,10 @@ class AuditContext:
     events: EventLog
     run_id: str
     secrets: ProviderSecrets | None = None
-    """Provider keys for the LLM judge (read at call time, never stored)."""
+    """Provider keys for an in-process LLM judge (read at call time, never stored)."""
+    gateway_url: str | None = None
+    """Where the judge's calls go when set (through rollout, metered): the records service itself
+    then needs no provider key."""
 
     def run_events(self, *kinds: str) -> list[RecordEvent]:
         """The run's platform events in order (only ``kinds`` when given)."""

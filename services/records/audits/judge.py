@@ -84,3 +84,76 @@ def judge_from_config(config: GymConfig, secrets: ProviderSecrets, **litellm_kwa
     if not config.audit.judge_model:
         return None
     return RolloutJudge(config, secrets, config.audit.judge_model, **litellm_kwargs)
+
+
+AUDITOR_KEY_NAME = "rsigym-auditor"
+"""The gym's own root key the judge's rollout calls are metered on (created once, like the
+evaluation service's scoring key)."""
+
+
+class GatewayJudge:
+    """The judge through the gym's own gateway and rollout service.
+
+    The records service holds no provider key (only rollout does, and rollout has no store): each
+    judge call mints a child of the auditor's root key that may call the judge model only, sends
+    one chat completion to ``<gateway>/rollout/v1/chat/completions`` — reserved, metered and
+    settled on the auditor's ledger like any call — and revokes the key. The auditor's budget is
+    ``audit.judge_budget_usd`` (an operator tops it up with ``rsigym keys topup``)."""
+
+    def __init__(self, config: GymConfig, store: Any, gateway_url: str, model_name: str):
+        self.config, self.store, self.model_name = config, store, model_name
+        self.url = gateway_url.rstrip("/") + "/rollout/v1/chat/completions"
+        self.model = catalogue_model(config.rollout, model_name)  # NotFound when not in the catalogue
+        caps = [config.audit.judge_max_tokens, config.rollout.max_tokens_cap]
+        if self.model.max_output_tokens:
+            caps.append(self.model.max_output_tokens)
+        self.max_tokens = min(caps)
+
+    def _auditor_key(self, keys: Any) -> str:
+        from sqlalchemy import select
+
+        from services.core.money import usd_to_nusd
+        from services.core.policy import Policy
+        from services.core.tables import ApiKey
+
+        with self.store.transaction() as s:
+            key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == AUDITOR_KEY_NAME, ApiKey.parent_id.is_(None),
+                                                      ApiKey.track.is_(None)))
+        if key_id is not None:
+            return str(key_id)
+        policy = Policy.model_validate({"services": {"rollout": {"models": "*"}}})
+        view, _ = keys.create(policy=policy, budget_nusd=usd_to_nusd(self.config.audit.judge_budget_usd), track=None,
+                              name=AUDITOR_KEY_NAME)
+        return str(view["id"])
+
+    async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
+        import httpx
+
+        from services.core.errors import UpstreamError
+        from services.core.keys import KeyRegistry
+        from services.core.policy import Policy
+
+        keys = KeyRegistry(self.store)
+        policy = Policy.model_validate({"services": {"rollout": {"models": [self.model_name], "max_concurrency": 1}}})
+        view, key = keys.create(policy=policy, budget_nusd=None, name="audit-judge", parent_id=self._auditor_key(keys))
+        body = {"model": self.model_name, "messages": messages, "temperature": 0, "max_tokens": self.max_tokens}
+        try:
+            async with httpx.AsyncClient(timeout=self.config.rollout.request_timeout_s + 30) as client:
+                response = await client.post(self.url, json=body, headers={"Authorization": f"Bearer {key}"})
+        except httpx.HTTPError as err:
+            raise UpstreamError(f"the gateway did not answer the judge's call ({type(err).__name__})") from err
+        finally:
+            keys.set_status(view["id"], "revoked")
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        if response.status_code != 200:
+            message = ((answer.get("error") or {}).get("message") if isinstance(answer, dict) else None) or response.text
+            raise UpstreamError(f"the judge's rollout call failed ({response.status_code}): {str(message)[:300]}")
+        choices = answer.get("choices") or []
+        text = ((choices[0].get("message") or {}).get("content") if choices else None) or ""
+        usage = answer.get("usage") or {}
+        return JudgeReply(text=str(text), prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          completion_tokens=int(usage.get("completion_tokens") or 0),
+                          cost_usd=float(usage.get("cost_usd") or response.headers.get("X-RSIGym-Cost-USD") or 0.0))
