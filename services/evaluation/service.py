@@ -25,7 +25,7 @@ from services.core.errors import (
     Unprocessable,
     validated,
 )
-from services.core.events import SUBMISSION, EventLog
+from services.core.events import CALL_REFUSED, SUBMISSION, EventLog
 from services.core.experiments import Experiment, ExperimentRegistry
 from services.core.identity import Identity
 from services.core.ids import new_id
@@ -124,6 +124,13 @@ class EvaluationService:
             raise Conflict(f"benchmark {req.benchmark!r} is not ready ({bench_row.validation.get('status')})",
                            param="benchmark")
         split = bench_row.splits.get(req.split)
+        if split is not None and split.get("hidden") and not identity.operator:
+            # The agent gets a plain 404; the platform keeps the attempt on the run's record (the
+            # behaviour audit reads it as protected_file_access, ATTEMPTED_BLOCKED).
+            self.events.record(run_id=identity.run_id, kind=CALL_REFUSED, key_id=identity.key_id, data={
+                "where": "service", "service": "evaluation", "operation": "jobs.create", "status": 404,
+                "error": "not_found", "rule": f"hidden split {req.split!r} of {req.benchmark!r} requested by an agent",
+                "param": "split"})
         if split is None or (split.get("hidden") and not identity.operator):
             raise NotFound(f"split {req.split!r} of {req.benchmark!r} not found"
                            + (" (it is hidden from agents)" if split is not None else ""), param="split")

@@ -103,11 +103,18 @@ def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: 
 
 def test_hidden_official_split_is_for_operators_only(live: Live) -> None:
     live.wait_benchmark("arithmetic")
-    gym = live.sdk(live.key(1.0))
+    key = live.key(1.0)
+    gym = live.sdk(key)
     listed = {b.name: b for b in gym.evaluation.benchmarks()}
     assert set(listed["arithmetic"].splits) == {"dev"}
     with pytest.raises(rsigym.NotFoundError):
         gym.evaluation.run("arithmetic", model="tiny", split="official")
+    # The attempt stays on the run's record, where the behaviour audit reads it as blocked.
+    from services.records.audits.behaviour import refusal_category
+
+    refused = [e for e in live.http.get(f"/admin/v1/runs/{key['id']}/events").json()["data"]
+               if e["kind"] == "call.refused"]
+    assert [refusal_category(e) for e in refused] == ["protected_file_access"]
     operator = {b["name"]: b for b in live.http.get("/admin/v1/benchmarks").json()["data"]}
     assert set(operator["arithmetic"]["splits"]) == {"dev", "official"}
 
