@@ -36,6 +36,7 @@ from services.core.ids import new_id
 from services.core.jobs import PoolDispatcher
 from services.core.keys import KeyRegistry
 from services.core.money import usd_to_nusd
+from services.core.config import GymConfig
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
@@ -91,7 +92,7 @@ def prepare_job(store: Store, data_dir: Path, *, name: str, tasks_per_split: int
     registry = BenchmarkRegistry(store, data_dir / "benchmarks")
     row, bench = registry.register(mini_benchmark(data_dir / "src", name=name, per_split=tasks_per_split))
     task_ids = [t.id for _split, t in bench.tasks()]
-    key, _secret = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=usd_to_nusd(5.0),
+    key, _secret = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(5.0),
                                              track="joint", name="eval-scaling")
     job_id = new_id("evj")
     with store.transaction() as s:

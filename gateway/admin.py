@@ -12,12 +12,15 @@ from gateway import timeline
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
+from gateway.run_end import end_expired_runs
 from services.core.http import request_id_of
-from gateway.schemas import CreateKey, EditPolicy, TopUp
+from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
+from services.core.deadlines import resolve_ends_at
+from services.core import agent_meter, agent_turns
 from services.core.errors import Unprocessable, validated
 from services.core.money import usd_to_nusd
 from services.core.policy import Policy
-from services.core.presets import preset_policy
+from services.core.presets import budget_usd, preset_policy, track_label
 from services.core.spec import ServiceSpec
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
@@ -42,10 +45,24 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     gw = gateway_of(request)
     if (body.track is None) == (body.policy is None):
         raise Unprocessable("give exactly one of track (a preset) or policy", param="track")
-    policy = preset_policy(body.track) if body.track else parse_policy(body.policy or {}, gw.specs)
+    if body.offline and body.track is None:
+        raise Unprocessable("offline is a modifier on a track; give a track", param="offline")
+    if (body.budget_usd is None) == (body.budget is None):
+        raise Unprocessable("give exactly one of budget_usd or budget (a named budget of the track)", param="budget_usd")
+    usd = body.budget_usd if body.budget_usd is not None else budget_usd(body.track, body.budget or "")
+    if body.track:
+        policy, track = preset_policy(body.track, gw.config, offline=body.offline), track_label(body.track, body.offline)
+    else:
+        policy, track = parse_policy(body.policy or {}, gw.specs), None
+    ends_at = resolve_ends_at(body.ends_at, body.deadline_s)
     view, plaintext = await gw.store.call(
-        partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(body.budget_usd), track=body.track, name=body.name)
+        partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(usd), track=track, name=body.name,
+                ends_at=ends_at)
     )
+    if body.agent_budget_usd is not None:
+        meter = await gw.store.call(partial(agent_meter.attach_meter, gw.store, view["id"],
+                                            usd_to_nusd(body.agent_budget_usd)))
+        view = {**view, "agent_meter_id": meter["id"], "agent_budget_usd": meter["budget_usd"]}
     return {**view, "key": plaintext}
 
 
@@ -73,6 +90,15 @@ async def topup(key_id: str, body: TopUp, request: Request) -> dict[str, Any]:
     return await gw.store.call(gw.registry.topup, key_id, usd_to_nusd(body.amount_usd))
 
 
+@router.post("/keys/{key_id}/deadline")
+async def set_deadline(key_id: str, body: SetDeadline, request: Request) -> dict[str, Any]:
+    """Set, move or clear a run's wall-clock deadline (declared before ``/keys/{key_id}/{action}``).
+    A deadline in the past ends the run: its keys are refused at once and the reaper's next
+    round stops its jobs and sandboxes."""
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.set_deadline, key_id, resolve_ends_at(body.ends_at, body.deadline_s))
+
+
 @router.post("/keys/{key_id}/{action}")
 async def change_status(key_id: str, action: str, request: Request) -> dict[str, Any]:
     statuses = {"pause": "paused", "resume": "active", "revoke": "revoked"}
@@ -96,6 +122,12 @@ async def reclaim(request: Request) -> dict[str, int]:
         "reservations": await gw.store.call(gw.ledger.reclaim_expired),
         "slots": await gw.store.call(gw.slots.reclaim_expired),
     }
+
+
+@router.post("/runs/end-expired")
+async def end_expired(request: Request) -> dict[str, Any]:
+    """End every run whose deadline has passed now, without waiting for the reaper's round."""
+    return {"data": await end_expired_runs(gateway_of(request))}
 
 
 @router.get("/datasets/{dataset_id}/content")
@@ -170,6 +202,17 @@ async def audit_run(run_id: str, request: Request) -> Response:
 async def audits(request: Request) -> Response:
     """Stored audits, newest first (``?run_id=`` for one run's)."""
     return await _to_service(request, "records", "GET", "/v1/operator/audits")
+
+
+@router.get("/runs/{run_id}/trajectory")
+async def run_trajectory(run_id: str, request: Request, text: bool = False) -> Any:
+    """The research agent's trajectory: every call it made on the agent route, in order
+    (``?text=true``: rendered as plain text, what the audits' judge reads)."""
+    gw = gateway_of(request)
+    turns = await gw.store.call(partial(agent_turns.run_turns, gw.store, run_id))
+    if text:
+        return Response(agent_turns.render_text(turns), media_type="text/plain; charset=utf-8")
+    return {"run_id": run_id, "data": turns}
 
 
 @router.get("/runs/{run_id}/timeline")

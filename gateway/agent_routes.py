@@ -11,15 +11,20 @@ from gateway.admin import parse_policy
 from gateway.auth import CurrentPrincipal
 from gateway.context import gateway_of
 from gateway.schemas import MintChildKey
+from services.core import agent_meter
 from services.core.money import usd_to_nusd
 
 router = APIRouter(prefix="/v1")
 
 
 @router.get("/balance")
-async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, float]:
+async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
+    """The key's service budget, and the run's agent-model meter apart (``agent_model``: the
+    same four figures, or null when the run has none)."""
     gw = gateway_of(request)
-    return (await gw.store.call(gw.ledger.balance, principal.key_id)).as_usd()
+    service = (await gw.store.call(gw.ledger.balance, principal.key_id)).as_usd()
+    agent = await gw.store.call(partial(agent_meter.meter_balance, gw.store, principal.run_id))
+    return {**service, "agent_model": agent}
 
 
 @router.post("/keys", status_code=201)

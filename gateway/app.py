@@ -12,11 +12,12 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway import admin, agent_routes
+from gateway import admin, agent_model, agent_routes
 from gateway.auth import require_metrics_reader
 from gateway.dashboard import mount_dashboard
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import forward
+from gateway.run_end import reap_run_limits
 from services.core.errors import GymError, StoreUnavailable
 from services.core.http import RequestIdMiddleware, install_error_handlers
 
@@ -26,14 +27,16 @@ PROXY_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 async def _reaper(gw: Gateway) -> None:
-    """Give back holds of crashed holders (expired reservations and slots), forever."""
+    """Give back holds of crashed holders (expired reservations and slots) and end runs whose
+    deadline passed, forever."""
     while True:
         await asyncio.sleep(gw.config.ledger.reaper_interval_s)
         try:
             done = await gw.store.call(gw.ledger.reclaim_expired)
             slots = await gw.store.call(gw.slots.reclaim_expired)
-            if done or slots:
-                log.info("reaper closed %d expired reservations and %d slots", done, slots)
+            runs = await reap_run_limits(gw)
+            if done or slots or runs:
+                log.info("reaper closed %d expired reservations and %d slots, ended %d runs", done, slots, runs)
         except GymError as err:
             log.warning("reaper skipped a round: %s", err.message)
 
@@ -79,6 +82,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     app.include_router(admin.router)
     app.include_router(agent_routes.router)
+    app.include_router(agent_model.router)  # /agent/v1/…: before the proxy's catch-all route
     mount_dashboard(app, gw)  # /admin/ui: before the proxy's catch-all route
 
     @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)

@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from gateway.context import Gateway, gateway_of
+from services.core.deadlines import check_deadline
 from services.core.errors import AuthenticationFailed
 from services.core.ids import hash_secret
 from services.core.keys import Principal
@@ -28,12 +29,19 @@ async def authenticate(gw: Gateway, key: str | None) -> Principal:
     """A run key's principal: from this replica's cache when fresh, else from the store."""
     if not key:
         return await gw.store.call(gw.registry.authenticate, key)  # refuses with the standard message
-    return await _cached(gw, "key:" + hash_secret(key), partial(gw.registry.authenticate, key))
+    return _open(await _cached(gw, "key:" + hash_secret(key), partial(gw.registry.authenticate, key)))
 
 
 async def authenticate_key_id(gw: Gateway, key_id: str) -> Principal:
     """The principal of a credential derived from a key (a sandbox access token)."""
-    return await _cached(gw, "id:" + key_id, partial(gw.registry.authenticate_id, key_id))
+    return _open(await _cached(gw, "id:" + key_id, partial(gw.registry.authenticate_id, key_id)))
+
+
+def _open(principal: Principal) -> Principal:
+    """The run's deadline against this call's clock (a cached principal carries ``ends_at``, never
+    the verdict): ``run_ended`` from the deadline on, whichever replica or cache answers."""
+    check_deadline(principal.ends_at)
+    return principal
 
 
 async def _cached(gw: Gateway, cache_key: str, load: Callable[[], Principal]) -> Principal:

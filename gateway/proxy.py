@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -19,6 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
+from services.core import rate_limits
 from services.core.canonical import canonical_body
 from services.core.errors import (
     AuthenticationFailed,
@@ -29,6 +31,7 @@ from services.core.errors import (
     KeyPaused,
     NotFound,
     PermissionDenied,
+    RateLimited,
     ServiceUnavailable,
 )
 from services.core.events import CALL_REFUSED
@@ -38,7 +41,7 @@ from services.core.keys import Principal
 from services.core.ledger import Balance, Reservation
 from services.core.money import format_usd, nusd_to_usd
 from services.core.policy import apply_chain
-from services.core.spec import Operation
+from services.core.spec import Operation, ServiceSpec
 from services.sandbox import tokens as sandbox_tokens
 
 log = logging.getLogger("rsigym.gateway")
@@ -52,7 +55,7 @@ _PASS_THROUGH_STREAMS = ("application/connect+",)
 """Unmetered streamed responses relayed chunk by chunk (a sandbox command's output)."""
 _DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "server", "date", "x-request-id",
                           COST_HEADER.lower()}
-REFUSALS = (PermissionDenied, KeyPaused, BudgetExhausted, ConcurrencyLimited)
+REFUSALS = (PermissionDenied, KeyPaused, BudgetExhausted, ConcurrencyLimited, RateLimited)
 """Refusals of a known principal that become ``call.refused`` events (policy, budget, concurrency)."""
 REFUSED_STATUSES = (402, 403)
 """A service's own refusals (its standard error body) that are recorded the same way."""
@@ -76,16 +79,42 @@ async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Princip
     return await authenticate(gw, key)
 
 
+async def limit_tokens(gw: Gateway, principal: Principal, service: str, tokens: int) -> None:
+    """Count a call's worst-case ``tokens`` against the chain's tokens-per-minute limits for
+    ``service`` (``rate_limited`` 429 with Retry-After when any is used up this minute).
+    The agent route calls this too, with its own service name."""
+    limits = rate_limits.limits_of(principal, service)
+    if limits:
+        await gw.store.call(partial(rate_limits.reserve_tokens, gw.store, limits, tokens))
+
+
 def _check_grant(principal: Principal, service: str) -> None:
     # apply_chain on an empty body refuses a service that is not granted anywhere in the chain.
     apply_chain(list(principal.policies), service, {}, model_field=None)
 
 
+@dataclass(frozen=True)
+class BilledRoute:
+    """A route family of the gateway's own (not in ``gw.specs``) that one service serves under a
+    path prefix and that is billed to another account than the caller's: the agent route, served
+    by the rollout service under ``/agent`` and billed on the run's agent-model meter
+    (gateway/agent_model.py). Policy and the reservation apply to the ``payer``; authentication,
+    run limits and refusal records stay the caller's."""
+
+    spec: ServiceSpec
+    served_by: str
+    prefix: str
+    payer: Callable[[Gateway, Principal], Awaitable[Principal]]
+
+
 class _Call:
     """State of one forwarded call, so every exit path closes what it opened."""
 
-    def __init__(self, gw: Gateway, service: str, op: Operation, principal: Principal, request_id: str):
+    def __init__(self, gw: Gateway, service: str, op: Operation, principal: Principal, request_id: str,
+                 caller: Principal | None = None):
         self.gw, self.service, self.op, self.principal, self.request_id = gw, service, op, principal, request_id
+        self.caller = caller
+        """The key that called, when ``principal`` (who pays) is another account."""
         self.lease: str | None = None
         self.reservation: Reservation | None = None
         self.closed = False
@@ -142,34 +171,39 @@ class _Call:
         return charged, balance
 
 
-async def forward(request: Request, service: str, path: str) -> Response:
+async def forward(request: Request, service: str, path: str, route: BilledRoute | None = None) -> Response:
     gw = gateway_of(request)
     request_id = request_id_of(request)
     sub_path = "/" + path
-    spec = gw.specs.get(service)
+    spec = route.spec if route is not None else gw.specs.get(service)
     op = spec.match(request.method, sub_path) if spec else None
     if op is None:
         raise NotFound(f"no route {request.method} /{service}{sub_path}")
     started = time.perf_counter()
     principal = await _authenticate(gw, request, op)
     try:
+        payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:
             body = canonical_body(await _json_body(request), op.spellings)  # one spelling per field, then policy
-            body = apply_chain(list(principal.policies), service, body, model_field=op.model_field)
+            body = apply_chain(list(payer.policies), service, body, model_field=op.model_field)
             raw = json.dumps(body, separators=(",", ":")).encode()
         else:
-            _check_grant(principal, service)
+            _check_grant(payer, service)
             body, raw = {}, await request.body()
-        estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, principal) if op.estimate else 0
+        estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, payer) if op.estimate else 0
 
-        call = _Call(gw, service, op, principal, request_id)
+        if op.tokens is not None:  # before the reservation: a rate-limited call leaves no ledger row
+            await limit_tokens(gw, principal, service, await anyio.to_thread.run_sync(op.tokens, body, gw.context, payer))
+
+        call = _Call(gw, service, op, payer, request_id, caller=principal if route is not None else None)
         await call.open(estimate)
     except REFUSALS as err:
         await _record_refusal(gw, principal, service, op.name, err.status, err.type, err.message, err.param)
         raise
     gw.metrics.in_flight.labels(service).inc()
     try:
-        upstream = await _send(gw, request, service, sub_path, raw, _identity(call, estimate))
+        target_service, target_path = (service, sub_path) if route is None else (route.served_by, route.prefix + sub_path)
+        upstream = await _send(gw, request, target_service, target_path, raw, _identity(call, estimate))
     except BaseException:
         gw.metrics.in_flight.labels(service).dec()
         await call.close(None)
@@ -251,6 +285,7 @@ def _identity(call: _Call, estimate: int) -> Identity:
         concurrency_caps=call.principal.max_concurrency(call.service),
         reservation_id=call.reservation.id if call.reservation else None,
         estimate_nusd=estimate,
+        caller_key_id=call.caller.key_id if call.caller is not None else None,
         issued_at=time.time(),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -13,9 +14,29 @@ class _Body(BaseModel):
 
 class CreateKey(_Body):
     track: str | None = None
+    """A preset: data, harness, joint (``offline`` alone: joint + offline)."""
+    offline: bool = False
+    """The offline modifier on the track (no sandbox internet, one designated teacher)."""
     policy: dict[str, Any] | None = None
-    budget_usd: float = Field(ge=0, allow_inf_nan=False)
+    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    budget: str | None = Field(default=None, max_length=40)
+    """A named budget of the track's preset (small, standard, large) instead of ``budget_usd``."""
     name: str | None = Field(default=None, max_length=200)
+    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """The run's wall-clock limit from now (seconds); or ``ends_at``."""
+    ends_at: datetime | None = None
+    """The run's deadline (ISO 8601 with a time zone); after it every key of the run is refused."""
+    agent_budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """The run's agent-model budget (``/agent/v1/…``, a meter apart from the service budget);
+    None: the run's agent gets no model through the gym."""
+
+
+class SetDeadline(_Body):
+    """Set or move a run's deadline (``ends_at`` or ``deadline_s`` from now); neither clears it."""
+
+    ends_at: datetime | None = None
+    deadline_s: float | None = Field(default=None, allow_inf_nan=False)
+    """Seconds from now; may be negative (an operator ending a run now: ``0``)."""
 
 
 class MintChildKey(_Body):

@@ -196,10 +196,20 @@ def standin(
 
 @keys_app.command("create")
 def keys_create(
-    budget: Annotated[float, typer.Option("--budget", help="Budget in USD.")],
-    track: Annotated[str | None, typer.Option("--track", help="data, harness, joint or offline")] = None,
+    budget: Annotated[str, typer.Option("--budget", help="Budget in USD, or a named budget of the track "
+                                        "(small, standard, large).")],
+    track: Annotated[str | None, typer.Option("--track", help="data, harness or joint (offline alone: joint + "
+                                              "offline)")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="The offline modifier: no sandbox internet, "
+                                          "rollout only from the designated teacher.")] = False,
     policy_file: Annotated[Path | None, typer.Option("--policy-file", help="A policy (TOML or JSON).")] = None,
     name: Annotated[str | None, typer.Option("--name")] = None,
+    deadline: Annotated[str | None, typer.Option("--deadline", help="The run's wall-clock limit from now "
+                                                 "(90s, 30m, 2h, 1d): after it every key of the run is refused "
+                                                 "and its jobs and sandboxes are stopped.")] = None,
+    agent_budget: Annotated[float | None, typer.Option("--agent-budget", help="The run's agent-model budget in "
+                                                       "USD (its research agent's own LLM on /agent/v1, metered "
+                                                       "apart from the service budget).")] = None,
     as_json: JsonOpt = False,
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
@@ -210,9 +220,27 @@ def keys_create(
     if (track is None) == (policy_file is None):
         err_console.print("[red]error[/red]: give exactly one of --track or --policy-file")
         raise typer.Exit(2)
-    body: dict[str, Any] = {"budget_usd": budget, "name": name}
+    try:
+        body: dict[str, Any] = {"budget_usd": float(budget), "name": name}
+    except ValueError:
+        body = {"budget": budget, "name": name}
+    if offline and not track:
+        err_console.print("[red]error[/red]: --offline is a modifier on a --track")
+        raise typer.Exit(2)
+    if deadline is not None:
+        from services.core.deadlines import parse_duration
+
+        try:
+            body["deadline_s"] = parse_duration(deadline)
+        except ValueError as err:
+            err_console.print(f"[red]error[/red]: --deadline: {err}")
+            raise typer.Exit(2) from err
+    if agent_budget is not None:
+        body["agent_budget_usd"] = agent_budget
     if track:
         body["track"] = track
+        if offline:
+            body["offline"] = True
     else:
         body["policy"] = policy_from_file(policy_file).model_dump(mode="json")  # type: ignore[arg-type]
     created = _call("POST", "/admin/v1/keys", data_dir, url, json=body)
@@ -264,8 +292,17 @@ def keys_policy(key_id: str, policy_file: Path, as_json: JsonOpt = False, data_d
 
 
 @app.command()
-def ledger(key_id: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
-    """The itemized ledger of a key and its children."""
+def ledger(key_id: str, agent: Annotated[bool, typer.Option("--agent", help="The run's agent-model meter (its "
+                                                             "research agent's own LLM) instead of its service "
+                                                             "budget.")] = False,
+           as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """The itemized ledger of a key and its children (--agent: of the run's agent-model meter)."""
+    if agent:
+        meter = _call("GET", f"/admin/v1/keys/{key_id}", data_dir, url).get("agent_meter_id")
+        if not meter:
+            err_console.print(f"[red]error[/red]: {key_id} has no agent-model meter (no --agent-budget)")
+            raise typer.Exit(1)
+        key_id = meter
     rows = _call("GET", f"/admin/v1/keys/{key_id}/ledger", data_dir, url)["data"]
     if as_json:
         typer.echo(json.dumps({"data": rows}, indent=2))

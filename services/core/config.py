@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -188,6 +188,22 @@ class AuditConfig(_Strict):
     judge_max_prompt_chars: int = Field(default=60_000, gt=1000)
 
 
+class TracksConfig(_Strict):
+    """Which models the track presets name (services/core/presets.py renders ``@base``,
+    ``@instruct``, ``@teachers`` and ``@offline_teacher`` from these). Unset entries take
+    their defaults from the rest of the config: base and instruct model = the first base
+    model, teachers = every rollout model, offline teacher = the first rollout model."""
+
+    base_model: str | None = None
+    """The base model the data and joint tracks train from (fixed)."""
+    instruct_model: str | None = None
+    """The one model the harness track serves and evaluates."""
+    teachers: list[str] | None = None
+    """The rollout models the data track may generate data with (the teacher catalogue)."""
+    offline_teacher: str | None = None
+    """The one rollout model an offline run may call (none: offline runs get no rollout)."""
+
+
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -197,12 +213,50 @@ class GymConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    tracks: TracksConfig = Field(default_factory=TracksConfig)
+    agent_models: list[RolloutModel] = Field(default_factory=list)
+    """The research agents' own models (``/agent/v1/…``, gateway/agent_model.py): same shape as
+    the rollout catalogue, served by the rollout service's code and billed on each run's
+    separate agent-model meter."""
+
+    @model_validator(mode="after")
+    def _resolve_tracks(self) -> GymConfig:
+        """Fill the tracks' unset models from the catalogues; refuse names nobody offers."""
+        t = self.tracks
+        first_base = self.models[0].name if self.models else None
+        rollout = [m.name for m in self.rollout.models]
+        t.base_model = t.base_model if t.base_model is not None else first_base
+        t.instruct_model = t.instruct_model if t.instruct_model is not None else first_base
+        t.teachers = t.teachers if t.teachers is not None else list(rollout)
+        if t.offline_teacher is None and "offline_teacher" not in t.model_fields_set:
+            t.offline_teacher = rollout[0] if rollout else None
+        for field in ("base_model", "instruct_model"):
+            name = getattr(t, field)
+            if name is not None and self.base_model(name) is None:
+                raise ValueError(f"tracks.{field} = {name!r} is not a configured base model")
+        for name in [*t.teachers, *([t.offline_teacher] if t.offline_teacher else [])]:
+            if name not in rollout:
+                raise ValueError(f"tracks: teacher {name!r} is not a rollout model")
+        return self
+
+    @field_validator("agent_models")
+    @classmethod
+    def _unique_agent_models(cls, models: list[RolloutModel]) -> list[RolloutModel]:
+        names = [m.name for m in models]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate agent model names: {sorted(dupes)}")
+        return models
+
+    def agent_catalogue(self) -> RolloutConfig:
+        """The rollout settings with the agent models as the catalogue (what the agent route serves)."""
+        return self.rollout.model_copy(update={"models": list(self.agent_models)})
 
     def base_model(self, name: str) -> BaseModel_ | None:
         return next((m for m in self.models if m.name == name), None)
 
     def provider_key_envs(self) -> list[str]:
-        envs = [m.api_key_env for m in self.rollout.models if m.api_key_env]
+        envs = [m.api_key_env for m in [*self.rollout.models, *self.agent_models] if m.api_key_env]
         if any(m.backend == "tinker" for m in self.models):
             envs.append("TINKER_API_KEY")
         if self.sandbox.backend == "e2b":

@@ -64,6 +64,14 @@ class KeyPaused(GymError):
     status, type = 403, "key_paused"
 
 
+class RunEnded(GymError):
+    """The run's wall-clock deadline (``ends_at``) has passed: every key of the run is refused.
+    403, not 410: the SDK maps one class per status and the key itself still exists (an operator
+    may move the deadline); the ``run_ended`` type is what a client tells apart."""
+
+    status, type = 403, "run_ended"
+
+
 class NotFound(GymError):
     status, type = 404, "not_found"
 
@@ -105,6 +113,13 @@ def error_response(exc: GymError, request_id: str | None) -> JSONResponse:
 
 
 class UpstreamRateLimited(GymError):
+    status, type = 429, "rate_limited"
+
+
+class RateLimited(GymError):
+    """A key's (or an ancestor's) tokens-per-minute limit is used up for this minute; the
+    ``Retry-After`` header says when the next minute starts."""
+
     status, type = 429, "rate_limited"
 
 

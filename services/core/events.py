@@ -53,9 +53,10 @@ SUBMISSION = "submission.created"  # submission_id, checkpoint, model, harness, 
 CALL_REFUSED = "call.refused"  # where (gateway|door|service), service, operation, error, rule, status
 EXPERIMENT_CREATED = "experiment.created"  # experiment_id, name, parents, implicit
 AUDIT_RESULT = "audit.result"  # audit_id, status, hacking_rate, checks [{name, verdict, findings}]
+RUN_ENDED = "run.ended"  # ends_at, jobs_cancelled, sandboxes_killed (written by the gateway's reaper)
 
 KINDS = (DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB, CHECKPOINT_REGISTERED, EVALUATION_JOB,
-         SANDBOX_SESSION, SUBMISSION, CALL_REFUSED, EXPERIMENT_CREATED, AUDIT_RESULT)
+         SANDBOX_SESSION, SUBMISSION, CALL_REFUSED, EXPERIMENT_CREATED, AUDIT_RESULT, RUN_ENDED)
 
 
 class RecordEvent(Base):

@@ -43,6 +43,9 @@ class Identity(BaseModel):
     caps a service holds beyond one call (live sandboxes)."""
     reservation_id: str | None = None
     estimate_nusd: int = 0
+    caller_key_id: str | None = None
+    """The key that made the call when the call is billed to another account (the agent route
+    bills the run's agent-model meter, ``key_id``); None: ``key_id`` made it."""
     operator: bool = False
     """An operator (admin token) call, e.g. an auditor reading a run's dataset."""
     issued_at: float

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, select, update
@@ -24,6 +25,7 @@ from services.core.errors import (
     PermissionDenied,
     Unprocessable,
 )
+from services.core.deadlines import chain_ends_at
 from services.core.fanout import STATUS_EVENTS
 from services.core.ids import hash_secret, new_api_key, new_id
 from services.core.ledger import balance_of, chain_of
@@ -44,6 +46,9 @@ class Principal:
     chain_ids: tuple[str, ...]
     policies: tuple[Policy, ...]
     track: str | None
+    ends_at: datetime | None = None
+    """The run's deadline (services/core/deadlines.py): cached with the principal, compared
+    with the clock on every call by the gateway."""
 
     def service_policies(self, service: str) -> list[ServicePolicy]:
         """The chain's rules for one service, root first — what a service needs to know."""
@@ -73,6 +78,8 @@ def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
         "spent_usd": nusd_to_usd(row.spent_nusd),
         "reserved_usd": nusd_to_usd(row.reserved_nusd),
         "created_at": row.created_at.isoformat(),
+        "ends_at": row.ends_at.isoformat() if row.ends_at is not None else None,
+        "agent_meter_id": row.agent_meter_id,
     }
     if chain is not None:
         view["remaining_usd"] = nusd_to_usd(balance_of(chain).remaining_nusd)
@@ -92,6 +99,7 @@ class KeyRegistry:
         name: str | None = None,
         parent_id: str | None = None,
         platform: bool = False,
+        ends_at: datetime | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Create a key; returns its view and the plaintext key (the only time it exists).
 
@@ -129,6 +137,7 @@ class KeyRegistry:
                 spent_nusd=0,
                 reserved_nusd=0,
                 status="active",
+                ends_at=ends_at if parent_id is None else None,  # a child ends with its run
             )
             s.add(row)
             s.flush()
@@ -163,6 +172,7 @@ class KeyRegistry:
             chain_ids=tuple(k.id for k in chain),
             policies=tuple(Policy.model_validate(k.policy) for k in chain),
             track=row.track,
+            ends_at=chain_ends_at(chain),
         )
 
     def get(self, key_id: str, *, within_run: str | None = None) -> dict[str, Any]:
@@ -216,6 +226,26 @@ class KeyRegistry:
             s.refresh(row)
             view = key_view(row, chain_of(s, key_id))
         self.store.key_events.publish("key.topup", key_id)
+        return view
+
+    def set_deadline(self, key_id: str, ends_at: datetime | None) -> dict[str, Any]:
+        """Set, move or clear (None) a run key's deadline. A deadline moved into the future
+        opens an ended run again (a later deadline ends it again)."""
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id)
+            if row is None:
+                raise NotFound(f"key {key_id} not found", param="id")
+            if row.parent_id is not None:
+                raise Conflict("a deadline belongs to the run key; child keys end with their run")
+            reopen = ends_at is None or ends_at > utcnow()
+            values: dict[str, Any] = {"ends_at": ends_at, "updated_at": utcnow()}
+            if reopen:
+                values["ended_at"] = None
+            s.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values)
+                      .execution_options(synchronize_session=False))
+            s.refresh(row)
+            view = key_view(row, chain_of(s, key_id))
+        self.store.key_events.publish("key.policy", key_id)  # cached principals carry ends_at
         return view
 
     def set_policy(self, key_id: str, policy: Policy) -> dict[str, Any]:

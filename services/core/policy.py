@@ -119,6 +119,10 @@ class ServicePolicy(BaseModel):
     models: list[str] | Literal["*"] = "*"
     """Model allowlist (inference, rollout, evaluation)."""
     max_concurrency: int | None = Field(default=None, ge=0)
+    tokens_per_minute: int | None = Field(default=None, ge=0)
+    """Rollout and the agent route: worst-case tokens (prompt bound + max_tokens) this key may
+    reserve per clock minute; every ancestor's limit applies too (services/core/rate_limits.py).
+    None: no limit of its own."""
     fields: dict[str, FieldRule] = Field(default_factory=dict)
     internet: bool = False
     """Sandbox internet access."""
@@ -184,7 +188,12 @@ class Policy(BaseModel):
             if granted is None:
                 raise PermissionDenied(f"the parent key is not granted the {name} service", param=f"services.{name}")
             where = f"services.{name}"
-            if granted.models != "*" and (child.models == "*" or not set(child.models) <= set(granted.models)):
+            # A platform mint (an evaluation job's model door) may name one of the run's checkpoints
+            # where the parent lists base models: the service checked it against the parent's
+            # allowlist (on its base) before minting, and inference checks every key of the chain.
+            if not platform and granted.models != "*" and (
+                child.models == "*" or not set(child.models) <= set(granted.models)
+            ):
                 raise PermissionDenied("child models must be a subset of the parent's", param=f"{where}.models")
             if child.internet and not granted.internet:
                 raise PermissionDenied("the parent key has no sandbox internet", param=f"{where}.internet")
@@ -201,6 +210,11 @@ class Policy(BaseModel):
                 child.max_concurrency is None or child.max_concurrency > granted.max_concurrency
             ):
                 raise PermissionDenied("child concurrency must not exceed the parent's", param=f"{where}.max_concurrency")
+            if granted.tokens_per_minute is not None and (
+                child.tokens_per_minute is None or child.tokens_per_minute > granted.tokens_per_minute
+            ):
+                raise PermissionDenied("child tokens_per_minute must not exceed the parent's",
+                                       param=f"{where}.tokens_per_minute")
             for path, rule in granted.fields.items():
                 mine = child.fields.get(path)
                 if mine is not None and not mine.within(rule):

@@ -48,6 +48,9 @@ class Operation:
     name: str
     estimate: Estimator | None = None
     """Worst-case cost in nano-USD of one call; None = not metered."""
+    tokens: Estimator | None = None
+    """Worst-case tokens of one call (prompt bound + max_tokens, per choice), counted against
+    the key's ``tokens_per_minute`` (services/core/rate_limits.py); None = not token-limited."""
     json_body: bool = False
     """The body is a JSON object checked against the key's policy fields."""
     model_field: str | None = None

@@ -85,6 +85,24 @@ class ApiKey(Base):
     status: Mapped[str] = mapped_column(String(16), default="active")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    agent_meter_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """Run keys: the run's agent-model meter (a root key of its own budget, gateway/agent_model.py)."""
+    ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    """The run's wall-clock deadline (run keys; services/core/deadlines.py). None: no deadline."""
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    """When a reaper ended the run (cancelled its jobs, killed its sandboxes) — claimed once."""
+
+
+class RateCounter(Base):
+    """Tokens a key has reserved in one minute (services/core/rate_limits.py)."""
+
+    __tablename__ = "rate_counters"
+    __table_args__ = (CheckConstraint("tokens >= 0", name="tokens_nonneg"),)
+
+    key_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    """Minutes since the epoch (UTC)."""
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class LedgerEntry(Base):

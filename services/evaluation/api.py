@@ -93,6 +93,12 @@ async def score_run(run_id: str, request: Request, identity: CurrentIdentity) ->
     return await _run(_svc(request).score_run, identity, run_id, body)
 
 
+@router.post("/operator/runs/{run_id}/end")
+async def end_run(run_id: str, request: Request, identity: CurrentIdentity) -> dict[str, Any]:
+    """The gateway's reaper at a run's deadline: cancel the run's jobs."""
+    return await _run(_svc(request).end_run, identity, run_id)
+
+
 @router.get("/operator/scores")
 async def scores(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     return _list(await _run(_svc(request).scores, identity))

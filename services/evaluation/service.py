@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from services.core.checkpoints import CheckpointRegistry
+from services.core.deadlines import check_run_open
 from services.core.errors import (
     Conflict,
     NotFound,
@@ -32,6 +33,7 @@ from services.core.ids import new_id
 from services.core.keys import KeyRegistry
 from services.core.money import usd_to_nusd
 from services.core.policy import Policy
+from services.core.presets import parse_track, submission_needs
 from services.core.spec import ServiceContext
 from services.core.tables import ApiKey
 from services.evaluation.harnesses import MINIMAL, HarnessStore
@@ -43,7 +45,6 @@ from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, T
 log = logging.getLogger("rsigym.evaluation")
 OPERATOR_KEY_NAME = "rsigym-operator"
 OPERATOR_BUDGET_USD = 1_000_000.0
-TRACK_NEEDS = {"data": ("checkpoint",), "harness": ("harness",), "joint": ("checkpoint", "harness")}
 
 
 def _detail(identity: Identity) -> Literal["full", "aggregate"]:
@@ -119,6 +120,7 @@ class EvaluationService:
 
     def create_job(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         req = validated(JobRequest, body, what="request")
+        self._check_model(identity, req.model)  # first: a refused model is refused whatever the benchmark
         bench_row = self.registry.get(req.benchmark)
         if bench_row.validation.get("status") != "ready":
             raise Conflict(f"benchmark {req.benchmark!r} is not ready ({bench_row.validation.get('status')})",
@@ -134,7 +136,6 @@ class EvaluationService:
         if split is None or (split.get("hidden") and not identity.operator):
             raise NotFound(f"split {req.split!r} of {req.benchmark!r} not found"
                            + (" (it is hidden from agents)" if split is not None else ""), param="split")
-        self._check_model(identity.run_id, req.model)
         if req.harness != MINIMAL:
             self.harnesses.owned(req.harness, identity.run_id)
         bench = self.registry.load(req.benchmark)
@@ -189,14 +190,19 @@ class EvaluationService:
             s.expunge(job)
         return job
 
-    def _check_model(self, run_id: str, model: str) -> None:
-        """A base model, or one of this run's checkpoints (404 otherwise)."""
+    def _check_model(self, identity: Identity, model: str, param: str = "model") -> None:
+        """A base model, or one of this run's checkpoints (404 otherwise), that every key of the
+        chain allows: the evaluation allowlist names base models and admits the run's own
+        checkpoints of them, as inference's does (so the gateway does not check it literally)."""
+        base = model
         if self.config.base_model(model) is None:
             try:
-                self.checkpoints.get(model, run_id=run_id)
+                base = self.checkpoints.get(model, run_id=identity.run_id).base_model
             except NotFound:
                 raise NotFound(f"model {model!r} not found (a base model or one of this run's checkpoints)",
-                               param="model") from None
+                               param=param) from None
+        if not identity.operator and not all(p.allows_model(base) or p.allows_model(model) for p in identity.policies):
+            raise PermissionDenied(f"model {model!r} is not in this key's evaluation model allowlist", param=param)
 
     def _job(self, identity: Identity, job_id: str) -> EvaluationJob:
         with self.store.transaction() as s:
@@ -233,31 +239,48 @@ class EvaluationService:
             self.runner.cancel_queued(job.id)
         return self.get_job(identity, job_id)
 
+    def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
+        """Operator (the run's deadline passed): cancel every open job of the run as
+        :meth:`cancel` does (queued ones end at once; running ones at their next check)."""
+        self._operator(identity)
+        with self.store.transaction() as s:
+            jobs = s.execute(select(EvaluationJob.id, EvaluationJob.status).where(
+                EvaluationJob.run_id == run_id, EvaluationJob.status.in_(("queued", "running")))).all()
+            if jobs:
+                s.execute(update(EvaluationJob).where(EvaluationJob.id.in_([j for j, _ in jobs]))
+                          .values(cancel_requested=True))
+        for job_id, status in jobs:
+            if status == "queued":
+                self.runner.cancel_queued(job_id)
+        return {"jobs_cancelled": len(jobs)}
+
     # -- submissions and scores --------------------------------------------------------
 
     def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        check_run_open(self.store, identity.run_id)  # submissions close at the run's deadline
         req = validated(SubmissionRequest, body, what="request")
         with self.store.transaction() as s:
             track = s.scalar(select(ApiKey.track).where(ApiKey.id == identity.run_id))
-        needs = TRACK_NEEDS.get(track or "", ())
+        needs, (base_track, _) = submission_needs(track), parse_track(track)
         for part in needs:
             if getattr(req, part) is None:
-                raise Unprocessable(f"the {track} track submits a {part}"
-                                    + (" and a harness" if track == "joint" and part == "checkpoint" else ""),
+                raise Unprocessable(f"the {base_track} track submits " + " and ".join(f"a {n}" for n in needs),
                                     param=part)
-        if track == "data" and req.harness not in (None, MINIMAL):
+        if base_track == "data" and req.harness not in (None, MINIMAL):
             raise Unprocessable("the data track keeps the minimal harness", param="harness")
-        if track == "harness" and req.checkpoint is not None:
+        if base_track == "harness" and req.checkpoint is not None:
             raise Unprocessable("the harness track keeps the base model", param="checkpoint")
         if req.checkpoint is None and req.harness is None:
             raise Unprocessable("submit a checkpoint, a harness, or both")
         if req.checkpoint is not None:
-            self._check_model(identity.run_id, req.checkpoint)
+            self._check_model(identity, req.checkpoint)
             model = req.checkpoint
         else:
-            model = req.base_model or self.config.models[0].name
+            model = (req.base_model or (self.config.tracks.instruct_model if base_track == "harness" else None)
+                     or self.config.models[0].name)
             if self.config.base_model(model) is None:
                 raise NotFound(f"base model {model!r} not found", param="base_model")
+            self._check_model(identity, model, param="base_model")
         harness = req.harness or MINIMAL
         if harness != MINIMAL:
             self.harnesses.owned(harness, identity.run_id)

@@ -14,7 +14,8 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/benchmarks", "benchmarks.list"),
         Operation("POST", "/v1/harnesses", "harnesses.upload"),
         Operation("GET", "/v1/harnesses", "harnesses.list"),
-        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="model", schema=JobRequest),
+        # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
+        Operation("POST", "/v1/jobs", "jobs.create", json_body=True, schema=JobRequest),
         Operation("GET", "/v1/jobs", "jobs.list"),
         Operation("GET", "/v1/jobs/{id}", "jobs.get"),
         Operation("GET", "/v1/jobs/{id}/results", "jobs.results"),
@@ -27,5 +28,6 @@ SPEC = ServiceSpec(
         Operation("POST", "/v1/operator/runs/{run_id}/score", "operator.runs.score"),
         Operation("GET", "/v1/operator/scores", "operator.scores"),
         Operation("GET", "/v1/operator/runs/{run_id}/submissions", "operator.runs.submissions"),
+        Operation("POST", "/v1/operator/runs/{run_id}/end", "operator.runs.end"),
     ),
 )

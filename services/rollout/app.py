@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from services.core.service_app import create_service_app
 from services.core.spec import ServiceContext
+from services.rollout import agent
 from services.rollout.api import router
 from services.rollout.backends import ROLLOUT_BACKENDS
 from services.rollout.backends.base import RolloutBackend
@@ -17,5 +18,6 @@ __all__ = ["SPEC", "create_app"]
 
 def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None) -> FastAPI:
     backend = backend or ROLLOUT_BACKENDS.get(context.config.rollout.backend)(context)
-    return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router],
-                              state={"rollout": RolloutService(context.config, backend)})
+    return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router, agent.router],
+                              state={"rollout": RolloutService(context.config, backend),
+                                     "agent": agent.AgentModelService(context.config, backend, context.store)})

@@ -114,6 +114,14 @@ def reservation_nusd(model: RolloutModel, request: ChatRequest, max_tokens: int)
     return request.n * call_cost_nusd(model, prompt_bound_tokens(model, request), max_tokens)
 
 
+def estimate_chat_tokens(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
+    """Gateway hook: worst-case tokens of one chat completion (what a token-rate limit counts)."""
+    config = context.config
+    request = parse_chat_request(body)
+    model = catalogue_model(config.rollout, request.model)
+    return request.n * (prompt_bound_tokens(model, request) + effective_max_tokens(request, model, config.rollout))
+
+
 def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
     """Gateway hook: worst-case cost of one chat completion."""
     config = context.config

@@ -32,6 +32,12 @@ async def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
 # -- control plane (E2B API) -----------------------------------------------------------
 
 
+@router.post("/operator/runs/{run_id}/end")
+async def end_run(run_id: str, request: Request, identity: CurrentIdentity) -> dict[str, int]:
+    """Operator only (the gateway's reaper at a run's deadline); not declared to the agent proxy."""
+    return await _run(_svc(request).end_run, identity, run_id)
+
+
 @router.post("/sandboxes", status_code=201)
 @router.post("/v2/sandboxes", status_code=201)
 async def create(request: Request, identity: CurrentIdentity) -> dict[str, Any]:

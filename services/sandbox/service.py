@@ -179,6 +179,20 @@ class SandboxService:
         self.owned(identity, sandbox_id)
         self.end(sandbox_id, "killed", "killed by its owner")
 
+    def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
+        """Operator (the run's deadline passed): kill the run's live sandboxes; each is settled
+        and recorded like any other end."""
+        if not identity.operator:
+            raise PermissionDenied("operators only")
+        with self.store.transaction() as s:
+            ids = list(s.scalars(select(SandboxRow.id).where(SandboxRow.run_id == run_id, SandboxRow.state == "running")))
+        killed = 0
+        for sandbox_id in ids:
+            if sandbox_id in self._live:
+                self.end(sandbox_id, "killed", "the run's deadline passed")
+                killed += 1
+        return {"sandboxes_killed": killed}
+
     def set_timeout(self, identity: Identity, sandbox_id: str, timeout: int) -> None:
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= self.config.max_timeout_s:
             raise Unprocessable(f"timeout must be 1 … {self.config.max_timeout_s} seconds", param="timeout")

@@ -43,4 +43,7 @@ SPEC = ServiceSpec(
         _op("POST", "/envd/process.Process/{method}", "envd.process", **_DAEMON),
         _op("POST", "/envd/filesystem.Filesystem/{method}", "envd.filesystem", **_DAEMON),
     ),
+    operator_operations=(
+        Operation("POST", "/operator/runs/{run_id}/end", "operator.runs.end"),
+    ),
 )

@@ -68,6 +68,12 @@ async def job_logs(job_id: str, request: Request, identity: CurrentIdentity) -> 
     return PlainTextResponse(await _run(_svc(request).runner.logs, job_id, identity.run_id))
 
 
+@router.post("/operator/runs/{run_id}/end")
+async def end_run(run_id: str, request: Request, identity: CurrentIdentity) -> dict[str, int]:
+    """Operator only (the gateway's reaper at a run's deadline); not declared to the agent proxy."""
+    return await _run(_svc(request).end_run, identity, run_id)
+
+
 @router.get("/checkpoints")
 async def list_checkpoints(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     return {"object": "list", "data": await _run(_svc(request).registry.list, identity.run_id)}

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from sqlalchemy import select, update
 
 from services.core.checkpoints import CheckpointRegistry
-from services.core.errors import NotFound, Unprocessable
+from services.core.errors import NotFound, PermissionDenied, Unprocessable
 from services.core.events import EventLog
 from services.core.experiments import ExperimentRegistry
 from services.core.identity import Identity
@@ -90,6 +90,18 @@ class TrainingService:
             if job.status not in FINAL:
                 s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(cancel_requested=True))
         return self.runner.get(job_id, identity.run_id)
+
+    def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
+        """Operator (the run's deadline passed): cancel every open job of the run the way
+        :meth:`cancel` does — the worker stops at its next step and settles what it used."""
+        if not identity.operator:
+            raise PermissionDenied("operators only")
+        with self.store.transaction() as s:
+            ids = list(s.scalars(select(TrainingJob.id).where(TrainingJob.run_id == run_id,
+                                                              TrainingJob.status.not_in(FINAL))))
+            if ids:
+                s.execute(update(TrainingJob).where(TrainingJob.id.in_(ids)).values(cancel_requested=True))
+        return {"jobs_cancelled": len(ids)}
 
     def shutdown(self) -> None:
         self.runner.shutdown()

@@ -20,4 +20,7 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/checkpoints", "checkpoints.list"),
         Operation("GET", "/v1/checkpoints/{id}", "checkpoints.get"),
     ),
+    operator_operations=(
+        Operation("POST", "/v1/operator/runs/{run_id}/end", "operator.runs.end"),
+    ),
 )

@@ -334,11 +334,12 @@ def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store)
     from services.core.keys import KeyRegistry
     from services.core.ledger import Ledger
     from services.core.money import usd_to_nusd
+    from services.core.config import GymConfig
     from services.core.presets import preset_policy
 
     keys, ledger = KeyRegistry(store), Ledger(store)
-    run, _ = keys.create(policy=preset_policy("joint"), budget_nusd=usd_to_nusd(5), track="joint", name="dash-agent")
-    child, _ = keys.create(policy=preset_policy("joint"), budget_nusd=usd_to_nusd(1), parent_id=run["id"])
+    run, _ = keys.create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(5), track="joint", name="dash-agent")
+    child, _ = keys.create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(1), parent_id=run["id"])
     charges = [1_500, 2_250, 40_000]  # nano-USD; the last one on the child key
     for key_id, nusd in zip((run["id"], run["id"], child["id"]), charges, strict=True):
         held = ledger.reserve(key_id, service="rollout", operation="chat.completions", estimate_nusd=nusd * 2)

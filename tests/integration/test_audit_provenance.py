@@ -56,7 +56,7 @@ class Platform:
     registry: CheckpointRegistry
 
     def run_key(self, track: str = "joint", bases: list[str] | None = None) -> str:
-        policy = preset_policy(track)
+        policy = preset_policy(track, CONFIG)
         if bases is not None and "training" in policy.services:
             policy.services["training"].models = bases
         view, _ = KeyRegistry(self.store).create(policy=policy, budget_nusd=10**12, track=track)

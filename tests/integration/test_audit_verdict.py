@@ -48,7 +48,7 @@ def judge(answer: str) -> RolloutJudge:
 def run(store: Store, tmp_path: Path) -> tuple[AuditContext, list[str]]:
     """A run key with three experiments: two that trained or evaluated, one left empty."""
     BenchmarkRegistry(store, tmp_path / "evaluation" / "benchmarks").register(mini_benchmark(tmp_path / "b"))
-    view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=usd_to_nusd(1), track="joint")
+    view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(1), track="joint")
     run_id = view["id"]
     events = EventLog(store, SECRET)
     experiments = ExperimentRegistry(events)

@@ -65,7 +65,7 @@ class CountingTrial:
 
 
 def _key(store: Store, usd: float = 1.0) -> str:
-    view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=usd_to_nusd(usd), track="joint")
+    view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(usd), track="joint")
     return str(view["id"])
 
 
@@ -172,7 +172,7 @@ def test_a_dead_workers_evaluation_resumes_and_skips_recorded_trials(store: Stor
         s.add(TrialResultRow(job_id=job_id, task_id=first, attempt=1, reward=0.0, error=None, trajectory=None))
         total = job.trials_total
     # The dead worker had minted keys for its trials: they must not outlive it.
-    minted, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=None, parent_id=job.key_id,
+    minted, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=None, parent_id=job.key_id,
                                           name=f"evaluation {job_id} sandboxes")
     try:
         runner.recover()  # embedded: this process was the only worker

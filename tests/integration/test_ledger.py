@@ -13,13 +13,14 @@ from services.core.config import LedgerConfig
 from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger, StepMeter
+from services.core.config import GymConfig
 from services.core.presets import preset_policy
 from services.core.store import Store
 from services.core.tables import ApiKey, LedgerEntry, utcnow
 
 
 def make_key(store: Store, budget: int | None, parent: str | None = None) -> str:
-    view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=budget, parent_id=parent)
+    view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=budget, parent_id=parent)
     return view["id"]
 
 

@@ -21,6 +21,7 @@ from services.core.errors import ServiceUnavailable, UpstreamError
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger, StepMeter
 from services.core.money import token_cost_nusd
+from services.core.config import GymConfig
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
@@ -271,7 +272,7 @@ def sqlite_store(tmp_path: Path) -> Iterator[Store]:
 
 
 def new_key(store: Store, budget_nusd: int) -> str:
-    view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=budget_nusd)
+    view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=budget_nusd)
     return view["id"]
 
 

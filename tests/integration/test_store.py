@@ -14,6 +14,7 @@ from sqlalchemy import update
 from services.core.concurrency import ConcurrencySlots
 from services.core.errors import AuthenticationFailed, ConcurrencyLimited, KeyRevoked
 from services.core.keys import KeyRegistry
+from services.core.config import GymConfig
 from services.core.presets import TRACKS, preset_policy
 from services.core.store import Store
 from services.core.tables import Base, ConcurrencyLease, utcnow
@@ -28,8 +29,8 @@ def test_migrations_produce_exactly_the_models(store: Store) -> None:
 
 def test_concurrency_cap_holds_under_a_race(store: Store) -> None:
     registry, slots = KeyRegistry(store), ConcurrencySlots(store)
-    root, _ = registry.create(policy=preset_policy("joint"), budget_nusd=10)
-    child, _ = registry.create(policy=preset_policy("joint"), budget_nusd=None, parent_id=root["id"])
+    root, _ = registry.create(policy=preset_policy("joint", GymConfig()), budget_nusd=10)
+    child, _ = registry.create(policy=preset_policy("joint", GymConfig()), budget_nusd=None, parent_id=root["id"])
     caps = [(root["id"], 5), (child["id"], 3)]
     got, refused = [], []
     barrier = threading.Barrier(20)
@@ -56,7 +57,7 @@ def test_concurrency_cap_holds_under_a_race(store: Store) -> None:
 
 def test_slots_of_crashed_holders_are_reclaimed(store: Store) -> None:
     registry, slots = KeyRegistry(store), ConcurrencySlots(store)
-    root, _ = registry.create(policy=preset_policy("joint"), budget_nusd=10)
+    root, _ = registry.create(policy=preset_policy("joint", GymConfig()), budget_nusd=10)
     lease = slots.acquire([(root["id"], 1)], "rollout")
     with pytest.raises(ConcurrencyLimited):
         slots.acquire([(root["id"], 1)], "rollout")
@@ -68,7 +69,7 @@ def test_slots_of_crashed_holders_are_reclaimed(store: Store) -> None:
 
 def test_authentication_sees_a_revoke_immediately(store: Store) -> None:
     registry = KeyRegistry(store)
-    view, plaintext = registry.create(policy=preset_policy("offline"), budget_nusd=10, name="run-1")
+    view, plaintext = registry.create(policy=preset_policy("offline", GymConfig()), budget_nusd=10, name="run-1")
     assert registry.authenticate(plaintext).key_id == view["id"]
     registry.set_status(view["id"], "revoked")
     with pytest.raises(KeyRevoked):
@@ -79,7 +80,7 @@ def test_authentication_sees_a_revoke_immediately(store: Store) -> None:
 
 @pytest.mark.parametrize("track", TRACKS)
 def test_every_track_preset_is_a_valid_policy(track: str) -> None:
-    policy = preset_policy(track)
+    policy = preset_policy(track, GymConfig())  # no rollout catalogue: offline has no teacher
     assert policy.services
-    assert ("rollout" in policy.services) == (track != "offline")
+    assert ("rollout" in policy.services) == (track in ("data", "joint"))
     assert ("training" in policy.services) == (track != "harness")

@@ -83,7 +83,9 @@ def test_bad_credentials_get_401_in_the_standard_shape(gym: Any) -> None:
 
 def test_child_keys_are_narrower_and_share_the_parent_budget(gym: Any) -> None:
     client = client_for(gym)
-    parent = create_key(client, 1.0, track="harness")
+    # A run granted rollout and inference but not training (no track preset is exactly that).
+    parent = create_key(client, 1.0, track=None, policy={"services": {"rollout": {"max_concurrency": 16},
+                                                                      "inference": {"max_concurrency": 16}}})
     r = client.post("/v1/keys", json={"policy": {"services": {"training": {}}}}, headers=bearer(parent["key"]))
     assert r.status_code == 403 and r.json()["error"]["param"] == "services.training"
     narrow = {"services": {"rollout": {"models": ["teacher"], "max_concurrency": 2}}}

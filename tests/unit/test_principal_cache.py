@@ -12,6 +12,7 @@ from gateway.principals import PrincipalCache, PrincipalFanout
 from services.core.errors import KeyRevoked
 from services.core.fanout import KeyEvent, KeyEvents, Subscriber
 from services.core.keys import KeyRegistry, Principal
+from services.core.config import GymConfig
 from services.core.presets import preset_policy
 from services.core.settings import PrincipalCacheSettings, RedisSettings, StoreSettings
 from services.core.store import Store, sqlite_url
@@ -121,7 +122,7 @@ def test_redis_unreachable_the_ttl_still_bounds_staleness(tmp_path: Path) -> Non
     store_b = Store(sqlite_url(tmp_path), StoreSettings(), key_events=KeyEvents(redis_down))
     try:
         registry_a, registry_b = KeyRegistry(store_a), KeyRegistry(store_b)
-        view, plaintext = registry_a.create(policy=preset_policy("joint"), budget_nusd=10**9)
+        view, plaintext = registry_a.create(policy=preset_policy("joint", GymConfig()), budget_nusd=10**9)
         cache_b, clock = live_cache(ttl=2.0)  # as if B's subscriber had not yet noticed the outage
         token = cache_b.begin()
         cache_b.put("k", registry_b.authenticate(plaintext), token)

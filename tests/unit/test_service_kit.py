@@ -29,6 +29,7 @@ from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger, StepMeter
 from services.core.money import token_cost_nusd
 from services.core.policy import Policy, ServicePolicy
+from services.core.config import GymConfig
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
@@ -106,6 +107,11 @@ def _served_routes(gym: Gym, service: str) -> set[tuple[str, str]]:
 def test_spec_and_router_declare_the_same_routes(gym: Gym, service: str) -> None:
     spec = service_modules()[service].SPEC
     declared = [(op.method, _norm(op.path)) for op in (*spec.operations, *spec.operator_operations)]
+    if service == "rollout":  # it also serves the research agent's own model under /agent (its own spec)
+        from services.rollout.agent_spec import PREFIX
+        from services.rollout.agent_spec import SPEC as AGENT_SPEC
+
+        declared += [(op.method, _norm(PREFIX + op.path)) for op in AGENT_SPEC.operations]
     served = _served_routes(gym, service)
     assert len(served) > 1
     assert sorted(set(declared)) == sorted(served)
@@ -216,7 +222,7 @@ def ledger_store(tmp_path: Path) -> Any:
 def _run(store: Store, trainer: ScriptedTrainer, budget_steps: float, steps: int = 10, every: int = 4,
          stop_after: int | None = None) -> tuple[Any, list[StepReport], list[tuple[Any, int]], str]:
     cost = token_cost_nusd(trainer.tokens, PRICE)
-    view, _ = KeyRegistry(store).create(policy=preset_policy("joint"), budget_nusd=int(budget_steps * cost))
+    view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=int(budget_steps * cost))
     reports: list[StepReport] = []
     ckpts: list[tuple[Any, int]] = []
     request = JobRequest.model_validate({"datasets": ["ds"], "base_model": "tiny", "steps": steps,

@@ -2,6 +2,7 @@
 
 from alembic import context
 
+from services.core import agent_turns as _agent_turns  # noqa: F401 - registers its table
 from services.core import checkpoints as _checkpoints  # noqa: F401 - registers its table
 from services.core import events as _events  # noqa: F401 - registers its tables
 from services.core import experiments as _experiments  # noqa: F401 - registers its tables

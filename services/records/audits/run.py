@@ -137,6 +137,7 @@ def _safe(name: str, fn: Any, *args: Any, **kwargs: Any) -> CheckResult:
 def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None = None) -> tuple[
         dict[str, Any] | None, list[CheckResult], dict[str, Any]]:
     from services.records.audits.behaviour import check_behaviour, gather_material
+    from services.core.agent_turns import render_text, run_turns
     from services.records.audits.contamination import benchmark_items, check_contamination
     from services.records.audits.harness_check import check_harness
     from services.records.audits.provenance import check_provenance
@@ -173,8 +174,10 @@ def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None =
 
     def behaviour() -> CheckResult:
         material = gather_material(ctx, submission, training_rows, harness_files)
-        if trajectory:
-            material = dataclasses.replace(material, trajectory=trajectory)
+        # None given: the trajectory the platform kept of the agent's own model calls (/agent/v1).
+        text = trajectory if trajectory is not None else render_text(run_turns(ctx.store, ctx.run_id))
+        if text:
+            material = dataclasses.replace(material, trajectory=text)
         chosen = judge if judge is not None else _configured_judge(ctx)
         result: CheckResult = asyncio.run(check_behaviour(ctx, material, chosen))
         return result

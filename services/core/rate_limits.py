@@ -1,0 +1,107 @@
+"""Token-rate limits: worst-case tokens per key per clock minute (policy ``tokens_per_minute``).
+
+A metered call that produces tokens (rollout chat completions, the agent route) reserves its
+worst case — the prompt bound plus ``max_tokens``, times ``n``, as the rollout estimator
+bounds it — against the key's counter for the current minute and against each ancestor's
+that has a limit, in one transaction: per counter one ``INSERT … ON CONFLICT DO NOTHING``
+and one conditional ``UPDATE … SET tokens = tokens + :n WHERE tokens + :n <= :limit`` (like
+the ledger), so concurrent calls on any number of gateway replicas never admit more than the
+limit, on SQLite and PostgreSQL alike. Counters are taken root first, the same order for every
+caller, so two chains never wait on each other in opposite orders.
+
+What is counted is the reserved worst case, not the real usage: a limit is a ceiling on what
+a key *may* consume in a minute, never corrected downwards after the call (simpler, and it
+can only refuse early, never admit too much). Counters of past minutes are pruned by the
+gateway's reaper (:func:`prune`).
+
+How a route uses it (the gateway's proxy does this for operations with a ``tokens`` estimator)::
+
+    limits = rate_limits.limits_of(principal, "rollout")          # [(key_id, tokens/min), …]
+    await gw.store.call(rate_limits.reserve_tokens, gw.store, limits, worst_case_tokens)
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from services.core.errors import RateLimited, Unprocessable
+from services.core.store import Store
+from services.core.tables import RateCounter, utcnow
+
+
+def minute_of(now: datetime) -> int:
+    """Minutes since the epoch: the counter a call at ``now`` counts against."""
+    return int(now.timestamp() // 60)
+
+
+def retry_after_s(now: datetime) -> int:
+    """Whole seconds until the next minute starts (at least 1)."""
+    return max(1, math.ceil(60 - now.timestamp() % 60))
+
+
+def limits_of(principal: Any, service: str) -> list[tuple[str, int]]:
+    """(key id, tokens per minute) for every key of the principal's chain that limits
+    ``service``, root first."""
+    limits = []
+    for key_id, policy in zip(principal.chain_ids, principal.policies, strict=True):
+        rules = policy.service(service)
+        if rules is not None and rules.tokens_per_minute is not None:
+            limits.append((key_id, rules.tokens_per_minute))
+    return limits
+
+
+def reserve_tokens(store: Store, limits: list[tuple[str, int]], tokens: int, *, now: datetime | None = None) -> None:
+    """Count ``tokens`` against every limit of ``limits`` for the current minute, or none of them.
+
+    Raises :class:`RateLimited` (429, ``Retry-After``) when any limit has too few tokens left
+    this minute, and :class:`Unprocessable` when one call alone is larger than a limit (it could
+    never pass: lower ``max_tokens``)."""
+    if not limits:
+        return
+    now = now or utcnow()
+    for _key_id, limit in limits:
+        if tokens > limit:
+            raise Unprocessable(f"this call may use up to {tokens} tokens, more than the {limit} tokens per minute "
+                                "this key (or the key it was minted from) allows; lower max_tokens or the prompt",
+                                param="max_tokens")
+    minute = minute_of(now)
+    with store.transaction() as s:
+        for key_id, limit in limits:
+            s.execute(_insert(s).values(key_id=key_id, minute=minute, tokens=0).on_conflict_do_nothing())
+            result = s.execute(
+                update(RateCounter)
+                .where(RateCounter.key_id == key_id, RateCounter.minute == minute,
+                       RateCounter.tokens + tokens <= limit)
+                .values(tokens=RateCounter.tokens + tokens)
+                .execution_options(synchronize_session=False))
+            if cast(CursorResult[Any], result).rowcount != 1:  # the transaction rolls back every counter
+                wait = retry_after_s(now)
+                raise RateLimited(f"the {limit} tokens per minute of key {key_id} are used up for this minute; "
+                                  f"retry in {wait} s", headers={"Retry-After": str(wait)})
+
+
+def used_tokens(store: Store, key_id: str, *, now: datetime | None = None) -> int:
+    """Tokens counted against ``key_id`` in the current minute."""
+    with store.transaction() as s:
+        row = s.get(RateCounter, (key_id, minute_of(now or utcnow())))
+        return 0 if row is None else int(row.tokens)
+
+
+def prune(store: Store, *, now: datetime | None = None) -> int:
+    """Drop counters of minutes that have passed (the previous minute is kept: harmless)."""
+    with store.transaction() as s:
+        result = s.execute(delete(RateCounter).where(RateCounter.minute < minute_of(now or utcnow()) - 1)
+                           .execution_options(synchronize_session=False))
+        return int(cast(CursorResult[Any], result).rowcount)
+
+
+def _insert(s: Session) -> Any:
+    dialect = s.get_bind().dialect.name
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(RateCounter)

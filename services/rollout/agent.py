@@ -1,0 +1,221 @@
+"""The research agent's own model (``/agent/v1/…`` on the gateway): the rollout service's code
+serving a different catalogue (``agent_models`` in the gym config), in two dialects — OpenAI
+chat completions and the Anthropic Messages API (services/rollout/anthropic.py) — with every
+turn kept as the agent's trajectory (services/core/agent_turns.py).
+
+Metering is the rollout service's own, unchanged: the gateway reserves the worst case on the
+run's agent-model meter (gateway/agent_model.py), this code reports the provider's exact usage
+at catalogue prices (a header, or the stream's cost trailer) and the gateway settles it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from services.core import agent_turns
+from services.core.config import GymConfig
+from services.core.http import json_object
+from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
+from services.core.service_app import CurrentIdentity
+from services.core.store import Store
+from services.rollout import anthropic
+from services.rollout.agent_spec import PREFIX
+from services.rollout.backends.base import RolloutBackend
+from services.rollout.service import RolloutService
+
+log = logging.getLogger("rsigym.rollout.agent")
+
+"""Where the rollout app serves the agent routes (the gateway's ``agent`` spec forwards here)."""
+
+
+class _Assembled:
+    """What a stream said, put back together: text, tool calls, finish reason, usage."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self.text.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                slot = self.tool_calls.setdefault(int(call.get("index", 0)), {"id": None, "name": None, "arguments": ""})
+                fn = call.get("function") or {}
+                slot["id"] = call.get("id") or slot["id"]
+                slot["name"] = fn.get("name") or slot["name"]
+                slot["arguments"] += fn.get("arguments") or ""
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def response(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": "".join(self.text), "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
+                               "finish_reason": self.finish_reason}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def _summary(completion: dict[str, Any]) -> dict[str, Any]:
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    calls = [{"id": c.get("id"), "name": (c.get("function") or {}).get("name"),
+              "arguments": (c.get("function") or {}).get("arguments")} for c in message.get("tool_calls") or []]
+    return {"text": message.get("content") or "", "tool_calls": calls, "finish_reason": choice.get("finish_reason")}
+
+
+def _events(piece: bytes) -> list[bytes]:
+    return [e for e in piece.split(b"\n\n") if e.strip()]
+
+
+def _data(event: bytes) -> Any:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            text = line[5:].strip()
+            return None if text == b"[DONE]" else json.loads(text)
+    return None
+
+
+def _tokens(usage: dict[str, Any]) -> dict[str, Any]:
+    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage}
+
+
+class AgentModelService:
+    def __init__(self, config: GymConfig, backend: RolloutBackend, store: Store):
+        self.rollout = RolloutService(config.model_copy(update={"rollout": config.agent_catalogue()}), backend)
+        self.store = store
+
+    def list_models(self, identity: Identity) -> list[dict[str, Any]]:
+        return [{**m, "owned_by": "rsigym-agent"} for m in self.rollout.list_models(identity)]
+
+    async def _record(self, identity: Identity, api: agent_turns.Api, request: dict[str, Any], response: dict[str, Any],
+                      usage: dict[str, Any], cost_nusd: int, *, stream: bool) -> None:
+        charged = min(cost_nusd, identity.estimate_nusd) if identity.reservation_id else cost_nusd
+        record = partial(agent_turns.record_turn, self.store, run_id=identity.run_id,
+                         key_id=identity.caller_key_id or identity.key_id, request_id=identity.request_id, api=api,
+                         model=str(request.get("model")), stream=stream, request=request, response=response,
+                         usage=_tokens(usage), cost_nusd=charged)
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(record)
+            except Exception as err:  # noqa: BLE001 - the call was served and billed; its record is logged as lost
+                log.error("%s: agent turn of run %s not recorded: %s", identity.request_id, identity.run_id,
+                          type(err).__name__)
+
+    # -- OpenAI chat completions ---------------------------------------------------------
+
+    async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        completion, cost = await self.rollout.chat(identity, body)
+        await self._record(identity, "openai", body, _summary(completion), completion.get("usage") or {}, cost,
+                           stream=False)
+        return completion, cost
+
+    async def open_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        return self._tap(identity, body, await self.rollout.open_stream(identity, body))
+
+    async def _tap(self, identity: Identity, body: dict[str, Any], stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        seen, cost = _Assembled(), identity.estimate_nusd
+        try:
+            async for piece in stream:
+                for event in _events(piece):
+                    if event.startswith(COST_TRAILER_PREFIX):
+                        cost = int(event[len(COST_TRAILER_PREFIX):].strip() or b"0")
+                        continue
+                    data = _data(event)
+                    if isinstance(data, dict):
+                        seen.error = data.get("error") or seen.error
+                        seen.feed(data)
+                yield piece
+        finally:
+            await self._record(identity, "openai", body, seen.response(), seen.usage, cost, stream=True)
+
+    # -- Anthropic Messages --------------------------------------------------------------
+
+    async def messages(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        completion, cost = await self.rollout.chat(identity, anthropic.to_chat_body(body))
+        await self._record(identity, "anthropic", body, _summary(completion), completion.get("usage") or {}, cost,
+                           stream=False)
+        return anthropic.to_messages_response(completion), cost
+
+    async def open_messages_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        chat = {**anthropic.to_chat_body(body), "stream": True, "stream_options": {"include_usage": True}}
+        return self._messages_stream(identity, body, await self.rollout.open_stream(identity, chat))
+
+    async def _messages_stream(self, identity: Identity, body: dict[str, Any],
+                               stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        seen, trailer = _Assembled(), b""
+
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            nonlocal trailer
+            async for piece in stream:
+                for event in _events(piece):
+                    if event.startswith(COST_TRAILER_PREFIX):
+                        trailer = event + b"\n\n"
+                        continue
+                    data = _data(event)
+                    if not isinstance(data, dict):
+                        continue
+                    if data.get("error"):
+                        seen.error = data["error"]
+                        continue
+                    seen.feed(data)
+                    yield {**data, "usage": _tokens(data["usage"])} if data.get("usage") else data
+
+        try:
+            async for event in anthropic.to_messages_stream(str(body.get("model")), chunks()):
+                yield event
+            if seen.error is not None:
+                yield anthropic.error_event(seen.error)
+            yield trailer
+        finally:
+            cost = int(trailer[len(COST_TRAILER_PREFIX):].strip() or b"0") if trailer else identity.estimate_nusd
+            await self._record(identity, "anthropic", body, seen.response(), seen.usage, cost, stream=True)
+
+
+router = APIRouter(prefix=PREFIX + "/v1")
+
+
+def _service(request: Request) -> AgentModelService:
+    return request.app.state.agent
+
+
+def _sse(stream: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/models")
+async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
+    return {"object": "list", "data": _service(request).list_models(identity)}
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
+    body = await json_object(request)
+    if body.get("stream") is True:
+        return _sse(await _service(request).open_stream(identity, body))
+    completion, cost = await _service(request).chat(identity, body)
+    return JSONResponse(completion, headers={COST_HEADER: str(cost)})
+
+
+@router.post("/messages")
+async def messages(request: Request, identity: CurrentIdentity) -> Response:
+    body = await json_object(request)
+    if body.get("stream") is True:
+        return _sse(await _service(request).open_messages_stream(identity, body))
+    message, cost = await _service(request).messages(identity, body)
+    return JSONResponse(message, headers={COST_HEADER: str(cost)})

@@ -1,0 +1,73 @@
+"""What the gateway knows of the agent route (``/agent/v1/…``): its operations and their
+estimators over the ``agent_models`` catalogue. Served by the rollout service under
+``/agent`` (services/rollout/agent.py); billed on the run's agent-model meter
+(gateway/agent_model.py). Light: LiteLLM's Anthropic adapter is imported only when a Messages
+request is estimated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.core.config import RolloutModel
+from services.core.errors import PermissionDenied
+from services.core.spec import Operation, ServiceContext, ServiceSpec
+from services.rollout.anthropic import MessagesRequest
+from services.rollout.metering import effective_max_tokens, prompt_bound_tokens, reservation_nusd
+from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest, parse_chat_request
+
+PREFIX = "/agent"
+"""Where the rollout service serves the agent route (and the gateway exposes it)."""
+
+NAME = "agent"
+
+
+def _agent_model(context: ServiceContext, name: str) -> RolloutModel:
+    model = context.config.agent_catalogue().model(name)
+    if model is None:
+        raise PermissionDenied(f"model {name!r} is not one of this gym's agent models", param="model")
+    return model
+
+
+def _chat(body: dict[str, Any], context: ServiceContext) -> tuple[ChatRequest, RolloutModel, int]:
+    request = parse_chat_request(body)
+    model = _agent_model(context, request.model)
+    return request, model, effective_max_tokens(request, model, context.config.agent_catalogue())
+
+
+def estimate_agent_chat(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
+    request, model, max_tokens = _chat(body, context)
+    return reservation_nusd(model, request, max_tokens)
+
+
+def estimate_agent_chat_tokens(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
+    request, model, max_tokens = _chat(body, context)
+    return request.n * (prompt_bound_tokens(model, request) + max_tokens)
+
+
+def _as_chat(body: dict[str, Any]) -> dict[str, Any]:
+    from services.rollout.anthropic import to_chat_body
+
+    return to_chat_body(body)
+
+
+def estimate_agent_messages(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
+    """The bound of the very chat request the Messages request is translated into."""
+    return estimate_agent_chat(_as_chat(body), context)
+
+
+def estimate_agent_messages_tokens(body: dict[str, Any], context: ServiceContext, principal: Any = None) -> int:
+    return estimate_agent_chat_tokens(_as_chat(body), context)
+
+
+SPEC = ServiceSpec(
+    name=NAME,
+    operations=(
+        Operation("GET", "/v1/models", "models.list"),
+        Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_agent_chat,
+                  tokens=estimate_agent_chat_tokens, json_body=True, model_field="model", schema=ChatRequest,
+                  synonyms=CHAT_SYNONYMS),
+        Operation("POST", "/v1/messages", "messages", estimate=estimate_agent_messages,
+                  tokens=estimate_agent_messages_tokens, json_body=True, model_field="model",
+                  schema=MessagesRequest),
+    ),
+)
