@@ -13,11 +13,12 @@ from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
+from gateway.run_jobs import running_jobs
 from services.core.http import request_id_of
 from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
 from services.core.deadlines import resolve_ends_at
 from services.core import agent_meter, agent_turns
-from services.core.errors import Unprocessable, validated
+from services.core.errors import PermissionDenied, Unprocessable, validated
 from services.core.money import usd_to_nusd
 from services.core.policy import Policy
 from services.core.presets import budget_usd, preset_policy, track_label
@@ -43,8 +44,9 @@ def parse_policy(raw: dict[str, Any], specs: dict[str, ServiceSpec]) -> Policy:
 @router.post("/keys", status_code=201)
 async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     gw = gateway_of(request)
-    if (body.track is None) == (body.policy is None):
-        raise Unprocessable("give exactly one of track (a preset) or policy", param="track")
+    if body.track is None and body.policy is None:
+        raise Unprocessable("give a track (a preset), a policy, or both (a policy within the track's preset)",
+                            param="track")
     if body.offline and body.track is None:
         raise Unprocessable("offline is a modifier on a track; give a track", param="offline")
     if (body.budget_usd is None) == (body.budget is None):
@@ -52,6 +54,14 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     usd = body.budget_usd if body.budget_usd is not None else budget_usd(body.track, body.budget or "")
     if body.track:
         policy, track = preset_policy(body.track, gw.config, offline=body.offline), track_label(body.track, body.offline)
+        if body.policy is not None:  # a task narrows its track (e.g. a token rate): never wider than the preset
+            narrowed = parse_policy(body.policy, gw.specs)
+            try:
+                narrowed.assert_within(policy)
+            except PermissionDenied as err:
+                raise Unprocessable(f"the policy is wider than the {track} preset: {err.message}",
+                                    param=f"policy.{err.param}" if err.param else "policy") from err
+            policy = narrowed
     else:
         policy, track = parse_policy(body.policy or {}, gw.specs), None
     ends_at = resolve_ends_at(body.ends_at, body.deadline_s)
@@ -221,6 +231,14 @@ async def run_timeline(run_id: str, request: Request) -> dict[str, Any]:
     spend by service over time (computed from the store; declared before ``/runs/{run_id}/{what}``)."""
     gw = gateway_of(request)
     return await gw.store.call(timeline.run_timeline, gw.store, run_id)
+
+
+@router.get("/runs/{run_id}/jobs")
+async def run_jobs(run_id: str, request: Request) -> dict[str, Any]:
+    """The run's queued and running training and evaluation jobs with their progress (read
+    from the store; declared before ``/runs/{run_id}/{what}``)."""
+    gw = gateway_of(request)
+    return {"run_id": run_id, "data": await gw.store.call(running_jobs, gw.store, run_id)}
 
 
 @router.get("/runs/{run_id}/{what}")

@@ -102,3 +102,32 @@ class AdminClient:
 
     def run_records(self, run_id: str, what: str) -> Any:
         return self.request("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/{what}")
+
+    # -- watching a run (rsigym watch) ----------------------------------------------------------
+
+    def key(self, key_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/admin/v1/keys/{quote(key_id, safe='')}")
+
+    def ledger(self, key_id: str) -> list[dict[str, Any]]:
+        return self.list_data("GET", f"/admin/v1/keys/{quote(key_id, safe='')}/ledger")
+
+    def trajectory(self, run_id: str) -> list[dict[str, Any]]:
+        """The research agent's turns on the agent route, oldest first."""
+        return self.list_data("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/trajectory")
+
+    def run_jobs(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's queued and running training and evaluation jobs."""
+        return self.list_data("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/jobs")
+
+    def run_events(self, run_id: str, *, kind: str | None = None, max_pages: int = 20) -> list[dict[str, Any]]:
+        """The run's platform events (of one ``kind``), following the pages, oldest first."""
+        events: list[dict[str, Any]] = []
+        after = 0
+        for _ in range(max_pages):
+            params: dict[str, Any] = {"after": after, **({"kind": kind} if kind else {})}
+            page = self.request("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/events", params=params)
+            events.extend(page["data"])
+            if not page.get("has_more"):
+                break
+            after = page["next_after"]
+        return events

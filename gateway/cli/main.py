@@ -25,6 +25,9 @@ benchmarks_app = typer.Typer(help="Benchmarks: register (validated before use) a
 app.add_typer(keys_app, name="keys")
 app.add_typer(models_app, name="models")
 app.add_typer(benchmarks_app, name="benchmarks")
+tasks_app = typer.Typer(help="Tasks: what a run of a track is (tasks/<name>/task.toml, instruction.md).",
+                         no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -619,6 +622,26 @@ def records(
         raise typer.Exit(1)
 
 
+@app.command()
+def watch(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run (its root key id).")],
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes.")] = 2.0,
+    stall_minutes: Annotated[float, typer.Option("--stall-minutes", help="Warn after this long without an "
+                                                                         "agent call.")] = 10.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """A live view of a run: service and agent-model spend, recent agent turns, running jobs,
+    last evaluation scores, the audit status and stall warnings (Ctrl-C to leave)."""
+    from gateway.cli.watch import watch as watch_run
+
+    if interval <= 0 or stall_minutes <= 0:
+        raise typer.BadParameter("--interval and --stall-minutes must be > 0")
+    _admin(data_dir, url, lambda c: watch_run(c, run_id, console=console, interval=interval,
+                                              stall_minutes=stall_minutes, once=once))
+
+
 def _agreement(files: list[Path], as_json: bool) -> None:
     from services.records.audits.agreement import agreement
 
@@ -659,6 +682,58 @@ def demo(
     if model not in ("tiny", "smollm2"):
         raise typer.BadParameter("--model is tiny or smollm2")
     raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model))
+
+
+TasksDirOpt = Annotated[Path | None, typer.Option("--tasks-dir", help="Tasks root (default: the shipped tasks/).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Gym config TOML (default RSIGYM_CONFIG): the "
+                                                "models the track presets name.")]
+
+
+def _tasks_call(fn: Callable[[], T]) -> T:
+    """Run ``fn``; a refused task (bad task.toml, unknown name) is printed and exits 1."""
+    try:
+        return fn()
+    except GymError as err:
+        err_console.print(f"[red]error[/red]: {err.message}")
+        raise typer.Exit(1) from None
+
+
+@tasks_app.command("list")
+def tasks_list(tasks_dir: TasksDirOpt = None, as_json: JsonOpt = False) -> None:
+    """Every task: track, benchmarks, budgets, wall clock."""
+    from gateway.tasks import TASKS, list_tasks
+
+    rows = [t.summary() for t in _tasks_call(lambda: list_tasks(tasks_dir or TASKS))]
+    if as_json:
+        typer.echo(json.dumps({"data": rows}, indent=2))
+        return
+    table = Table("name", "track", "offline", "benchmarks", "budget (USD)", "agent budget (USD)", "wall clock")
+    for r in rows:
+        table.add_row(r["name"], r["track"], "yes" if r["offline"] else "no", ", ".join(r["benchmarks"]),
+                      f"{r['budget_usd']:.2f}", f"{r['agent_budget_usd']:.2f}", r["wall_clock"])
+    console.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(name: str, tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """A task's rendered instruction and the effective policy its run key gets."""
+    from gateway.tasks import TASKS, find_task, key_body, render_instruction, task_policy
+    from services.core.config import load_config
+
+    def build() -> dict[str, Any]:
+        gym_config = load_config(config or _settings().config)
+        task = find_task(name, tasks_dir or TASKS)
+        return {**task.summary(), "instruction": render_instruction(task, gym_config),
+                "policy": task_policy(task, gym_config).model_dump(mode="json", exclude_none=True),
+                "key": key_body(task, gym_config)}
+
+    shown = _tasks_call(build)
+    if as_json:
+        typer.echo(json.dumps(shown, indent=2))
+        return
+    typer.echo(shown["instruction"])
+    typer.echo("--- effective policy ---")
+    typer.echo(json.dumps(shown["policy"], indent=2))
 
 
 def main() -> None:
