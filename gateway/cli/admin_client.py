@@ -105,6 +105,14 @@ class AdminClient:
 
     # -- watching a run (rsigym watch) ----------------------------------------------------------
 
+    def create_key(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Mint a run key (a task's :func:`gateway.tasks.key_body`); the answer holds the plaintext ``key``."""
+        return self.request("POST", "/admin/v1/keys", json=body)
+
+    def set_deadline(self, key_id: str, deadline_s: float) -> dict[str, Any]:
+        """Move the run's deadline (``0``: end the run now)."""
+        return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/deadline", json={"deadline_s": deadline_s})
+
     def key(self, key_id: str) -> dict[str, Any]:
         return self.request("GET", f"/admin/v1/keys/{quote(key_id, safe='')}")
 

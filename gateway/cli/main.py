@@ -736,6 +736,106 @@ def tasks_show(name: str, tasks_dir: TasksDirOpt = None, config: ConfigOpt = Non
     typer.echo(json.dumps(shown["policy"], indent=2))
 
 
+run_app = typer.Typer(help="Runs: start a research agent on a task (embedded mode), list, show, stop, logs.",
+                       no_args_is_help=True)
+app.add_typer(run_app, name="run")
+
+
+def _run_call(fn: Callable[[], T]) -> T:
+    """Run ``fn``; a refusal (gym error or admin API error) is printed and exits 1."""
+    try:
+        return fn()
+    except GymError as err:
+        err_console.print(f"[red]error[/red]: {err.message}")
+        raise typer.Exit(1) from None
+    except AdminError as err:
+        err_console.print(f"[red]error[/red]: {err.type}: {err.message}")
+        raise typer.Exit(1) from None
+
+
+@run_app.command("start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_start(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Option("--task", help="Task name (rsigym tasks list).")],
+    agent: Annotated[str, typer.Option("--agent", help="Agent template (gateway/agents.toml).")],
+    budget: Annotated[str | None, typer.Option("--budget", help="Service budget: USD or small|standard|large.")] = None,
+    tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None, url: UrlOpt = None,
+) -> None:
+    """Mint the run key, render the instruction and start the agent (arguments after ``--`` go to it)."""
+    from gateway import launcher
+    from gateway.tasks import TASKS, find_task, key_body, render_instruction
+    from services.core.config import load_config
+
+    settings = _settings(data_dir)
+
+    def start() -> launcher.RunRecord:
+        gym_config = load_config(config or settings.config)
+        found = find_task(task, tasks_dir or TASKS)
+        amount: float | str | None = budget
+        if budget is not None and budget not in ("small", "standard", "large"):
+            try:
+                amount = float(budget)
+            except ValueError:
+                raise typer.BadParameter("--budget is USD or small|standard|large") from None
+        return launcher.start_run(
+            data_dir=Path(settings.data_dir), gateway_url=url or settings.url, client=AdminClient(settings, url),
+            task=found, key_body=key_body(found, gym_config, budget=amount),
+            instruction=render_instruction(found, gym_config), agent=agent, config=gym_config,
+            extra_args=list(ctx.args))
+
+    record = _run_call(start)
+    if as_json:
+        typer.echo(record.model_dump_json(indent=2))
+        return
+    console.print(f"run {record.run} started: agent {record.agent} (pid {record.pid}) on task {record.task}")
+
+
+def _run_row(r: Any) -> list[str]:
+    return [r.run, r.task, r.agent, r.status, str(r.pid), r.started_at, "" if r.exit_code is None else str(r.exit_code)]
+
+
+@run_app.command("list")
+def run_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None) -> None:
+    """Every run started from this data dir."""
+    from gateway.launcher import list_runs
+
+    rows = _run_call(lambda: list_runs(Path(_settings(data_dir).data_dir)))
+    if as_json:
+        typer.echo(json.dumps({"data": [r.model_dump() for r in rows]}, indent=2))
+        return
+    table = Table("run", "task", "agent", "status", "pid", "started", "exit")
+    for r in rows:
+        table.add_row(*_run_row(r))
+    console.print(table)
+
+
+@run_app.command("show")
+def run_show(run: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None) -> None:
+    from gateway.launcher import show_run
+
+    record = _run_call(lambda: show_run(Path(_settings(data_dir).data_dir), run))
+    typer.echo(record.model_dump_json(indent=2) if as_json else "\n".join(f"{k}: {v}" for k, v in record))
+
+
+@run_app.command("stop")
+def run_stop(run: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Kill the agent and end the run (its deadline set to now)."""
+    from gateway.launcher import stop_run
+
+    settings = _settings(data_dir)
+    record = _run_call(lambda: stop_run(Path(settings.data_dir), run, AdminClient(settings, url)))
+    typer.echo(record.model_dump_json(indent=2) if as_json else f"run {record.run} stopped")
+
+
+@run_app.command("logs")
+def run_logs(run: str, data_dir: DataDirOpt = None) -> None:
+    """The agent's stdout and stderr."""
+    from gateway.launcher import logs
+
+    typer.echo(_run_call(lambda: logs(Path(_settings(data_dir).data_dir), run)), nl=False)
+
+
 def main() -> None:
     app()
 
