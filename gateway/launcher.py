@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
 from services.core.config import GymConfig, SandboxTemplate
 from services.core.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 
@@ -225,21 +226,7 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hos
     except OSError:
         writer.close()
         return
-
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while chunk := await r.read(65536):
-                w.write(chunk)
-                await w.drain()
-        except ConnectionError:
-            pass
-        finally:
-            try:
-                w.close()
-            except ConnectionError:
-                pass
-
-    await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+    await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
 
 
 async def _supervise(run_dir: Path) -> int:
