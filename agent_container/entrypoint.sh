@@ -1,8 +1,9 @@
 #!/bin/sh
 # Entry point of the research agent's container.
 #  1. RSIGYM_URL and RSIGYM_API_KEY must be set (the gateway and this run's key; nothing else).
-#  2. Point the unmodified OpenAI SDK at the gateway's OpenAI-compatible rollout API with the
-#     run key, unless the caller set OPENAI_BASE_URL / OPENAI_API_KEY itself.
+#  2. Point the unmodified OpenAI and Anthropic SDKs at the gateway's agent route (the research
+#     agent's own model, on the run's agent-model meter) with the run key, unless the caller set
+#     OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY itself.
 #  3. Smoke check: `gym balance` must answer (retried a few times while the gateway starts).
 #  4. exec the given command (default: bash).
 set -eu
@@ -16,8 +17,10 @@ if [ -n "$missing" ]; then
     exit 64
 fi
 
-export OPENAI_BASE_URL="${OPENAI_BASE_URL:-${RSIGYM_URL%/}/rollout/v1}"
+export OPENAI_BASE_URL="${OPENAI_BASE_URL:-${RSIGYM_URL%/}/agent/v1}"
 export OPENAI_API_KEY="${OPENAI_API_KEY:-$RSIGYM_API_KEY}"
+export ANTHROPIC_BASE_URL="${ANTHROPIC_BASE_URL:-${RSIGYM_URL%/}/agent}"
+export ANTHROPIC_API_KEY="${ANTHROPIC_API_KEY:-$RSIGYM_API_KEY}"
 
 attempts="${RSIGYM_SMOKE_ATTEMPTS:-5}"
 n=1

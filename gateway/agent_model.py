@@ -6,6 +6,12 @@ ordinary forwarding (gateway/proxy.py: policy, reservation, signed forward, sett
 two differences: the rollout service serves it (services/rollout/agent.py, the ``agent_models``
 catalogue), and it is billed on the run's agent-model meter (services/core/agent_meter.py), not
 on the run's service budget. So the agent's container needs no provider credential at all.
+
+Its token rate is the *caller's*: ``services.agent.tokens_per_minute`` on the run key (a task's
+``tokens_per_minute.agent``) and its children, counted apart from rollout's
+(services/core/rate_limits.py); a call over it is a 429 before anything is reserved.
+``/agent/v1/messages/count_tokens`` is free and unlimited: it answers the prompt bound the
+reservation counts (services/rollout/agent_spec.py).
 """
 
 from __future__ import annotations

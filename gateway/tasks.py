@@ -213,6 +213,10 @@ def _lay_overrides(preset: Policy, task: Task, where: Path) -> Policy:
     if rollout is not None and rates.rollout is not None:
         mine = rollout.get("tokens_per_minute")
         rollout["tokens_per_minute"] = rates.rollout if mine is None else min(mine, rates.rollout)
+    if rates.agent is not None:  # the agent route: a limit only (the run's meter grants it; services/core/policy.py)
+        agent = raw["services"].setdefault("agent", {})
+        mine = agent.get("tokens_per_minute")
+        agent["tokens_per_minute"] = rates.agent if mine is None else min(mine, rates.agent)
     policy = validated(Policy, raw, what=f"task {where}", prefix="preset.overrides.")
     try:
         policy.assert_within(preset)
@@ -224,7 +228,8 @@ def _lay_overrides(preset: Policy, task: Task, where: Path) -> Policy:
 
 def task_policy(task: Task, config: GymConfig) -> Policy:
     """The run key's policy: the track preset rendered against ``config``, the task's overrides
-    and rollout token rate laid over it (never wider than the preset)."""
+    and token rates (rollout; the agent route as ``services.agent``) laid over it (never wider
+    than the preset)."""
     preset = preset_policy(task.task.track, config, offline=task.task.offline)
     return _lay_overrides(preset, task, (task.path or Path(task.name)) / "task.toml")
 

@@ -147,6 +147,14 @@ class ServicePolicy(BaseModel):
         return self.models == "*" or (isinstance(model, str) and model in self.models)
 
 
+LIMITED_ONLY = frozenset({"agent"})
+"""Routes no run key's policy grants, only limits: the agent route (the research agent's own
+model, ``/agent/v1``) is granted by the run's agent-model meter (services/core/agent_meter.py),
+whose policy the gateway applies to the body. A run key's (or child's) ``services.agent`` sets
+its ``tokens_per_minute`` on that route (services/core/rate_limits.py); a parent without the
+entry has no limit there, so a child (or a task narrowing its track) may add one."""
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -185,6 +193,8 @@ class Policy(BaseModel):
         gym itself mints the key and may add a model door)."""
         for name, child in self.services.items():
             granted = parent.services.get(name)
+            if granted is None and name in LIMITED_ONLY:
+                granted = ServicePolicy()  # no entry: not limited there (the meter grants the route)
             if granted is None:
                 raise PermissionDenied(f"the parent key is not granted the {name} service", param=f"services.{name}")
             where = f"services.{name}"

@@ -14,9 +14,13 @@ a key *may* consume in a minute, never corrected downwards after the call (simpl
 can only refuse early, never admit too much). Counters of past minutes are pruned by the
 gateway's reaper (:func:`prune`).
 
+Each service has its own counter per key (``<key id>:<service>`` in ``rate_counters.key_id``):
+the agent route's tokens (``services.agent.tokens_per_minute``, the research agent's own model)
+never use up the key's rollout limit, nor the other way round.
+
 How a route uses it (the gateway's proxy does this for operations with a ``tokens`` estimator)::
 
-    limits = rate_limits.limits_of(principal, "rollout")          # [(key_id, tokens/min), …]
+    limits = rate_limits.limits_of(principal, "rollout")          # [TokenLimit(key_id, service, n), …]
     await gw.store.call(rate_limits.reserve_tokens, gw.store, limits, worst_case_tokens)
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import CursorResult, delete, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -34,6 +38,9 @@ from sqlalchemy.orm import Session
 from services.core.errors import RateLimited, Unprocessable
 from services.core.store import Store
 from services.core.tables import RateCounter, utcnow
+
+_COUNTER_CHARS = 40
+"""Length of ``rate_counters.key_id``."""
 
 
 def minute_of(now: datetime) -> int:
@@ -46,18 +53,37 @@ def retry_after_s(now: datetime) -> int:
     return max(1, math.ceil(60 - now.timestamp() % 60))
 
 
-def limits_of(principal: Any, service: str) -> list[tuple[str, int]]:
-    """(key id, tokens per minute) for every key of the principal's chain that limits
-    ``service``, root first."""
+class TokenLimit(NamedTuple):
+    """One key's tokens-per-minute limit on one service (the route's own name: ``rollout``, ``agent``)."""
+
+    key_id: str
+    service: str
+    tokens_per_minute: int
+
+    @property
+    def counter(self) -> str:
+        """The counter's name in ``rate_counters.key_id``: one per key and service."""
+        return counter_of(self.key_id, self.service)
+
+
+def counter_of(key_id: str, service: str) -> str:
+    name = f"{key_id}:{service}"
+    if len(name) > _COUNTER_CHARS:  # key ids are 28 characters, service names short: never in practice
+        raise ValueError(f"rate counter name {name!r} is longer than {_COUNTER_CHARS} characters")
+    return name
+
+
+def limits_of(principal: Any, service: str) -> list[TokenLimit]:
+    """The limits of every key of the principal's chain that limits ``service``, root first."""
     limits = []
     for key_id, policy in zip(principal.chain_ids, principal.policies, strict=True):
         rules = policy.service(service)
         if rules is not None and rules.tokens_per_minute is not None:
-            limits.append((key_id, rules.tokens_per_minute))
+            limits.append(TokenLimit(key_id, service, rules.tokens_per_minute))
     return limits
 
 
-def reserve_tokens(store: Store, limits: list[tuple[str, int]], tokens: int, *, now: datetime | None = None) -> None:
+def reserve_tokens(store: Store, limits: list[TokenLimit], tokens: int, *, now: datetime | None = None) -> None:
     """Count ``tokens`` against every limit of ``limits`` for the current minute, or none of them.
 
     Raises :class:`RateLimited` (429, ``Retry-After``) when any limit has too few tokens left
@@ -66,31 +92,32 @@ def reserve_tokens(store: Store, limits: list[tuple[str, int]], tokens: int, *, 
     if not limits:
         return
     now = now or utcnow()
-    for _key_id, limit in limits:
-        if tokens > limit:
-            raise Unprocessable(f"this call may use up to {tokens} tokens, more than the {limit} tokens per minute "
-                                "this key (or the key it was minted from) allows; lower max_tokens or the prompt",
-                                param="max_tokens")
+    for limit in limits:
+        if tokens > limit.tokens_per_minute:
+            raise Unprocessable(f"this call may use up to {tokens} tokens, more than the {limit.tokens_per_minute} "
+                                f"tokens per minute this key (or the key it was minted from) allows on "
+                                f"{limit.service}; lower max_tokens or the prompt", param="max_tokens")
     minute = minute_of(now)
     with store.transaction() as s:
-        for key_id, limit in limits:
-            s.execute(_insert(s).values(key_id=key_id, minute=minute, tokens=0).on_conflict_do_nothing())
+        for limit in limits:
+            s.execute(_insert(s).values(key_id=limit.counter, minute=minute, tokens=0).on_conflict_do_nothing())
             result = s.execute(
                 update(RateCounter)
-                .where(RateCounter.key_id == key_id, RateCounter.minute == minute,
-                       RateCounter.tokens + tokens <= limit)
+                .where(RateCounter.key_id == limit.counter, RateCounter.minute == minute,
+                       RateCounter.tokens + tokens <= limit.tokens_per_minute)
                 .values(tokens=RateCounter.tokens + tokens)
                 .execution_options(synchronize_session=False))
             if cast(CursorResult[Any], result).rowcount != 1:  # the transaction rolls back every counter
                 wait = retry_after_s(now)
-                raise RateLimited(f"the {limit} tokens per minute of key {key_id} are used up for this minute; "
-                                  f"retry in {wait} s", headers={"Retry-After": str(wait)})
+                raise RateLimited(f"the {limit.tokens_per_minute} tokens per minute of key {limit.key_id} on "
+                                  f"{limit.service} are used up for this minute; retry in {wait} s",
+                                  headers={"Retry-After": str(wait)})
 
 
-def used_tokens(store: Store, key_id: str, *, now: datetime | None = None) -> int:
-    """Tokens counted against ``key_id`` in the current minute."""
+def used_tokens(store: Store, key_id: str, service: str = "rollout", *, now: datetime | None = None) -> int:
+    """Tokens counted against ``key_id`` on ``service`` in the current minute."""
     with store.transaction() as s:
-        row = s.get(RateCounter, (key_id, minute_of(now or utcnow())))
+        row = s.get(RateCounter, (counter_of(key_id, service), minute_of(now or utcnow())))
         return 0 if row is None else int(row.tokens)
 
 

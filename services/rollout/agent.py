@@ -22,12 +22,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.core import agent_turns
 from services.core.config import GymConfig
+from services.core.errors import PermissionDenied
 from services.core.http import json_object
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from services.core.service_app import CurrentIdentity
 from services.core.store import Store
 from services.rollout import anthropic
-from services.rollout.agent_spec import PREFIX
+from services.rollout.agent_spec import PREFIX, count_messages_tokens
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.service import RolloutService
 
@@ -152,6 +153,14 @@ class AgentModelService:
                            stream=False)
         return anthropic.to_messages_response(completion), cost
 
+    async def count_tokens(self, identity: Identity, body: dict[str, Any]) -> dict[str, int]:
+        """``/v1/messages/count_tokens``: free, no provider call, no trajectory turn."""
+        model = body.get("model")
+        if not all(p.allows_model(model) for p in identity.policies):
+            raise PermissionDenied(f"model {model!r} is not in this key's agent model allowlist", param="model")
+        tokens = await anyio.to_thread.run_sync(count_messages_tokens, body, self.rollout.config.rollout)
+        return {"input_tokens": tokens}
+
     async def open_messages_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
         chat = {**anthropic.to_chat_body(body), "stream": True, "stream_options": {"include_usage": True}}
         return self._messages_stream(identity, body, await self.rollout.open_stream(identity, chat))
@@ -210,6 +219,11 @@ async def chat_completions(request: Request, identity: CurrentIdentity) -> Respo
         return _sse(await _service(request).open_stream(identity, body))
     completion, cost = await _service(request).chat(identity, body)
     return JSONResponse(completion, headers={COST_HEADER: str(cost)})
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(request: Request, identity: CurrentIdentity) -> dict[str, int]:
+    return await _service(request).count_tokens(identity, await json_object(request))
 
 
 @router.post("/messages")

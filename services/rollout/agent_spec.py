@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import RolloutModel
+from services.core.config import RolloutConfig, RolloutModel
 from services.core.errors import PermissionDenied
 from services.core.spec import Operation, ServiceContext, ServiceSpec
-from services.rollout.anthropic import MessagesRequest
+from services.rollout.anthropic import CountTokensRequest, MessagesRequest, count_tokens_chat_body
 from services.rollout.metering import effective_max_tokens, prompt_bound_tokens, reservation_nusd
 from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest, parse_chat_request
 
@@ -59,6 +59,18 @@ def estimate_agent_messages_tokens(body: dict[str, Any], context: ServiceContext
     return estimate_agent_chat_tokens(_as_chat(body), context)
 
 
+def count_messages_tokens(body: dict[str, Any], catalogue: RolloutConfig) -> int:
+    """``/v1/messages/count_tokens``: the input tokens of a Messages request as the route's
+    reservations and token-rate limits count them — the prompt bound of the very chat request it
+    is translated into (services/rollout/metering.py), so a call's reservation is this plus
+    ``max_tokens``. An upper bound of what the provider bills, never below it."""
+    request = parse_chat_request(count_tokens_chat_body(body))
+    model = catalogue.model(request.model)
+    if model is None:
+        raise PermissionDenied(f"model {request.model!r} is not one of this gym's agent models", param="model")
+    return prompt_bound_tokens(model, request)
+
+
 SPEC = ServiceSpec(
     name=NAME,
     operations=(
@@ -69,5 +81,8 @@ SPEC = ServiceSpec(
         Operation("POST", "/v1/messages", "messages", estimate=estimate_agent_messages,
                   tokens=estimate_agent_messages_tokens, json_body=True, model_field="model",
                   schema=MessagesRequest),
+        # Free and not token-limited: it only counts (the rollout service answers it).
+        Operation("POST", "/v1/messages/count_tokens", "messages.count_tokens", json_body=True,
+                  model_field="model", schema=CountTokensRequest, concurrency=False),
     ),
 )

@@ -50,6 +50,20 @@ class MessagesRequest(BaseModel):
     thinking: dict[str, Any] | None = None
 
 
+class CountTokensRequest(BaseModel):
+    """An Anthropic ``/v1/messages/count_tokens`` request: what a Messages request would send
+    the model, without the sampling settings (``client.messages.count_tokens``, Claude Code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
 def _refuse_fetching(body: dict[str, Any]) -> None:
     for name in ("mcp_servers", "container", "service_tier"):
         if name in body:
@@ -62,9 +76,13 @@ def _refuse_fetching(body: dict[str, Any]) -> None:
 
 
 def parse_messages_request(body: dict[str, Any]) -> MessagesRequest:
+    return _parse(MessagesRequest, body)
+
+
+def _parse[M: BaseModel](schema: type[M], body: dict[str, Any]) -> M:
     _refuse_fetching(body)
     try:
-        return MessagesRequest.model_validate(body)
+        return schema.model_validate(body)
     except ValidationError as err:  # one gym error with the first problem
         first = err.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
@@ -93,6 +111,15 @@ def to_chat_body(body: dict[str, Any]) -> dict[str, Any]:
     chat["max_tokens"] = request.max_tokens
     chat.pop("stream", None)
     return json.loads(json.dumps(chat, default=str))  # plain JSON (the adapter returns typed dicts)
+
+
+def count_tokens_chat_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions body a ``count_tokens`` request's messages become (no ``max_tokens``:
+    the prompt the model would be sent, translated exactly like a Messages request's)."""
+    request = _parse(CountTokensRequest, body)
+    chat = to_chat_body({**request.model_dump(exclude_none=True), "max_tokens": 1})
+    chat.pop("max_tokens", None)
+    return chat
 
 
 def to_messages_response(completion: dict[str, Any]) -> dict[str, Any]:

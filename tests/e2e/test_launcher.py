@@ -3,10 +3,15 @@ environment and reaches only the gateway (not the store, not another loopback po
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
+import re
 import shutil
+import sys
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +21,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli.main import app as operator_cli
-from tests.conftest import ADMIN_TOKEN
+from gateway.tasks import TASKS
+from services.training.tables import TrainingJob
+from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for
+from tests.e2e.test_agent_route import agent_config
 from tests.fakes.servers import serve_gym
 
 EXPECTED_ENV = sorted(["RSIGYM_URL", "RSIGYM_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL",
@@ -89,3 +97,173 @@ def test_scripted_agent_reaches_only_the_gateway(live: tuple[str, Path]) -> None
     # The key the run got is the one the gateway knows, and stop ends the run there.
     rsigym("run", "stop", run)
     assert rsigym("run", "show", run, "--json")["status"] == "exited"
+
+
+# -- the wall clock, both meters, the egress allowlist -----------------------------------------------
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = f"hello from {self.server.server_address[1]}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _hello_server(host: str) -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer((host, 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _quick_task(root: Path, name: str, wall_clock: str, allow: list[str]) -> Path:
+    """A copy of the joint-arithmetic task with a short wall clock and an egress allowlist."""
+    shutil.copytree(TASKS / "_shared", root / "_shared")
+    shutil.copytree(TASKS / "joint-arithmetic", root / name)
+    toml = (root / name / "task.toml").read_text()
+    toml = re.sub(r'name = "joint-arithmetic"', f'name = "{name}"', toml)
+    toml = re.sub(r'wall_clock = "[^"]+"', f'wall_clock = "{wall_clock}"', toml)
+    toml = re.sub(r"allow = \[\]", "allow = " + json.dumps(allow), toml)
+    (root / name / "task.toml").write_text(toml)
+    return root
+
+
+@pytest.fixture
+def live_agent_model(make_gym: Callable[..., Any], standin: Any, tmp_path: Path,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, Any]]:
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    gym = make_gym(config=agent_config(standin[0]))
+    with serve_gym(gym) as url:
+        monkeypatch.setenv("RSIGYM_URL", url)
+        monkeypatch.setenv("RSIGYM_ADMIN_TOKEN", ADMIN_TOKEN)
+        monkeypatch.setenv("RSIGYM_DATA_DIR", str(data_dir))
+        yield url, data_dir, gym
+
+
+def test_the_wall_clock_stops_the_agent_and_its_jobs_spend_shows_on_both_meters_and_egress_is_allowlisted(
+        live_agent_model: tuple[str, Path, Any], tmp_path: Path) -> None:
+    url, data_dir, gym = live_agent_model
+    with _hello_server("127.0.0.2") as allowed, _hello_server("127.0.0.2") as other:
+        tasks = _quick_task(tmp_path / "tasks", "joint-quick", "40s", [f"127.0.0.2:{allowed}"])
+        started = rsigym("run", "start", "--task", "joint-quick", "--tasks-dir", str(tasks), "--agent", "scripted",
+                         "--json", "--", "--fetch", f"http://127.0.0.2:{allowed}/", "--fetch",
+                         f"http://127.0.0.2:{other}/", "--work", "--sleep", "600")
+        run = started["run"]
+        assert started["egress"] == [f"127.0.0.2:{allowed}"]
+        sock_dir = Path(os.readlink(data_dir / "runs" / run / "sock"))
+        assert sock_dir.is_dir()
+        for _ in range(1200):  # the relay kills the agent at the wall clock (40 s), not its 600 s sleep
+            shown = rsigym("run", "show", run, "--json")
+            if shown["status"] != "running":
+                break
+            time.sleep(0.1)
+    log = rsigym("run", "logs", run)
+    assert shown["status"] == "exited" and shown["exit_code"] == 124, log
+    assert "the run's wall clock has passed" in log
+    seen = report(log)
+    assert {"HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"} <= set(seen["env"])
+    fetched = seen["fetch"]
+    assert fetched[f"http://127.0.0.2:{allowed}/"] == [200, f"hello from {allowed}"]
+    status, body = fetched[f"http://127.0.0.2:{other}/"]
+    assert status == 403 and json.loads(body)["error"]["type"] == "permission_denied", body
+    decisions = [json.loads(line) for line in (data_dir / "runs" / run / "egress.log").read_text().splitlines()]
+    assert [(d["port"], d["allowed"]) for d in decisions] == [(allowed, True), (other, False)]
+    assert seen["rollout"] == 200 and seen["agent_chat"] == 200
+    job_status, job_id = seen["job"]
+    assert job_status in (200, 201), seen["job"]
+    # The private socket directory went with the supervisor.
+    assert not (data_dir / "runs" / run / "sock").exists() and not sock_dir.exists()
+
+    # The gateway's reaper pass ends the run: its training job is cancelled and settled.
+    client = client_for(gym)
+    assert [j["id"] for j in rsigym("watch", run, "--json")["jobs"]] == [job_id]  # outlived its agent so far
+    ended = client.post("/admin/v1/runs/end-expired", headers=admin_headers()).json()["data"]
+    assert [e["jobs_cancelled"] for e in ended if e["run_id"] == run] == [1]
+    for _ in range(600):
+        snap = rsigym("watch", run, "--json")
+        if not snap["jobs"]:
+            break
+        time.sleep(0.1)
+    assert snap["jobs"] == []
+    with gym.gateway.store.transaction() as s:
+        job = s.get(TrainingJob, job_id)
+        assert job is not None and job.status == "cancelled" and (job.step or 0) < 5000
+    # Spend on both meters, each reported apart, nothing left reserved.
+    assert snap["run"]["spent_usd"] > 0 and snap["run"]["reserved_usd"] == 0, snap["run"]
+    assert snap["agent_model"]["spent_usd"] > 0 and snap["agent_model"]["reserved_usd"] == 0, snap["agent_model"]
+    assert snap["spend_by_service"].get("rollout", 0) > 0 and snap["spend_by_service"].get("training", 0) > 0
+    after = client.post("/rollout/v1/chat/completions", headers=bearer(shown_key(data_dir, run)),
+                        json={"model": "teacher", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert after.status_code == 403 and after.json()["error"]["type"] == "run_ended"
+
+
+def shown_key(data_dir: Path, run: str) -> str:
+    """The run key, from the operator-side plan (0600): the value bubblewrap set in the agent's env."""
+    argv = json.loads((data_dir / "runs" / run / "supervise.json").read_text())["argv"]
+    return next(argv[i + 2] for i, part in enumerate(argv) if part == "--setenv" and argv[i + 1] == "RSIGYM_API_KEY")
+
+
+def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
+        live_agent_model: tuple[str, Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose mode without a Docker engine: a stand-in ``docker`` (tests/fakes/docker_shim.py)
+    starts what docker-compose.yml declares for ``agent-joint`` and ``egress`` (image entrypoint,
+    environment, mounts) as local processes. The run key travels in the environment, never argv;
+    the wall clock stops the container; the run's containers are removed at the end."""
+    url, data_dir, _ = live_agent_model
+    root = Path(__file__).resolve().parents[2]
+    bin_dir, state = tmp_path / "bin", tmp_path / "shim"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{root}/tests/fakes/docker_shim.py" "$@"\n')
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SHIM_STATE", str(state))
+    monkeypatch.setenv("SHIM_PYTHON", sys.executable)
+    monkeypatch.setenv("SHIM_HOSTS", json.dumps({"gateway:8700": url.removeprefix("http://")}))
+    with _hello_server("127.0.0.2") as allowed, _hello_server("127.0.0.2") as other:
+        tasks = _quick_task(tmp_path / "tasks", "joint-compose", "20s", [f"127.0.0.2:{allowed}"])
+        started = rsigym("run", "start", "--task", "joint-compose", "--tasks-dir", str(tasks), "--agent", "scripted",
+                         "--mode", "compose", "--compose-file", str(root / "docker-compose.yml"), "--json", "--",
+                         "--fetch", f"http://127.0.0.2:{allowed}/", "--fetch", f"http://127.0.0.2:{other}/",
+                         "--sleep", "600")
+        run = started["run"]
+        assert started["mode"] == "compose"
+        for _ in range(900):
+            shown = rsigym("run", "show", run, "--json")
+            if shown["status"] != "running":
+                break
+            time.sleep(0.1)
+    log = rsigym("run", "logs", run)
+    assert shown["status"] == "exited" and shown["exit_code"] == 124, log
+    seen = report(log)
+    assert seen["balance"][0] == 200, log  # the agent's key reached the gateway from "inside the container"
+    fetched = seen["fetch"]
+    assert fetched[f"http://127.0.0.2:{allowed}/"] == [200, f"hello from {allowed}"]
+    assert fetched[f"http://127.0.0.2:{other}/"][0] == 403
+    env = set(seen["env"])
+    assert {"RSIGYM_URL", "RSIGYM_API_KEY", "RSIGYM_INSTRUCTION", "OPENAI_BASE_URL", "ANTHROPIC_BASE_URL",
+            "HTTPS_PROXY", "NO_PROXY"} <= env
+    assert not {k for k in env if "ADMIN" in k or "SECRET" in k or "TEACHER" in k or k.startswith("PG")}
+    calls = [json.loads(line) for line in (state / "calls.log").read_text().splitlines()]
+    key = json.loads((data_dir / "runs" / run / "supervise.json").read_text())["key"]
+    assert not [c for c in calls if any(key in part for part in c)]  # never on a command line
+    runs = [c for c in calls if c[:1] == ["compose"]]
+    egress_run, agent_run = runs  # the proxy first (detached), then the agent in the foreground
+    assert egress_run[-1] == "egress" and "-d" in egress_run and egress_run[-3:-1] == ["-e", "RSIGYM_EGRESS_ALLOW"]
+    assert agent_run[agent_run.index("--profile") + 1] == "joint" and "agent-joint" in agent_run
+    assert ["stop", "-t", "5", f"rsigym-agent-{run}"] in calls
+    assert ["rm", "-f", f"rsigym-agent-{run}", f"rsigym-egress-{run}"] in calls
+    assert not list(state.glob("rsigym-*.json"))  # both containers removed

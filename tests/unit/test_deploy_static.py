@@ -34,12 +34,28 @@ from gateway.cli.main import app as operator_cli
 from gateway.metrics import GatewayMetrics
 from services.core import errors as gym_errors
 from services.core.config import load_config
+from tests.compose_local import (
+    _VAR,
+    COMPOSE_FILE,
+    ROOT,
+    active_in,
+    command_of,
+    dockerfile_instructions,
+    dockerfile_of,
+    dockerfile_stages,
+    effective,
+    env_of,
+    listen_port,
+    networks_of,
+    option,
+    stage_chain,
+    target_of,
+    with_defaults,
+)
 from tests.unit.helm_template import Renderer, TemplateError, manifests, render_chart
 
 SERVICES = service_modules()
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = ROOT / "docker-compose.yml"
 SERVER_DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 AGENT_DOCKERFILE = ROOT / "agent_container" / "Dockerfile"
 ENTRYPOINT = ROOT / "agent_container" / "entrypoint.sh"
@@ -69,7 +85,6 @@ SECRET_PATTERNS = (
 )
 # Variables whose value is (or may embed) a credential: in Helm they come from Secrets only.
 SECRET_VARS = re.compile(r"SECRET|TOKEN|PASSWORD|PGPASS|STORE_URL|REDIS_URL|BROKER_URL|_API_KEY$")
-_VAR = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -85,51 +100,15 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
-def with_defaults(value: str) -> str:
-    """Compose interpolation as an unconfigured checkout sees it: ``${X:-d}`` → ``d``, others → ``<X>``."""
-    return _VAR.sub(lambda m: m["arg"] if m["op"] in (":-", "-") else f"<{m['name']}>", value)
-
-
-def env_of(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {str(k): "" if v is None else str(v) for k, v in env.items()}
-
-
-def networks_of(service: dict[str, Any]) -> set[str]:
-    nets = service.get("networks")
-    if nets is None:
-        return {"default"}
-    return set(nets)
-
-
-def command_of(service: dict[str, Any]) -> list[str]:
-    cmd = service.get("command") or []
-    return shlex.split(cmd) if isinstance(cmd, str) else [str(part) for part in cmd]
-
-
-def option(cmd: list[str], name: str) -> list[str]:
-    return [cmd[i + 1] for i, part in enumerate(cmd[:-1]) if part == name]
-
-
-def dockerfile_of(service: dict[str, Any]) -> str | None:
-    build = service.get("build")
-    if build is None:
-        return None
-    if isinstance(build, str):
-        return "Dockerfile"
-    return build.get("dockerfile", "Dockerfile")
-
-
-def target_of(service: dict[str, Any]) -> str | None:
-    build = service.get("build")
-    return build.get("target") if isinstance(build, dict) else None
+EGRESS = "egress"
+"""The per-run egress allowlist proxy (gateway/egress.py): built from the gateway image but not a
+platform part — no store, no secret, started by the compose-mode launcher per run, not in a track."""
 
 
 def rsigym_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Services run from an image of deploy/Dockerfile (ENTRYPOINT ["rsigym"])."""
-    return {n: s for n, s in services.items() if dockerfile_of(s) == "deploy/Dockerfile"}
+    """The platform's parts: services run from an image of deploy/Dockerfile (ENTRYPOINT ["rsigym"]),
+    the per-run egress proxy aside."""
+    return {n: s for n, s in services.items() if dockerfile_of(s) == "deploy/Dockerfile" and n != EGRESS}
 
 
 def served(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -139,37 +118,6 @@ def served(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def agent_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {n: s for n, s in services.items() if dockerfile_of(s) == "agent_container/Dockerfile"}
-
-
-def active_in(service: dict[str, Any], profile: str) -> bool:
-    profiles = service.get("profiles")
-    return not profiles or profile in profiles
-
-
-def listen_port(service: dict[str, Any]) -> int:
-    ports = option(command_of(service), "--port")
-    return int(ports[-1]) if ports else 8700
-
-
-def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    out: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        full = (pending + line).strip()
-        pending = ""
-        word, _, rest = full.partition(" ")
-        out.append((word.upper(), rest.strip()))
-    assert not pending, f"{path}: dangling line continuation"
-    return out
 
 
 def copy_sources(args: str) -> list[str] | None:
@@ -202,37 +150,6 @@ def ignored_by_dockerignore(rel: str, patterns: list[str]) -> bool:
     return ignored
 
 
-
-
-def dockerfile_stages(path: Path) -> dict[str, dict[str, Any]]:
-    """Build stages by name: ``{"base": FROM's image or stage, "steps": [(INSTR, args), …]}``."""
-    stages: dict[str, dict[str, Any]] = {}
-    current: dict[str, Any] | None = None
-    for word, args in dockerfile_instructions(path):
-        if word == "FROM":
-            parts = args.split()
-            name = parts[parts.index("AS") + 1] if "AS" in parts else f"#{len(stages)}"
-            current = stages[name] = {"base": parts[0], "steps": []}
-        elif current is not None:
-            current["steps"].append((word, args))
-    return stages
-
-
-def stage_chain(stages: dict[str, dict[str, Any]], name: str) -> list[str]:
-    """``name`` and the stages it builds FROM, nearest first."""
-    chain = [name]
-    while stages[chain[-1]]["base"] in stages:
-        chain.append(stages[chain[-1]]["base"])
-    return chain
-
-
-def effective(stages: dict[str, dict[str, Any]], name: str, instruction: str) -> str | None:
-    """The last ``instruction`` (USER, ENTRYPOINT, CMD, HEALTHCHECK) in effect for a target."""
-    for stage in stage_chain(stages, name):
-        found = [a for w, a in stages[stage]["steps"] if w == instruction]
-        if found:
-            return found[-1]
-    return None
 
 
 # ---- Helm values: the chart's components, named as compose names them ---------------------------
@@ -430,7 +347,25 @@ def test_agents_are_only_on_the_internal_agentnet(compose: dict[str, Any], servi
         assert networks_of(svc) == {"agentnet"}, f"{name} must be on agentnet only"
         assert "network_mode" not in svc
     on_agentnet = {n for n, s in services.items() if "agentnet" in networks_of(s)}
-    assert on_agentnet == set(agent_services(services)) | {"gateway"}
+    assert on_agentnet == set(agent_services(services)) | {"gateway", EGRESS}
+
+
+def test_the_egress_proxy_is_the_agents_only_way_out_and_holds_nothing(compose: dict[str, Any],
+                                                                       services: dict[str, dict[str, Any]]) -> None:
+    """Only the egress proxy joins agentnet to a network with a route out; it runs the real
+    ``rsigym egress-proxy`` with its allowlist and no platform secret, and no track starts it (the
+    compose-mode launcher starts one per run whose task allows a host)."""
+    egress = services[EGRESS]
+    assert networks_of(egress) == {"agentnet", "egress"}
+    assert not compose["networks"]["egress"] or compose["networks"]["egress"].get("internal") is not True
+    with_route_out = {n for n, s in services.items() if "egress" in networks_of(s)}
+    assert with_route_out == {EGRESS}
+    assert egress.get("profiles") == ["egress"]
+    assert_real_rsigym_command("compose egress", command_of(egress))
+    assert option(command_of(egress), "--port") == ["3128"]
+    assert env_of(egress) == {"RSIGYM_EGRESS_ALLOW": "${RSIGYM_EGRESS_ALLOW:-}"}
+    assert not egress.get("volumes") and not egress.get("env_file") and not egress.get("ports")
+    assert egress.get("cap_drop") == ["ALL"] and "no-new-privileges:true" in egress.get("security_opt", [])
 
 
 def test_backend_holds_the_platform_but_no_agent(services: dict[str, dict[str, Any]]) -> None:
@@ -777,7 +712,7 @@ def test_entrypoint_smoke_checks_balance_then_execs(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ran rsk-x"
-    assert (tmp_path / "calls").read_text().split() == ["gym", "balance", "http://gateway:8700/rollout/v1"]
+    assert (tmp_path / "calls").read_text().split() == ["gym", "balance", "http://gateway:8700/agent/v1"]
 
 
 def test_entrypoint_fails_when_the_gateway_does_not_answer(tmp_path: Path) -> None:
@@ -1343,135 +1278,3 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     check = subprocess.run([promtool, "check", "rules", str(tmp_path / "queries.yml")], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
-
-
-# ---- compose, launched: what compose declares, as local processes ------------------------------------
-
-REDIS_TEST_URL = os.environ.get("RSIGYM_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ``${X}``, ``${X:-d}``, ``${X:?msg}`` against ``env`` (``.env``), refusing a missing
-    required variable as compose does."""
-    def one(m: re.Match[str]) -> str:
-        if m["name"] in env and (env[m["name"]] or m["op"] not in (":-", ":?")):
-            return env[m["name"]]
-        if m["op"] in (":?", "?"):
-            raise AssertionError(f"compose would refuse to start: {m['name']} is required ({m['arg']})")
-        return m["arg"] or ""
-    return _VAR.sub(one, value)
-
-
-@pytest.fixture
-def redis_test_url() -> str:
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_TEST_URL, socket_timeout=3).ping()
-    except redis.RedisError:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"Redis is required in CI but {REDIS_TEST_URL} is unreachable")
-        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
-    return REDIS_TEST_URL
-
-
-@pytest.mark.slow
-def test_compose_services_run_as_local_processes_and_the_gateway_forwards_signed_calls(
-        services: dict[str, dict[str, Any]], pg_schema: str, redis_test_url: str, tmp_path: Path) -> None:
-    """The five services and the gateway, each started with exactly its compose command and
-    environment (.env filled in as .env.example asks), compose's hosts mapped to 127.0.0.1 on
-    free ports, its volumes to local paths, the stores to the test PostgreSQL schema and Redis."""
-    import httpx
-
-    from tests.conftest import PG_URL
-    from tests.fakes.servers import free_port
-
-    dotenv = {"RSIGYM_INTERNAL_SECRET": secrets.token_urlsafe(32), "RSIGYM_ADMIN_TOKEN": "rsa-" + secrets.token_urlsafe(24),
-              "POSTGRES_PASSWORD": "unused-trust-auth", "RSIGYM_METRICS_TOKEN": "scrape-" + secrets.token_urlsafe(16)}
-    names = [*SERVICE_NAMES, "gateway"]
-    ports = {name: free_port() for name in names}
-    host_map = {name: f"127.0.0.1:{ports[name]}" for name in names}
-    store_url = f"{PG_URL}?options=-csearch_path%3D{pg_schema}"
-
-    def local(value: str) -> str:
-        value = interpolate(value, dotenv)
-        if value.startswith("postgresql://"):
-            return store_url
-        if value.startswith("redis://"):
-            return redis_test_url
-        return re.sub(r"http://([a-z-]+):\d+", lambda m: f"http://{host_map[m[1]]}", value)
-
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("RSIGYM_", "PG"))}
-    try:
-        for name in names:
-            svc = services[name]
-            env = {k: local(v) for k, v in env_of(svc).items()}
-            env["PGPASSWORD"] = "" if "PGPASSWORD" in env else env.get("PGPASSWORD", "")
-            if "RSIGYM_HEALTH_PORT" in env:
-                env["RSIGYM_HEALTH_PORT"] = str(ports[name])
-            mounts = {t: s for s, t, *_ in (with_defaults(v).split(":") for v in svc.get("volumes") or [])}
-            data = "gymdata" if mounts.get("/var/lib/rsigym") == "gymdata" else name
-            env["RSIGYM_DATA_DIR"] = str(tmp_path / data)
-            env["RSIGYM_CONFIG"] = str(ROOT / mounts[env["RSIGYM_CONFIG"]])
-            cmd = [local(part) for part in command_of(svc)]
-            cmd[cmd.index("--port") + 1] = str(ports[name])
-            cmd[cmd.index("--host") + 1] = "127.0.0.1"  # not every interface of the test machine
-            out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-            procs[name] = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", *cmd], cwd=ROOT,
-                                           env={**base_env, **env, "OMP_NUM_THREADS": "1"}, stdout=out,
-                                           stderr=subprocess.STDOUT)
-
-        def healthy(name: str) -> dict[str, Any]:
-            url = f"http://{host_map[name]}/healthz"
-            for _ in range(600):
-                assert procs[name].poll() is None, f"{name} exited: {(logs / f'{name}.log').read_text()[-3000:]}"
-                try:
-                    response = httpx.get(url, timeout=2)
-                    if response.status_code == 200:
-                        return response.json()
-                except httpx.HTTPError:
-                    pass
-                subprocess.run(["sleep", "0.5"], check=True)
-            raise AssertionError(f"{name}: /healthz never answered 200: {(logs / f'{name}.log').read_text()[-3000:]}")
-
-        for name in SERVICE_NAMES:
-            assert healthy(name)["service"] == name
-        assert healthy("gateway")["services"] == sorted(SERVICES)
-
-        gateway = f"http://{host_map['gateway']}"
-        # A service refuses what did not come through the gateway.
-        direct = httpx.get(f"http://{host_map['rollout']}/v1/models", timeout=10)
-        assert direct.status_code == 401, direct.text
-        # Through the gateway: an admin-minted key lists the rollout models of the mounted gym config.
-        admin = {"Authorization": f"Bearer {dotenv['RSIGYM_ADMIN_TOKEN']}"}
-        created = httpx.post(f"{gateway}/admin/v1/keys", json={"track": "joint", "budget_usd": 1.0}, headers=admin, timeout=30)
-        assert created.status_code == 201, created.text
-        models = httpx.get(f"{gateway}/rollout/v1/models", timeout=30,
-                           headers={"Authorization": f"Bearer {created.json()['key']}"})
-        assert models.status_code == 200, models.text
-        expected = {m.name for m in load_config(ROOT / "deploy" / "gym.example.toml").rollout.models}
-        assert {m["id"] for m in models.json()["data"]} == expected
-        # Prometheus' scrape token reads /metrics, and every metric the alerts name is exposed.
-        refused = httpx.get(f"{gateway}/metrics", headers={"Authorization": "Bearer wrong"}, timeout=10)
-        assert refused.status_code in (401, 403)
-        scraped = httpx.get(f"{gateway}/metrics", headers={"Authorization": f"Bearer {dotenv['RSIGYM_METRICS_TOKEN']}"},
-                            timeout=30)
-        assert scraped.status_code == 200, scraped.text
-        families = set(re.findall(r"^# TYPE (\S+) ", scraped.text, re.M))
-        for rule in alert_rules():
-            for metric in promql_metrics(rule["expr"]):
-                base = re.sub(r"_(total|bucket|sum|count)$", "", metric)
-                assert base in families or metric in families, f"{rule['alert']}: {metric} is not on a live /metrics"
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()

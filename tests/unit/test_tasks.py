@@ -55,7 +55,8 @@ def test_every_shipped_task_loads_and_renders() -> None:
                 task.task.track]
             assert (f"**{artifact}**" in text.split("## Submission")[1]) == needed, task.name
         for service in task_policy(task, config).services:
-            assert f"agent_container/skills/{service}.md" in text
+            if service != "agent":  # the agent route's rate limit, not a granted service
+                assert f"agent_container/skills/{service}.md" in text
         body = key_body(task, config)
         assert body["track"] == task.task.track and body["offline"] == task.task.offline
         assert body["deadline_s"] == task.limits.wall_clock_s
@@ -206,6 +207,19 @@ def test_a_template_naming_an_unknown_value_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Unprocessable) as err:
         render_instruction(find_task("joint-shell", tmp_path), _config())
     assert "'learning_rate' is undefined" in err.value.message
+
+
+def test_the_key_body_carries_the_agent_routes_token_rate() -> None:
+    """task.toml's tokens_per_minute.agent becomes the run key's services.agent.tokens_per_minute
+    (what the gateway counts /agent/v1 calls against), for tracks with and without rollout."""
+    config = _config()
+    for name in ("joint-arithmetic", "harness-arithmetic"):
+        task = find_task(name)
+        assert task.limits.tokens_per_minute.agent is not None
+        body = key_body(task, config)
+        assert body["policy"]["services"]["agent"]["tokens_per_minute"] == task.limits.tokens_per_minute.agent
+        rollout = body["policy"]["services"].get("rollout")
+        assert rollout is None or rollout["tokens_per_minute"] == task.limits.tokens_per_minute.rollout
 
 
 def test_every_shipped_tasks_key_body_creates_its_run_key_and_a_wider_policy_is_refused(gym: Any) -> None:
