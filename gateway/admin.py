@@ -23,6 +23,7 @@ from services.core.money import usd_to_nusd
 from services.core.policy import Policy
 from services.core.presets import budget_usd, preset_policy, track_label
 from services.core.spec import ServiceSpec
+from services.core.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
 
@@ -84,8 +85,10 @@ async def list_keys(request: Request, parent_id: str | None = None) -> dict[str,
 
 @router.get("/keys/{key_id}")
 async def show_key(key_id: str, request: Request) -> dict[str, Any]:
+    """The key, and its run's disk use (``storage``, services/core/storage_quota.py)."""
     gw = gateway_of(request)
-    return await gw.store.call(gw.registry.get, key_id)
+    view = await gw.store.call(gw.registry.get, key_id)
+    return {**view, "storage": await gw.store.call(StorageQuota.of(gw.context).usage, view["run_id"])}
 
 
 @router.patch("/keys/{key_id}")
@@ -156,8 +159,7 @@ async def _to_service(request: Request, service: str, method: str, path: str) ->
     gw = gateway_of(request)
     body = await request.body() if method == "POST" else b""
     query = request.url.query
-    upstream = await operator_call(gw, service, method, path + (f"?{query}" if query else ""),
-                                   request_id_of(request), body)
+    upstream = await operator_call(gw, service, method, path, request_id_of(request), body, query=query)
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
 

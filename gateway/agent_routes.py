@@ -1,4 +1,4 @@
-"""Routes a run key calls on the gateway itself: balance and child keys."""
+"""Routes a run key calls on the gateway itself: its own key, balance and child keys."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gateway.context import gateway_of
 from gateway.schemas import MintChildKey
 from services.core import agent_meter
 from services.core.money import usd_to_nusd
+from services.core.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/v1")
 
@@ -20,11 +21,24 @@ router = APIRouter(prefix="/v1")
 @router.get("/balance")
 async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
     """The key's service budget, and the run's agent-model meter apart (``agent_model``: the
-    same four figures, or null when the run has none)."""
+    same four figures, or null when the run has none), and the run's disk (``storage``: bytes
+    used of its quota, by kind; services/core/storage_quota.py)."""
     gw = gateway_of(request)
     service = (await gw.store.call(gw.ledger.balance, principal.key_id)).as_usd()
     agent = await gw.store.call(partial(agent_meter.meter_balance, gw.store, principal.run_id))
-    return {**service, "agent_model": agent}
+    storage = await gw.store.call(StorageQuota.of(gw.context).usage, principal.run_id)
+    return {**service, "agent_model": agent, "storage": storage}
+
+
+@router.get("/key")
+async def own_key(principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
+    """The calling key as the admin sees it (track, status, budget, ``ends_at``, its own policy)
+    and ``effective_policies``: every policy of its chain, root first — a call must satisfy all of
+    them. An agent reads what its track grants and fixes here instead of probing with calls the
+    gateway would refuse (and record as refusals)."""
+    gw = gateway_of(request)
+    view = await gw.store.call(gw.registry.get, principal.key_id)
+    return {**view, "effective_policies": [p.model_dump(mode="json") for p in principal.policies]}
 
 
 @router.post("/keys", status_code=201)

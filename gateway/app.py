@@ -14,11 +14,13 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway import admin, agent_model, agent_routes
 from gateway.auth import require_metrics_reader
+from gateway.body_limits import install_body_limits
+from gateway.context import Gateway
 from gateway.dashboard import mount_dashboard
-from gateway.context import Gateway, gateway_of
+from gateway.health import StoreHealth
 from gateway.proxy import forward
 from gateway.run_end import reap_run_limits
-from services.core.errors import GymError, StoreUnavailable
+from services.core.errors import GymError
 from services.core.http import RequestIdMiddleware, install_error_handlers
 
 log = logging.getLogger("rsigym.gateway")
@@ -58,20 +60,19 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await anyio.to_thread.run_sync(gw.fanout.stop)
+            health.dispose()
             await gw.aclose()
 
     app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
     app.state.gw = gw
+    health = StoreHealth(gw.store)  # its own thread and connection: never queued behind calls
+    install_body_limits(app, gw)  # bodies bounded in size, time and shape while they stream in
     app.add_middleware(RequestIdMiddleware)
     install_error_handlers(app, on_error=lambda err: gw.metrics.refusals.labels(err.type).inc())
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz(request: Request) -> JSONResponse:
-        store_ok = True
-        try:
-            await gw.store.call(_ping, gateway_of(request))
-        except StoreUnavailable:
-            store_ok = False
+        store_ok = await health.ok()
         body = {"status": "ok" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
                 "services": sorted(gw.specs)}
         return JSONResponse(body, status_code=200 if store_ok else 503)
@@ -91,9 +92,3 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     return app
 
-
-def _ping(gw: Gateway) -> None:
-    from sqlalchemy import text
-
-    with gw.store.transaction() as s:
-        s.execute(text("SELECT 1"))

@@ -5,6 +5,10 @@ would turn the gateway's token-by-token relay into one late burst in embedded mo
 transport runs the app as a task and hands body chunks to the caller as the app sends them;
 closing the response early tells the app the client went away (``http.disconnect``) and
 cancels it. Written here because no maintained library offers a streaming ASGI transport.
+
+The hand-over is bounded (``QUEUE_CHUNKS`` body chunks): an app that produces faster than its
+caller reads waits in ``send`` — the backpressure a socket would give — so a reader that never
+reads holds a few chunks, not everything the app would have produced.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 import httpx
 
 _END = object()
+QUEUE_CHUNKS = 16
+"""Body chunks held between the app and the reader before the app's ``send`` waits."""
 
 
 class _QueueStream(httpx.AsyncByteStream):
@@ -64,10 +70,10 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
             "client": self.client,
             "server": (request.url.host, request.url.port or 80),
         }
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_CHUNKS)
         started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         disconnected = asyncio.Event()
-        body_sent = False
+        body_sent = ended = False
 
         async def receive() -> dict[str, Any]:
             nonlocal body_sent
@@ -78,26 +84,40 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
             return {"type": "http.disconnect"}
 
         async def send(message: dict[str, Any]) -> None:
+            nonlocal ended
             if message["type"] == "http.response.start":
                 if not started.done():
                     started.set_result(message)
             elif message["type"] == "http.response.body":
                 await queue.put(message.get("body", b""))
                 if not message.get("more_body", False):
+                    ended = True
                     await queue.put(_END)
+
+        async def close_with(*items: Any, wait: bool) -> None:
+            """Hand the reader its last items; never wait for one that has gone (or a cancelled app)."""
+            for item in items:
+                if wait and not disconnected.is_set():
+                    await queue.put(item)
+                else:
+                    with contextlib.suppress(asyncio.QueueFull):
+                        queue.put_nowait(item)
 
         async def run() -> None:
             try:
                 await self.app(scope, receive, send)
             except BaseException as err:  # surfaced to whoever is waiting
+                cancelled = isinstance(err, asyncio.CancelledError)
                 if not started.done():
                     started.set_exception(err if isinstance(err, Exception) else RuntimeError("app cancelled"))
                 else:
-                    await queue.put(httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}"))
-                if isinstance(err, asyncio.CancelledError):
+                    await close_with(httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}"),
+                                     _END, wait=not cancelled)
+                if cancelled:
                     raise
-            finally:
-                await queue.put(_END)
+            else:
+                if not ended:
+                    await close_with(_END, wait=True)
 
         task = asyncio.create_task(run())
         start = await started

@@ -22,6 +22,10 @@ from services.core.spec import ServiceContext, ServiceSpec
 from services.core.store import Store
 
 
+BODY_WORKERS = 4
+"""Request bodies parsed and checked against policy at once, off the event loop."""
+
+
 @dataclass
 class Gateway:
     context: ServiceContext
@@ -52,6 +56,9 @@ class Gateway:
         self.metrics.track_jobs(self.store)  # queue depth / age and finished jobs, read at scrape time
         self.principals = PrincipalCache(PrincipalCacheSettings())
         self.fanout = PrincipalFanout(self.principals, self.store.key_events, dialect=self.store.dialect)
+        self.body_work = anyio.CapacityLimiter(BODY_WORKERS)
+        """Threads that parse and apply policy to request bodies (gateway/proxy.py), apart from the
+        store's and the services' threads."""
 
     async def aclose(self) -> None:
         for client in self.clients.values():

@@ -12,22 +12,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from services.core import rate_limits
+from services.core.body_limits import parse_json_object
 from services.core.canonical import canonical_body
+from services.core.config import HttpConfig
 from services.core.errors import (
     AuthenticationFailed,
     BudgetExhausted,
     ConcurrencyLimited,
     GymError,
-    InvalidRequest,
     KeyPaused,
     NotFound,
     PermissionDenied,
@@ -35,18 +37,17 @@ from services.core.errors import (
     ServiceUnavailable,
 )
 from services.core.events import CALL_REFUSED
-from services.core.http import json_object, request_id_of
+from services.core.http import ClosingStreamingResponse, request_id_of
 from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
 from services.core.keys import Principal
 from services.core.ledger import Balance, Reservation
 from services.core.money import format_usd, nusd_to_usd
-from services.core.policy import apply_chain
+from services.core.policy import Policy, apply_chain
 from services.core.spec import Operation, ServiceSpec
 from services.sandbox import tokens as sandbox_tokens
 
 log = logging.getLogger("rsigym.gateway")
 
-MAX_JSON_BODY = 16 * 1024 * 1024
 _FORWARD_REQUEST_HEADERS = ("e2b-sandbox-id", "connect-protocol-version", "connect-timeout-ms",
                             "connect-content-encoding", "connect-accept-encoding", "keepalive-ping-interval")
 """Protocol headers a service needs besides the body (E2B's daemon, Connect RPC); the
@@ -59,14 +60,21 @@ REFUSALS = (PermissionDenied, KeyPaused, BudgetExhausted, ConcurrencyLimited, Ra
 """Refusals of a known principal that become ``call.refused`` events (policy, budget, concurrency)."""
 REFUSED_STATUSES = (402, 403)
 """A service's own refusals (its standard error body) that are recorded the same way."""
+STREAM_SEND_TIMEOUT_S = 120.0
+"""A streamed response (SSE, a sandbox command's output) whose client accepts no data for this
+long is cut. Until then the relay holds only a few chunks: a reader that does not read holds
+its producer back (backpressure), so memory stays flat while it waits."""
 COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    if len(await request.body()) > MAX_JSON_BODY:
-        raise InvalidRequest(f"request body over {MAX_JSON_BODY} bytes")
-    return await json_object(request)
+def _policy_body(raw: bytes, http: HttpConfig, policies: list[Policy], service: str,
+                 op: Operation) -> tuple[dict[str, Any], bytes]:
+    """Parse (within the JSON limits), one spelling per field, policy, re-serialise: CPU work on a
+    body, run off the event loop (``Gateway.body_work``) so no body stalls other calls."""
+    body = canonical_body(parse_json_object(raw, http), op.spellings)
+    body = apply_chain(policies, service, body, model_field=op.model_field)
+    return body, json.dumps(body, separators=(",", ":")).encode()
 
 
 async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
@@ -184,9 +192,9 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
     try:
         payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:
-            body = canonical_body(await _json_body(request), op.spellings)  # one spelling per field, then policy
-            body = apply_chain(list(payer.policies), service, body, model_field=op.model_field)
-            raw = json.dumps(body, separators=(",", ":")).encode()
+            raw_in = await request.body()  # bounded while it streamed in (services/core/body_limits.py)
+            body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config.http, list(payer.policies),
+                                                       service, op, limiter=gw.body_work)
         else:
             _check_grant(payer, service)
             body, raw = {}, await request.body()
@@ -218,9 +226,11 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
             headers[COST_RESPONSE] = format_usd(estimate)  # upper bound; exact cost in the stream's usage
             headers["X-RSIGym-Cost-Kind"] = "reserved-upper-bound"
             headers[REMAINING_RESPONSE] = call.reservation.balance.remaining_header
-        return StreamingResponse(_relay(call, upstream, estimate), status_code=upstream.status_code, headers=headers)
+        return ClosingStreamingResponse(_relay(call, upstream, estimate), status_code=upstream.status_code,
+                                        headers=headers, send_timeout_s=STREAM_SEND_TIMEOUT_S)
     if not op.metered and upstream.headers.get("content-type", "").startswith(_PASS_THROUGH_STREAMS):
-        return StreamingResponse(_pass_through(call, upstream), status_code=upstream.status_code, headers=headers)
+        return ClosingStreamingResponse(_pass_through(call, upstream), status_code=upstream.status_code,
+                                        headers=headers, send_timeout_s=STREAM_SEND_TIMEOUT_S)
 
     try:
         content = await upstream.aread()
@@ -303,7 +313,8 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
     }
     client = gw.clients[service]
     try:
-        return await client.send(client.build_request(request.method, target, content=raw, headers=headers), stream=True)
+        wire = wire_path(sub_path) + (f"?{query}" if query else "")
+        return await client.send(client.build_request(request.method, wire, content=raw, headers=headers), stream=True)
     except httpx.HTTPError as err:
         log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
         raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err
@@ -313,7 +324,8 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
     """Pass SSE through, strip the service's cost trailer and settle on it at the end.
 
     If the stream ends without a trailer (service crash) or the client goes away first,
-    the call is billed its reservation: a stream is never let through unmetered.
+    the call is billed its reservation — unless the service settled it first for the work it
+    did (inference does, when its reader goes away): a stream is never let through unmetered.
     """
     cost: int | None = None
     pending = b""
@@ -343,6 +355,10 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
             yield pending
     except GymError:
         raise
+    except httpx.HTTPError as err:  # the service died mid-stream: end the stream with the standard error
+        log.warning("%s: the %s service broke its stream off (%s)", call.request_id, call.service, type(err).__name__)
+        gone = ServiceUnavailable(f"the {call.service} service went away in the middle of this stream")
+        yield b"\ndata: " + json.dumps(gone.body(call.request_id), separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
     finally:
         call.gw.metrics.in_flight.labels(call.service).dec()
         with anyio.CancelScope(shield=True):
@@ -361,16 +377,27 @@ async def _pass_through(call: _Call, upstream: httpx.Response) -> AsyncIterator[
         await call.close(None)
 
 
+def wire_path(path: str) -> str:
+    """A (decoded) path as it travels to a service: what a URL cannot carry as it is (``?``, ``#``,
+    ``%``, control characters, non-ASCII) percent-encoded and dot segments kept from being resolved,
+    so the service routes and verifies exactly the path that was signed: an odd id is looked up
+    and not found, never a broken URL (a 500), a truncated path or another route."""
+    segments = (quote(s, safe="!$&'()*+,;=:@") for s in path.split("/"))
+    return "/".join(s.replace(".", "%2E") if s in (".", "..") else s for s in segments)
+
+
 async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str,
-                        body: bytes = b"") -> httpx.Response:
-    """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered."""
+                        body: bytes = b"", query: str = "") -> httpx.Response:
+    """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered.
+    ``path`` is decoded (ids as they are); ``query`` is already URL-encoded."""
     if service not in gw.clients:
         raise NotFound(f"the {service} service is not part of this gym")
     identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
                         operation="operator", operator=True, issued_at=time.time())
     headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity",
-               **sign(identity, gw.internal_secret, method, path, body)}
+               **sign(identity, gw.internal_secret, method, path + (f"?{query}" if query else ""), body)}
     try:
-        return await gw.clients[service].request(method, path, headers=headers, content=body)
+        return await gw.clients[service].request(method, wire_path(path) + (f"?{query}" if query else ""),
+                                                 headers=headers, content=body)
     except httpx.HTTPError as err:
         raise ServiceUnavailable(f"the {service} service is unavailable") from err

@@ -12,21 +12,28 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_USD = 1_000_000.0
+"""The largest budget or top-up one call may set (USD): the ledger counts nano-dollars in 64-bit
+integers, so an amount beyond it would overflow the store (a 500) instead of being refused."""
+MAX_DEADLINE_S = 10 * 365 * 86400.0
+"""A run's wall-clock limit from now is at most ten years (either way, for ``SetDeadline``)."""
+
+
 class CreateKey(_Body):
     track: str | None = None
     """A preset: data, harness, joint (``offline`` alone: joint + offline)."""
     offline: bool = False
     """The offline modifier on the track (no sandbox internet, one designated teacher)."""
     policy: dict[str, Any] | None = None
-    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    budget_usd: float | None = Field(default=None, ge=0, le=MAX_USD, allow_inf_nan=False)
     budget: str | None = Field(default=None, max_length=40)
     """A named budget of the track's preset (small, standard, large) instead of ``budget_usd``."""
     name: str | None = Field(default=None, max_length=200)
-    deadline_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    deadline_s: float | None = Field(default=None, gt=0, le=MAX_DEADLINE_S, allow_inf_nan=False)
     """The run's wall-clock limit from now (seconds); or ``ends_at``."""
     ends_at: datetime | None = None
     """The run's deadline (ISO 8601 with a time zone); after it every key of the run is refused."""
-    agent_budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    agent_budget_usd: float | None = Field(default=None, ge=0, le=MAX_USD, allow_inf_nan=False)
     """The run's agent-model budget (``/agent/v1/…``, a meter apart from the service budget);
     None: the run's agent gets no model through the gym."""
 
@@ -35,7 +42,7 @@ class SetDeadline(_Body):
     """Set or move a run's deadline (``ends_at`` or ``deadline_s`` from now); neither clears it."""
 
     ends_at: datetime | None = None
-    deadline_s: float | None = Field(default=None, allow_inf_nan=False)
+    deadline_s: float | None = Field(default=None, ge=-MAX_DEADLINE_S, le=MAX_DEADLINE_S, allow_inf_nan=False)
     """Seconds from now; may be negative (an operator ending a run now: ``0``)."""
 
 
@@ -43,12 +50,12 @@ class MintChildKey(_Body):
     name: str | None = Field(default=None, max_length=200)
     policy: dict[str, Any] | None = None
     """Defaults to the parent's own policy."""
-    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    budget_usd: float | None = Field(default=None, ge=0, le=MAX_USD, allow_inf_nan=False)
     """Optional sub-budget; the parent's budget always applies too."""
 
 
 class TopUp(_Body):
-    amount_usd: float = Field(gt=0, allow_inf_nan=False)
+    amount_usd: float = Field(gt=0, le=MAX_USD, allow_inf_nan=False)
 
 
 class EditPolicy(_Body):

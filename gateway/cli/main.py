@@ -99,6 +99,7 @@ def up(
     import uvicorn
 
     from gateway.builder import build_embedded, own_url
+    from services.core.body_limits import server_options
 
     settings = _settings(data_dir, config)
     gym = build_embedded(settings)
@@ -106,7 +107,8 @@ def up(
     _prepare_models(gym.gateway.config, settings)
     token_note = "RSIGYM_ADMIN_TOKEN" if settings.admin_token else str(Path(settings.data_dir) / "admin-token")
     err_console.print(f"RSIGym embedded gym on http://{host}:{port}  (admin token: {token_note})")
-    uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False,
+                **server_options(gym.gateway.config))
 
 
 def _prepare_models(config: Any, settings: GymSettings) -> None:
@@ -150,6 +152,8 @@ def serve(
     import uvicorn
 
     from gateway.builder import build_gateway, build_service
+    from services.core.body_limits import server_options
+    from services.core.config import load_config
     from services.core.settings import StoreSettings
 
     settings = _settings(data_dir, config)
@@ -158,7 +162,8 @@ def serve(
         asgi = build_gateway(settings, StoreSettings(), urls).app
     else:
         asgi = build_service(part, settings)
-    uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False)
+    uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False,
+                **server_options(load_config(settings.config)))
 
 
 @app.command()
@@ -178,6 +183,24 @@ def worker(
     if concurrency is not None:
         worker_settings = worker_settings.model_copy(update={"concurrency": concurrency})
     start_worker(parse_queues(queues), _settings(data_dir, config), StoreSettings(), worker_settings)
+
+
+@app.command("egress-proxy")
+def egress_proxy(
+    allow: Annotated[str | None, typer.Option("--allow", envvar="RSIGYM_EGRESS_ALLOW",
+                                              help="Hosts the agent may reach (host, host:port, *.domain), "
+                                                   "space or comma separated; none: every request refused.")] = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 3128,
+) -> None:
+    """The research agent's egress allowlist proxy (compose mode's ``egress`` service; see gateway/egress.py)."""
+    import asyncio
+
+    from gateway.egress import EgressPolicy, serve_tcp
+
+    policy = EgressPolicy.from_env(allow)
+    console.print(f"egress proxy on {host}:{port}: {len(policy.entries)} allowed host pattern(s)")
+    asyncio.run(serve_tcp(policy, host, port))
 
 
 @app.command()
@@ -205,7 +228,9 @@ def keys_create(
                                               "offline)")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="The offline modifier: no sandbox internet, "
                                           "rollout only from the designated teacher.")] = False,
-    policy_file: Annotated[Path | None, typer.Option("--policy-file", help="A policy (TOML or JSON).")] = None,
+    policy_file: Annotated[Path | None, typer.Option("--policy-file", help="A policy (TOML or JSON); token "
+                                                     "rates: tokens_per_minute under [services.rollout] and "
+                                                     "[services.agent] (the agent route).")] = None,
     name: Annotated[str | None, typer.Option("--name")] = None,
     deadline: Annotated[str | None, typer.Option("--deadline", help="The run's wall-clock limit from now "
                                                  "(90s, 30m, 2h, 1d): after it every key of the run is refused "
@@ -629,15 +654,21 @@ def watch(
     stall_minutes: Annotated[float, typer.Option("--stall-minutes", help="Warn after this long without an "
                                                                          "agent call.")] = 10.0,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one snapshot as JSON and exit (implies --once).")]
+    = False,
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
 ) -> None:
     """A live view of a run: service and agent-model spend, recent agent turns, running jobs,
     last evaluation scores, the audit status and stall warnings (Ctrl-C to leave)."""
+    from gateway.cli.watch import fetch_snapshot
     from gateway.cli.watch import watch as watch_run
 
     if interval <= 0 or stall_minutes <= 0:
         raise typer.BadParameter("--interval and --stall-minutes must be > 0")
+    if as_json:
+        typer.echo(json.dumps(_admin(data_dir, url, lambda c: fetch_snapshot(c, run_id)), indent=2, default=str))
+        return
     _admin(data_dir, url, lambda c: watch_run(c, run_id, console=console, interval=interval,
                                               stall_minutes=stall_minutes, once=once))
 
@@ -759,6 +790,12 @@ def run_start(
     task: Annotated[str, typer.Option("--task", help="Task name (rsigym tasks list).")],
     agent: Annotated[str, typer.Option("--agent", help="Agent template (gateway/agents.toml).")],
     budget: Annotated[str | None, typer.Option("--budget", help="Service budget: USD or small|standard|large.")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="embedded: the agent in its own namespaces on this host "
+                                      "(bubblewrap); compose: the track's agent container (docker compose run).")]
+    = "embedded",
+    compose_file: Annotated[Path, typer.Option("--compose-file", help="Compose mode: the gym's compose file "
+                                               "(its core already up).")] = Path("docker-compose.yml"),
+    project: Annotated[str, typer.Option("--project", help="Compose mode: the compose project name.")] = "rsigym",
     tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False,
     data_dir: DataDirOpt = None, url: UrlOpt = None,
 ) -> None:
@@ -768,6 +805,12 @@ def run_start(
     from services.core.config import load_config
 
     settings = _settings(data_dir)
+    if mode not in ("embedded", "compose"):
+        raise typer.BadParameter("--mode is embedded or compose")
+    compose = None
+    if mode == "compose":
+        compose = launcher.ComposeTarget(file=compose_file.resolve(), project_dir=compose_file.resolve().parent,
+                                         project=project)
 
     def start() -> launcher.RunRecord:
         gym_config = load_config(config or settings.config)
@@ -782,13 +825,14 @@ def run_start(
             data_dir=Path(settings.data_dir), gateway_url=url or settings.url, client=AdminClient(settings, url),
             task=found, key_body=key_body(found, gym_config, budget=amount),
             instruction=render_instruction(found, gym_config), agent=agent, config=gym_config,
-            extra_args=list(ctx.args))
+            extra_args=list(ctx.args), compose=compose)
 
     record = _run_call(start)
     if as_json:
         typer.echo(record.model_dump_json(indent=2))
         return
-    console.print(f"run {record.run} started: agent {record.agent} (pid {record.pid}) on task {record.task}")
+    console.print(f"run {record.run} started ({record.mode}): agent {record.agent} (pid {record.pid}) "
+                  f"on task {record.task}")
 
 
 def _run_row(r: Any) -> list[str]:

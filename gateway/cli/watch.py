@@ -117,6 +117,7 @@ def fetch_snapshot(client: AdminClient, run_id: str, *, turns: int = TURNS, scor
         "spend_by_service": {svc: v.get("total_usd", 0.0) for svc, v in (timeline.get("spend_by_service") or {}).items()},
         "agent_model": None if meter is None else {k: meter.get(k) for k in ("id", "budget_usd", "spent_usd",
                                                                              "reserved_usd", "remaining_usd")},
+        "storage": run.get("storage"),
         "turns": [turn_summary(t) for t in trajectory[-turns:]],
         "turn_count": len(trajectory),
         "jobs": jobs,
@@ -151,6 +152,10 @@ def stall_seconds(snapshot: dict[str, Any]) -> float:
     return max(0.0, (now - last).total_seconds())
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
     run = snapshot["run"]
     head = Text.assemble(("run ", "bold"), (str(run.get("id")), "bold cyan"),
@@ -161,6 +166,12 @@ def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
     last = snapshot.get("last_agent_call_at")
     lines: list[RenderableType] = [head, Text(f"at {snapshot['now'][:19]}  last agent call: "
                                               + (f"{_ago(idle)} ago" if last else "none yet"))]
+    storage = snapshot.get("storage")
+    if storage:
+        used, quota = storage.get("used_bytes", 0), storage.get("quota_bytes") or 0
+        kinds = ", ".join(f"{k} {_mib(v)}" for k, v in (storage.get("by_kind") or {}).items() if v)
+        lines.append(Text(f"disk: {_mib(used)} of {_mib(quota)} used" + (f" ({kinds})" if kinds else ""),
+                          style="bold red" if quota and used >= 0.9 * quota else ""))
     if idle >= stall_minutes * 60:
         lines.append(Text(f"STALLED: no agent call for {_ago(idle)} (threshold {stall_minutes:g} min)", style="bold red"))
     return Group(*lines)

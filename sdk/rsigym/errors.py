@@ -213,6 +213,7 @@ _BY_TYPE: dict[str, tuple[type[APIStatusError], int]] = {
     "budget_exhausted": (BudgetExhaustedError, 402),
     "permission_denied": (PermissionDeniedError, 403),
     "key_paused": (PermissionDeniedError, 403),
+    "quota_exceeded": (PermissionDeniedError, 403),
     "not_found": (NotFoundError, 404),
     "conflict": (ConflictError, 409),
     "rate_limited": (RateLimitError, 429),

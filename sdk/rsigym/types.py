@@ -200,6 +200,8 @@ class TrainingStepMetrics(_Base):
     grad_norm: float
     cost_usd: float
     cumulative_cost_usd: float
+    loss_s: float | None = None
+    """Wall seconds of the custom loss this step (billed per second in ``cost_usd``)."""
 
 
 class TrainingJob(_WithMeta):
@@ -220,6 +222,10 @@ class TrainingJob(_WithMeta):
     checkpoints: list[str] | None = None
     experiment: str | None = None
     """The experiment the job is attached to."""
+    queue_position: int | None = None
+    """While queued: its place in the fair queue (1 = next to start); None once it started."""
+    queued_s: float | None = None
+    """Seconds waited in the queue: so far while queued, until it started afterwards."""
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -388,6 +394,10 @@ class EvaluationJob(HasRequestMeta, _WithMeta):
     error: str | None = None
     detail: str | None = None
     experiment: str | None = None
+    queue_position: int | None = None
+    """While queued: its place in the fair queue (1 = next to start); None once it started."""
+    queued_s: float | None = None
+    """Seconds waited in the queue: so far while queued, until it started afterwards."""
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from services.core.errors import NotFound
 from services.core.events import CHECKPOINT_REGISTERED, EventLog
 from services.core.ids import new_id
+from services.core.storage_quota import StorageQuota, tree_bytes
 from services.core.store import Store
 from services.core.tables import Base, UTCDateTime, utcnow
 
@@ -67,14 +68,17 @@ class CheckpointRegistry:
     """Rows are returned detached (``expire_on_commit`` is off in the store's sessions), so
     callers read their fields after the transaction."""
 
-    def __init__(self, store: Store, root: Path):
+    def __init__(self, store: Store, root: Path, quota: StorageQuota | None = None):
         self.store = store
         self.root = Path(root)
+        self.quota = quota
+        """The runs' storage meter: a saved checkpoint is charged with its row (None: readers only)."""
 
     @classmethod
     def of(cls, context: Any) -> CheckpointRegistry:
-        """The gym's registry (a ``ServiceContext``: its store, ``<data dir>/checkpoints``)."""
-        return cls(context.store, context.data_dir / "checkpoints")
+        """The gym's registry (a ``ServiceContext``: its store, ``<data dir>/checkpoints``, its
+        ``[storage]`` quota)."""
+        return cls(context.store, context.data_dir / "checkpoints", StorageQuota.of(context))
 
     def save(self, *, model: Any, run_id: str, job_id: str, base_model: str, parent: str | None,
              dataset_hashes: list[str], config_hash: str, loss_module_hash: str | None, step: int,
@@ -86,12 +90,22 @@ class CheckpointRegistry:
         ckpt_id = new_id("ckpt")
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{ckpt_id}.partial"
-        model.save_pretrained(tmp)
+        try:
+            model.save_pretrained(tmp)
+            stored = tree_bytes(tmp)
+            if self.quota is not None:  # refused before it is servable; the job fails with the reason
+                self.quota.check_object("checkpoints", stored, param=None)
+                self.quota.require(run_id, "checkpoints", stored, param=None)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         weights_hash = hash_dir(tmp)
         final = self.root / ckpt_id
         os.replace(tmp, final)
         try:
             with self.store.transaction() as s:
+                if self.quota is not None:
+                    self.quota.charge(s, run_id, "checkpoints", stored, param=None)
                 row = Checkpoint(id=ckpt_id, run_id=run_id, job_id=job_id, base_model=base_model,
                                  parent_checkpoint_id=parent, dataset_hashes=dataset_hashes, config_hash=config_hash,
                                  loss_module_hash=loss_module_hash, step=step, metrics=metrics,

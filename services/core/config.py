@@ -94,12 +94,20 @@ class TrainingConfig(_Strict):
     max_dataset_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_dataset_rows: int = Field(default=200_000, gt=0)
     custom_loss_timeout_s: float = Field(default=30.0, gt=0)
+    """The per-step cap on a custom loss's wall time: a step whose loss runs longer fails the job."""
+    custom_loss_usd_per_hour: float = Field(default=0.05, ge=0)
+    """A custom loss's wall time is billed per second at this price (like a sandbox's)."""
+    max_running_per_run: int | None = Field(default=1, ge=1)
+    """Jobs of one run running at once; the run's further jobs wait in the queue (None: no cap)."""
 
 
 class InferenceConfig(_Strict):
     max_loaded_adapters: int = Field(default=8, gt=0)
     default_max_tokens: int = Field(default=64, gt=0)
     max_tokens_cap: int = Field(default=512, gt=0)
+    threads: int = Field(default=4, gt=0)
+    """Worker threads of the inference service (its own anyio CapacityLimiter, not the process-wide
+    default shared with every embedded service): generations that wait for the model queue here."""
 
 
 class SandboxTemplate(_Strict):
@@ -126,6 +134,8 @@ class SandboxTemplate(_Strict):
     cpu_count: int = Field(default=1, gt=0)
     """CPUs the sandbox may keep busy at once: its cgroup's CFS quota where a cpu controller is writable."""
     disk_mb: int = Field(default=1024, gt=0)
+    """The sandbox's whole writable filesystem (a tmpfs: memory or swap, not the host's disk);
+    writing past it fails with ENOSPC inside."""
 
 
 def _default_templates() -> list[SandboxTemplate]:
@@ -141,7 +151,8 @@ class SandboxConfig(_Strict):
     default_timeout_s: int = Field(default=300, gt=0)
     max_timeout_s: int = Field(default=24 * 3600, gt=0)
     local_root: str | None = None
-    """Where local sandboxes keep their writable roots (default: a fresh dir under /tmp)."""
+    """Where local sandboxes keep their control dirs (default: a fresh dir under RSIGYM_SCRATCH_DIR).
+    A sandbox's files are not here: they live in its own tmpfs of the template's ``disk_mb``."""
     uid_base: int = Field(default=200_000, gt=1000)
     """Local sandboxes run as unprivileged uids uid_base … uid_base + 9999, one per live sandbox."""
     max_file_transfer_mb: int = Field(default=64, gt=0)
@@ -161,6 +172,9 @@ class EvaluationConfig(_Strict):
     """Trials (sandboxes) at once per job and worker."""
     workers_per_job: int = Field(default=1, ge=1)
     """Workers that share one job's trials (the job's task plus this many minus one helper tasks)."""
+    max_running_per_run: int | None = Field(default=1, ge=1)
+    """An agent's evaluation jobs running at once per run; further ones wait in the queue (None: no
+    cap). Operator jobs (validation, scoring, baselines) are not counted."""
 
 
 class AuditConfig(_Strict):
@@ -204,8 +218,48 @@ class TracksConfig(_Strict):
     """The one rollout model an offline run may call (none: offline runs get no rollout)."""
 
 
+class StorageConfig(_Strict):
+    """What a run may keep on the gym's disk (services/core/storage_quota.py): datasets, harnesses
+    (archive plus unpacked tree), checkpoints, evaluation trajectories and results, each counted
+    at its stored (expanded) size when the service that writes it writes it."""
+
+    run_quota_mb: int = Field(default=4096, gt=0)
+    """Per run, all kinds together; past it a write is refused with 403 ``quota_exceeded``."""
+    max_object_mb: int = Field(default=1024, gt=0)
+    """Per object (one dataset, one unpacked harness, one checkpoint …), on top of each kind's own
+    limit; past it a write is refused with 413 ``payload_too_large``."""
+
+
+class HttpConfig(_Strict):
+    """Bounds on what one HTTP request may make the gateway or a service hold
+    (services/core/body_limits.py): enforced while the body streams in, before any policy work."""
+
+    max_json_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    """Every body that is not an upload (JSON calls, admin calls): 413 ``payload_too_large`` past it."""
+    max_upload_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """Dataset and harness-archive uploads (keep it at least ``training.max_dataset_bytes``).
+    Sandbox file writes are bounded by ``sandbox.max_file_transfer_mb`` instead (plus 1 MiB of
+    multipart framing)."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """The whole body must arrive within this time of the request's head: 408 ``request_timeout``."""
+    max_json_depth: int = Field(default=64, gt=0)
+    """Nesting of objects and arrays in a JSON body."""
+    max_json_tokens: int = Field(default=500_000, gt=0)
+    """Commas, braces and brackets of a JSON body (those inside strings too), counted as it streams
+    in and before it is parsed: bounds the parse."""
+    max_json_elements: int = Field(default=20_000, gt=0)
+    """Objects, arrays and scalar values of the parsed body, counted off the event loop before
+    policy work and before the body is forwarded: bounds what a service validates on its loop."""
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)
+    """The request line and headers together (uvicorn's ``h11_max_incomplete_event_size``)."""
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    """An idle keep-alive connection is closed after this long (uvicorn's ``timeout_keep_alive``)."""
+
+
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     models: list[BaseModel_] = Field(default_factory=_default_models)
     training: TrainingConfig = Field(default_factory=TrainingConfig)

@@ -12,6 +12,7 @@ SDK reads, so its exceptions carry our message too.)
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 from fastapi.responses import JSONResponse
@@ -104,6 +105,20 @@ class ServiceUnavailable(GymError):
     status, type = 503, "service_unavailable"
 
 
+STORAGE_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def storage_full(err: BaseException) -> ServiceUnavailable | None:
+    """The gym's own disk is full (ENOSPC / EDQUOT anywhere in ``err``'s chain): a 503 that says
+    so, instead of an anonymous internal error. None for any other error."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in STORAGE_FULL_ERRNOS:
+            return ServiceUnavailable("the gym's storage is full: nothing was stored, and nothing was charged for it")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def error_response(exc: GymError, request_id: str | None) -> JSONResponse:
     """The error factory: the only way an error becomes an HTTP response."""
     headers = {**exc.headers}
@@ -138,3 +153,25 @@ def validated[M: BaseModel](model: type[M], data: Any, *, what: str, error: type
         first = err.errors()[0]
         param = prefix + ".".join(str(p) for p in first["loc"])
         raise (error or Unprocessable)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err
+
+
+class PayloadTooLarge(GymError):
+    """One object (a dataset, a harness archive or what it unpacks to, a checkpoint …) is over its
+    per-object size limit, whatever the run's storage quota says; or a request body over its route's
+    size or JSON-shape limit, refused while it streams in (services/core/body_limits.py)."""
+
+    status, type = 413, "payload_too_large"
+
+
+class QuotaExceeded(GymError):
+    """Storing this would take the run past its storage quota (services/core/storage_quota.py).
+    403 like ``run_ended``: more money would not help, the ``quota_exceeded`` type tells it apart."""
+
+    status, type = 403, "quota_exceeded"
+
+
+class RequestTimeout(GymError):
+    """The request's body did not arrive within the gym's body-read time (a client that trickles
+    its body, slowloris): the connection is cut (services/core/body_limits.py)."""
+
+    status, type = 408, "request_timeout"

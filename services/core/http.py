@@ -4,12 +4,13 @@ error handlers that speak the one error shape, and request ids."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +22,7 @@ from services.core.errors import (
     NotFound,
     Unprocessable,
     error_response,
+    storage_full,
 )
 from services.core.ids import new_request_id
 
@@ -97,6 +99,10 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         rid = request_id_of(request)
+        full = storage_full(exc)  # a full disk is the operator's to fix, and the caller should know it
+        if full is not None:
+            log.error("storage full in %s %s (%s): %s", request.method, request.url.path, rid, exc)
+            return error_response(full, rid)
         log.error("unhandled error in %s %s (%s): %s", request.method, request.url.path, rid, type(exc).__name__)
         return error_response(InternalError(f"internal error (request {rid})"), rid)
 
@@ -110,3 +116,36 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise Unprocessable("the request body must be a JSON object")
     return body
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streamed response that always closes its body iterator before it returns.
+
+    Starlette cancels a stream whose client went away and leaves the iterator to the garbage
+    collector, so its ``finally`` (stop the work, settle, close the upstream) would run at some
+    later moment, after whoever waits on this response has moved on. Here it runs, shielded,
+    before the response returns. ``send_timeout_s``: a client that takes longer than this to
+    accept one chunk is cut (a reader that stopped reading; its producer was already held back
+    by backpressure, this frees what it held)."""
+
+    def __init__(self, content: AsyncIterator[Any], *args: Any, send_timeout_s: float | None = None, **kw: Any):
+        super().__init__(content, *args, **kw)
+        self.send_timeout_s = send_timeout_s
+
+    async def stream_response(self, send: Send) -> None:
+        async def timed_send(message: Message) -> None:
+            if self.send_timeout_s is None:
+                await send(message)
+                return
+            with anyio.fail_after(self.send_timeout_s):
+                await send(message)
+
+        try:
+            await super().stream_response(timed_send)
+        except TimeoutError:
+            log.info("stream cut: the client accepted no data for %s s", self.send_timeout_s)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()

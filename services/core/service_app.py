@@ -14,15 +14,21 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from starlette.datastructures import Headers
+from starlette.types import Scope
 
+from services.core.body_limits import BodyLimits, largest_limit
+from services.core.config import GymConfig
+from services.core.errors import AuthenticationFailed, GymError
 from services.core.http import install_error_handlers
-from services.core.identity import Identity, verify
+from services.core.identity import IDENTITY_HEADER, SIGNATURE_HEADER, Identity, verify
 
 
 async def require_identity(request: Request) -> Identity:
     """Refuse any call that did not come through the gateway (see services.core.identity)."""
     body = await request.body()
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    # The decoded path exactly as routed (``request.url.path`` re-escapes ``?``, ``#``, backslash).
+    target = request.scope["path"] + (f"?{request.url.query}" if request.url.query else "")
     identity = verify(request.headers, request.app.state.internal_secret, request.method, target, body)
     request.state.request_id = identity.request_id
     return identity
@@ -45,14 +51,27 @@ def once(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
+def _signed_only(_scope: Scope, headers: Headers) -> GymError | None:
+    """A service reads a body only from a caller that presents the gateway's signature headers
+    (checked in full by :func:`require_identity`, which needs the body)."""
+    if IDENTITY_HEADER.lower() in headers and SIGNATURE_HEADER.lower() in headers:
+        return None
+    return AuthenticationFailed("services accept only calls forwarded by the gym's gateway")
+
+
 def create_service_app(name: str, *, internal_secret: str, routers: list[APIRouter],
-                       state: Mapping[str, Any] | None = None, close: Callable[[], None] | None = None) -> FastAPI:
+                       state: Mapping[str, Any] | None = None, close: Callable[[], None] | None = None,
+                       config: GymConfig | None = None) -> FastAPI:
+    """``config``: the gym config whose ``http`` limits bound every request body (defaults when None)."""
     app = FastAPI(title=f"rsigym-{name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.internal_secret = internal_secret
     for attr, value in (state or {}).items():
         setattr(app.state, attr, value)
     app.state.close = once(close) if close is not None else None
     install_error_handlers(app)
+    config = config or GymConfig()
+    limit = largest_limit(config)  # the gateway holds each route to its own class first
+    app.add_middleware(BodyLimits, http=config.http, classify=lambda _m, _p: (limit, False), gate=_signed_only)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

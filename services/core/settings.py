@@ -7,6 +7,7 @@ Each concern has its own class and env prefix; the gym config file (TOML, see
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,11 @@ class GymSettings(BaseSettings):
     """RSIGYM_METRICS_TOKEN: a scrape token that may read GET /metrics (which is otherwise
     admin-only); it opens nothing else."""
     models_dir: Path | None = None  # RSIGYM_MODELS_DIR: built/converted base models (default <data-dir>/models)
+    scratch_dir: Path | None = None
+    """RSIGYM_SCRATCH_DIR: scratch space of sandboxes (their control dirs; their files live in a
+    tmpfs of the template's disk_mb) and jobs (custom-loss work dirs, benchmark unpacking), apart
+    from the data dir's store. Default: the system's temporary dir ($TMPDIR, else /tmp). Sandbox
+    uids must be able to traverse it (o+x on every parent) when the gym runs as root."""
 
     @field_validator("gateway_url")
     @classmethod
@@ -48,6 +54,11 @@ class GymSettings(BaseSettings):
 
     def resolved_models_dir(self) -> Path:
         return Path(self.models_dir) if self.models_dir else Path(self.data_dir) / "models"
+
+    def resolved_scratch_dir(self) -> Path:
+        path = Path(self.scratch_dir) if self.scratch_dir else Path(tempfile.gettempdir())
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
 
 def plain_gateway_url(value: str) -> str:
@@ -69,6 +80,10 @@ class StoreSettings(BaseSettings):
     pool_timeout_s: float = 10.0
     connect_timeout_s: int = 5
     sqlite_busy_timeout_ms: int = 60_000
+    statement_timeout_ms: int = Field(default=30_000, ge=0)
+    """PostgreSQL: a statement that waits longer (a row locked by a stuck session, an overloaded
+    server) is cancelled and the call refused with 503 ``store_unavailable`` instead of hanging; its
+    transaction rolls back, so nothing is held. 0 = no limit. Migrations run without it."""
 
 
 class RedisSettings(BaseSettings):
@@ -117,6 +132,11 @@ class JobSettings(BaseSettings):
     reap_interval_s: float = Field(default=10.0, gt=0)
     max_resumes: int = Field(default=2, ge=0)
     """How often a resumable job (evaluation) is re-queued after its worker died before it is failed."""
+    publish_ahead: int = Field(default=1, ge=1)
+    """Celery: jobs per queue published to the broker and not yet taken by a worker. The rest wait
+    in the store and are published in fair order (services/core/jobs.py) as workers take jobs."""
+    republish_after_s: float = Field(default=900.0, gt=0)
+    """Celery: a published job no worker took within this time is published again (a lost task)."""
 
 
 class WorkerSettings(BaseSettings):

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -65,6 +65,11 @@ class Operation:
     """The request body's schema (``json_body`` operations): every spelling it accepts for a
     field is rewritten to one before policies match (services/core/canonical.py)."""
     synonyms: Mapping[str, str] = field(default_factory=dict, compare=False)
+    body_limit: Literal["json", "upload", "files"] = "json"
+    """Which size limit the gateway holds the request body to while it streams in
+    (services/core/body_limits.py): ``json`` every call that is not an upload
+    (``http.max_json_body_bytes``), ``upload`` datasets and harness archives
+    (``http.max_upload_body_bytes``), ``files`` sandbox file writes (``sandbox.max_file_transfer_mb``)."""
     """Other names the API gives a schema field (``max_completion_tokens`` → ``max_tokens``)."""
     spellings: Spellings | None = field(init=False, repr=False, compare=False, default=None)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)

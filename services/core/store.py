@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import anyio
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, create_engine, event, exc, text
+from sqlalchemy import Engine, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from services.core.errors import StoreUnavailable
@@ -69,8 +69,12 @@ def _make_engine(url: str, settings: StoreSettings, schema: str | None) -> Engin
         return engine
 
     connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout_s}
+    # The URL's own ``?options=…`` (a search_path, say) is kept: connect_args would replace it.
+    given = make_url(url).query.get("options", ())
+    options = [f"-cstatement_timeout={settings.statement_timeout_ms}", *([given] if isinstance(given, str) else given)]
     if schema:
-        connect_args["options"] = f"-csearch_path={schema}"
+        options.append(f"-csearch_path={schema}")
+    connect_args["options"] = " ".join(options)
     return create_engine(
         url,
         connect_args=connect_args,
@@ -136,6 +140,7 @@ class Store:
         find nothing left to do); SQLite's BEGIN IMMEDIATE already serialises writers."""
         with self.guard(), self.engine.begin() as conn:
             if self.dialect == "postgresql":
+                conn.execute(text("SET LOCAL statement_timeout = 0"))  # waiting for another replica's migration is fine
                 conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
             cfg = alembic_config()
             cfg.attributes["connection"] = conn

@@ -16,6 +16,6 @@ __all__ = ["SPEC", "create_app"]
 def create_app(context: ServiceContext) -> FastAPI:
     service = EvaluationService(context)
     app = create_service_app("evaluation", internal_secret=context.internal_secret, routers=[router],
-                             state={"evaluation": service}, close=service.shutdown)
+                             config=context.config, state={"evaluation": service}, close=service.shutdown)
     service.runner.recover()
     return app

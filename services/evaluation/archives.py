@@ -32,7 +32,7 @@ import tarfile
 import tempfile
 import tomllib
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,6 +350,12 @@ def _read_manifest(tf: tarfile.TarFile, member: tarfile.TarInfo, limits: Archive
     return fileobj.read(limits.max_manifest_bytes + 1)
 
 
+def expanded_bytes(entries: list[_Entry]) -> int:
+    """What the checked members unpack to on disk: the sum of their regular files' sizes (hard
+    links share their target's data; directories and symlinks hold no file data)."""
+    return sum(e.size for e in entries if e.kind == "file")
+
+
 def _scan(fh: IO[bytes], limits: ArchiveLimits) -> tuple[list[_Entry], bytes, HarnessManifest]:
     """The first pass: check every header, read only ``harness.toml``."""
     checker = _Checker(limits)
@@ -436,8 +442,13 @@ def _unpack(fh: IO[bytes], entries: list[_Entry], manifest_bytes: bytes, root: P
         os.symlink(entry.linkname, root / entry.name)
 
 
-def extract_archive(path: Path | str, dest_dir: Path | str, limits: ArchiveLimits | None = None) -> HarnessManifest:
+def extract_archive(path: Path | str, dest_dir: Path | str, limits: ArchiveLimits | None = None,
+                    admit: Callable[[int], None] | None = None) -> HarnessManifest:
     """Check, then extract a harness archive into ``dest_dir`` (which must not exist yet).
+
+    ``admit`` is called with the archive's expanded size (:func:`expanded_bytes`) once every
+    header has been checked and before anything is written: it raises to refuse (a storage
+    quota), and the second pass never writes more than the headers it admitted.
 
     Extraction goes into a fresh directory beside ``dest_dir`` that is renamed into place only
     when every member is out; on any refusal it is removed and ``dest_dir`` never appears."""
@@ -449,6 +460,8 @@ def extract_archive(path: Path | str, dest_dir: Path | str, limits: ArchiveLimit
         raise InvalidRequest(f"parent of extraction destination {str(dest)!r} is not a directory", param="dest")
     with _open_archive(path, limits) as fh:
         entries, manifest_bytes, manifest = _scan(fh, limits)
+        if admit is not None:
+            admit(expanded_bytes(entries))
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
         try:
             _unpack(fh, entries, manifest_bytes, staging, limits)

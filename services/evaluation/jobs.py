@@ -14,7 +14,9 @@ was done and never runs a recorded trial again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,12 +26,13 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.core.errors import GymError, ServiceUnavailable
+from services.core.errors import GymError, QuotaExceeded, ServiceUnavailable
 from services.core.events import EVALUATION_JOB, EventLog
 from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
 from services.core.settings import JobSettings
+from services.core.storage_quota import tree_bytes
 from services.core.store import Store
 from services.core.tables import ApiKey, utcnow
 from services.evaluation.benchmarks import TaskRef
@@ -72,8 +75,10 @@ class EvaluationRunner(JobRunnerBase):
     def __init__(self, store: Store, registry: BenchmarkRegistry, harnesses: HarnessStore, trials_root: Path,
                  *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial,
                  gateway_url: Callable[[], str | None] = lambda: None, dispatcher: Dispatcher | None = None,
-                 job_settings: JobSettings | None = None, workers_per_job: int = 1, events: EventLog | None = None):
-        super().__init__(store, workers=workers, name="rsigym-eval", settings=job_settings, dispatcher=dispatcher)
+                 job_settings: JobSettings | None = None, workers_per_job: int = 1, events: EventLog | None = None,
+                 max_running_per_run: int | None = None):
+        super().__init__(store, workers=workers, name="rsigym-eval", settings=job_settings, dispatcher=dispatcher,
+                         max_running_per_run=max_running_per_run)
         self.events = events
         self.workers_per_job = workers_per_job
         self.registry, self.harnesses = registry, harnesses
@@ -84,6 +89,11 @@ class EvaluationRunner(JobRunnerBase):
         self.gateway_url = gateway_url
         """Where trials reach the gateway: the gym's configured address, read when a job runs
         (never the row's, never a request's), since the trial's keys are sent there."""
+
+    def capped_clause(self, table: Any) -> Any:
+        """Only an agent's own jobs count against its run's cap; the operator's (validation,
+        scoring, baselines) are the platform's and never wait for the run's jobs."""
+        return table.purpose == "agent"
 
     def task_name(self, job: Any) -> str:
         """One Celery task per purpose (agent runs, scoring, baselines, benchmark validation)."""
@@ -261,13 +271,22 @@ class EvaluationRunner(JobRunnerBase):
     def _record(self, job_id: str, outcome: TrialOutcome, attempt: int) -> None:
         """The trial's result, written as it ends; its claim goes in the same transaction. A trial
         recorded meanwhile by another worker (this one's claim went stale) is kept, not doubled."""
+        trajectory = outcome.trajectory
+        verifier_output, agent_output = (outcome.verifier_output or "")[-20000:], (outcome.agent_output or "")[-20000:]
+        trial_dir = Path(outcome.result_path).parent if outcome.result_path else None
         try:
             with self.store.transaction() as s:
+                if not self._metered(s, job_id, trajectory, verifier_output, agent_output, trial_dir):
+                    trajectory = None
+                    verifier_output, agent_output = verifier_output[-2000:], (
+                        "[trajectory and trial files not kept: the run's storage quota is used up]\n" + agent_output[-2000:])
+                    if trial_dir is not None:
+                        shutil.rmtree(trial_dir, ignore_errors=True)
                 s.add(TrialResultRow(
                     job_id=job_id, task_id=outcome.task_id, attempt=attempt, reward=outcome.reward,
-                    error=outcome.error, trajectory=outcome.trajectory,
-                    verifier_output=(outcome.verifier_output or "")[-20000:],
-                    agent_output=(outcome.agent_output or "")[-20000:], sandbox_id=outcome.sandbox_id,
+                    error=outcome.error, trajectory=trajectory,
+                    verifier_output=verifier_output,
+                    agent_output=agent_output, sandbox_id=outcome.sandbox_id,
                     started_at=outcome.started_at, finished_at=outcome.finished_at))
                 s.flush()
                 s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id)
@@ -279,6 +298,28 @@ class EvaluationRunner(JobRunnerBase):
             with self.store.transaction() as s:
                 s.execute(delete(TrialClaim).where(TrialClaim.job_id == job_id, TrialClaim.task_id == outcome.task_id,
                                                    TrialClaim.attempt == attempt, TrialClaim.worker == self.worker_id))
+
+    def _metered(self, s: Session, job_id: str, trajectory: dict[str, Any] | None, verifier_output: str,
+                 agent_output: str, trial_dir: Path | None) -> bool:
+        """Charge a run's trial to its storage quota in the recording transaction: the trajectory
+        and the trial's files on disk (``trajectories``), its outputs (``results``). False when
+        they do not fit: the reward is recorded all the same (the trial ran and was paid for), its
+        trajectory and files are not kept. Validation trials are the operator's, not a run's."""
+        quota = self.harnesses.quota
+        job = s.get(EvaluationJob, job_id)
+        if quota is None or job is None or job.purpose == "validation":
+            return True
+        kept = (len(json.dumps(trajectory).encode()) if trajectory is not None else 0) + (
+            tree_bytes(trial_dir) if trial_dir is not None and trial_dir.is_dir() else 0)
+        try:
+            with s.begin_nested():
+                quota.charge(s, job.run_id, "trajectories", kept, param=None)
+                quota.charge(s, job.run_id, "results", len(verifier_output.encode()) + len(agent_output.encode()),
+                             param=None)
+        except QuotaExceeded:
+            log.warning("job %s: run %s is over its storage quota; a trial's trajectory is not kept", job_id, job.run_id)
+            return False
+        return True
 
     def _on_final(self, session: Session, job_id: str, status: str) -> None:
         """In the finishing transaction: the job's score from the recorded trials, and its score row."""

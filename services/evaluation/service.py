@@ -35,6 +35,7 @@ from services.core.money import usd_to_nusd
 from services.core.policy import Policy
 from services.core.presets import parse_track, submission_needs
 from services.core.spec import ServiceContext
+from services.core.storage_quota import StorageQuota
 from services.core.tables import ApiKey
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
@@ -80,13 +81,15 @@ class EvaluationService:
         self.events = EventLog(self.store, context.internal_secret)
         self.experiments = ExperimentRegistry(self.events)
         self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
-        self.harnesses = HarnessStore(self.store, data / "harnesses", events=self.events)
+        self.harnesses = HarnessStore(self.store, data / "harnesses", events=self.events,
+                                      quota=StorageQuota.of(context))
         self.keys = KeyRegistry(self.store)
         self.checkpoints = CheckpointRegistry.of(context)  # reads only
         self.runner = EvaluationRunner(self.store, self.registry, self.harnesses, data / "trials",
                                        workers=context.config.evaluation.workers,
                                        trial_concurrency=context.config.evaluation.trial_concurrency,
                                        workers_per_job=context.config.evaluation.workers_per_job,
+                                       max_running_per_run=context.config.evaluation.max_running_per_run,
                                        gateway_url=lambda: context.settings.gateway_url, events=self.events)
 
     # -- benchmarks --------------------------------------------------------------------
@@ -213,8 +216,11 @@ class EvaluationService:
             return job
 
     def get_job(self, identity: Identity, job_id: str) -> dict[str, Any]:
-        view = job_view(self._job(identity, job_id))
+        job = self._job(identity, job_id)
+        view = job_view(job)
         view["detail"] = _detail(identity)
+        with self.store.transaction() as s:  # its place in the fair queue and how long it waited
+            view.update(self.runner.queue_info(s, job))
         return view
 
     def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ SPEC = ServiceSpec(
     name="evaluation",
     operations=(
         Operation("GET", "/v1/benchmarks", "benchmarks.list"),
-        Operation("POST", "/v1/harnesses", "harnesses.upload"),
+        Operation("POST", "/v1/harnesses", "harnesses.upload", body_limit="upload"),
         Operation("GET", "/v1/harnesses", "harnesses.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
         Operation("POST", "/v1/jobs", "jobs.create", json_body=True, schema=JobRequest),

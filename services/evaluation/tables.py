@@ -85,6 +85,10 @@ class EvaluationJob(Base):
     score: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
+    """When it last entered the queue (created, or re-queued); None on rows older than 0011: created_at."""
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """When the fair scheduler handed it to a worker (services/core/jobs.py); None while it waits its turn."""
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

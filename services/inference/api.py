@@ -6,9 +6,9 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from services.core.http import json_object
+from services.core.http import ClosingStreamingResponse, json_object
 from services.core.identity import COST_HEADER
 from services.core.service_app import CurrentIdentity
 from services.inference.service import InferenceService
@@ -22,7 +22,8 @@ def _svc(request: Request) -> InferenceService:
 
 @router.get("/models")
 async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
-    return {"object": "list", "data": await anyio.to_thread.run_sync(_svc(request).list_models, identity)}
+    service = _svc(request)
+    return {"object": "list", "data": await anyio.to_thread.run_sync(service.list_models, identity, limiter=service.limiter)}
 
 
 @router.post("/chat/completions")
@@ -30,6 +31,7 @@ async def chat_completions(request: Request, identity: CurrentIdentity) -> Respo
     body = await json_object(request)
     if body.get("stream") is True:
         stream = await _svc(request).open_stream(identity, body)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        # Closing: a reader that goes away stops the generation before this call returns.
+        return ClosingStreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     completion, cost = await _svc(request).chat(identity, body)
     return JSONResponse(completion, headers={COST_HEADER: str(cost)})

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from services.core.checkpoints import CheckpointRegistry
 from services.core.config import BaseModel_
 from services.core.errors import ServiceUnavailable
+from services.core.ledger import Ledger
 from services.core.service_app import create_service_app
 from services.core.spec import ServiceContext
 from services.inference.api import router
@@ -54,6 +55,8 @@ def default_engines(context: ServiceContext) -> dict[str, InferenceEngine]:
 
 def create_app(context: ServiceContext, *, engine: InferenceEngine | None = None) -> FastAPI:
     engine = engine or EngineByBackend(default_engines(context))
-    service = InferenceService(context.config, CheckpointRegistry.of(context), engine)
+    service = InferenceService(context.config, CheckpointRegistry.of(context), engine,
+                               ledger=Ledger(context.store, context.config.ledger))
     return create_service_app("inference", internal_secret=context.internal_secret, routers=[router],
-                              state={"inference": service}, close=getattr(engine, "close", None))
+                              config=context.config, state={"inference": service},
+                              close=getattr(engine, "close", None))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
 
@@ -14,12 +15,17 @@ from services.core.checkpoints import CheckpointRegistry
 from services.core.config import BaseModel_, GymConfig
 from services.core.errors import NotFound, PermissionDenied, Unprocessable
 from services.core.identity import COST_TRAILER_PREFIX, Identity
+from services.core.ledger import Ledger
 from services.core.money import nusd_to_usd, token_cost_nusd
 from services.core.policy import ServicePolicy
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.models.chat_format import parse_tool_calls, render_prompt
 from services.inference.schemas import ChatRequest, parse_inference_request
 from services.rollout.service import sse
+
+log = logging.getLogger("rsigym.inference")
+T = TypeVar("T")
+
 
 def resolve_model(config: GymConfig, checkpoints: CheckpointRegistry, name: Any, run_id: str,
                   policies: Sequence[ServicePolicy] = ()) -> tuple[BaseModel_, Adapter | None]:
@@ -61,8 +67,19 @@ def prompt_of(request: ChatRequest) -> str:
 
 
 class InferenceService:
-    def __init__(self, config: GymConfig, checkpoints: CheckpointRegistry, engine: InferenceEngine):
+    def __init__(self, config: GymConfig, checkpoints: CheckpointRegistry, engine: InferenceEngine,
+                 ledger: Ledger | None = None):
         self.config, self.checkpoints, self.engine = config, checkpoints, engine
+        self.ledger = ledger
+        """Settles a stream whose client went away, for what was generated (None: the gateway
+        bills the reservation)."""
+        self.limiter = anyio.CapacityLimiter(config.inference.threads)
+        """This service's own worker threads (``[inference] threads``), apart from other services'."""
+        self.abandoned_streams = 0
+        """Streams whose reader went away: their generation was stopped and settled here."""
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     def _allowed(self, identity: Identity, base: BaseModel_, adapter: Adapter | None = None) -> bool:
         """Every key of the chain allows the base model, or names this very checkpoint (a
@@ -99,13 +116,13 @@ class InferenceService:
         return {"role": "assistant", "content": generation.text}, generation.finish_reason
 
     async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        request, base, adapter, prompt, sampling = await anyio.to_thread.run_sync(self._prepare, identity, body)
-        prompt_tokens = await anyio.to_thread.run_sync(self.engine.prompt_tokens, base, prompt)
+        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body)
+        prompt_tokens = await self._run(self.engine.prompt_tokens, base, prompt)
         choices, completion = [], 0
         for index in range(request.n):
             if sampling.seed is not None:
                 sampling.seed += index
-            generation = await anyio.to_thread.run_sync(self.engine.generate, base, adapter, prompt, sampling)
+            generation = await self._run(self.engine.generate, base, adapter, prompt, sampling)
             completion += generation.completion_tokens
             message, finish = self._message(request, generation)
             choices.append({"index": index, "message": message, "finish_reason": finish})
@@ -117,18 +134,23 @@ class InferenceService:
                           "total_tokens": prompt_tokens + completion, "cost_usd": nusd_to_usd(cost)}}, cost
 
     async def open_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        request, base, adapter, prompt, sampling = await anyio.to_thread.run_sync(self._prepare, identity, body)
+        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body)
         if request.n != 1:
             raise Unprocessable("streaming supports n = 1", param="n")
-        prompt_tokens = await anyio.to_thread.run_sync(self.engine.prompt_tokens, base, prompt)
-        return self._stream(request, base, adapter, prompt, sampling, prompt_tokens)
+        prompt_tokens = await self._run(self.engine.prompt_tokens, base, prompt)
+        return self._stream(identity, request, base, adapter, prompt, sampling, prompt_tokens)
 
-    async def _stream(self, request: ChatRequest, base: BaseModel_, adapter: Adapter | None, prompt: str,
-                      sampling: Sampling, prompt_tokens: int) -> AsyncIterator[bytes]:
+    async def _stream(self, identity: Identity, request: ChatRequest, base: BaseModel_, adapter: Adapter | None,
+                      prompt: str, sampling: Sampling, prompt_tokens: int) -> AsyncIterator[bytes]:
+        """The generation runs in a worker thread and hands its pieces over a queue bounded by
+        ``max_tokens`` (one piece per token at most): it never waits for a slow reader while it
+        holds the model. A reader that goes away sets ``sampling.cancelled``: the engine stops
+        at its next token, and the stream is settled here for the tokens it generated."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        queue: asyncio.Queue[str | None] = asyncio.Queue(sampling.max_tokens + 2)
         tools = bool(request.tools and request.tool_choice != "none")
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        settled = False
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
             return sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": request.model,
@@ -139,32 +161,54 @@ class InferenceService:
 
         async def run() -> Generation:
             try:
-                return await anyio.to_thread.run_sync(self.engine.generate, base, adapter, prompt, sampling, on_text)
+                return await self._run(self.engine.generate, base, adapter, prompt, sampling, on_text)
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
         task = asyncio.ensure_future(run())
-        yield chunk({"role": "assistant", "content": ""})
-        held = ""  # with tools, text is held back until it cannot be a tool call
-        while (piece := await queue.get()) is not None:
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            held = ""  # with tools, text is held back until it cannot be a tool call
+            while (piece := await queue.get()) is not None:
+                if tools:
+                    held += piece
+                    continue
+                yield chunk({"content": piece})
+            generation = await task
+            finish = generation.finish_reason
             if tools:
-                held += piece
-                continue
-            yield chunk({"content": piece})
-        generation = await task
-        finish = generation.finish_reason
-        if tools:
-            message, finish = self._message(request, generation)
-            if message.get("content"):
-                yield chunk({"content": message["content"]})
-            for i, call in enumerate(message.get("tool_calls") or []):
-                yield chunk({"tool_calls": [{"index": i, **call}]})
-        yield chunk({}, finish)
-        cost = chat_cost(base, prompt_tokens, generation.completion_tokens)
-        if request.stream_options and request.stream_options.include_usage:
-            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": request.model,
-                       "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generation.completion_tokens,
-                                                "total_tokens": prompt_tokens + generation.completion_tokens,
-                                                "cost_usd": nusd_to_usd(cost)}})
-        yield COST_TRAILER_PREFIX + str(cost).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+                message, finish = self._message(request, generation)
+                if message.get("content"):
+                    yield chunk({"content": message["content"]})
+                for i, call in enumerate(message.get("tool_calls") or []):
+                    yield chunk({"tool_calls": [{"index": i, **call}]})
+            yield chunk({}, finish)
+            cost = chat_cost(base, prompt_tokens, generation.completion_tokens)
+            if request.stream_options and request.stream_options.include_usage:
+                yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": request.model,
+                           "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                    "completion_tokens": generation.completion_tokens,
+                                                    "total_tokens": prompt_tokens + generation.completion_tokens,
+                                                    "cost_usd": nusd_to_usd(cost)}})
+            settled = True  # from here the gateway settles on the trailer
+            yield COST_TRAILER_PREFIX + str(cost).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not settled:
+                with anyio.CancelScope(shield=True):
+                    await self._abandoned(identity, base, prompt_tokens, sampling, task)
+
+    async def _abandoned(self, identity: Identity, base: BaseModel_, prompt_tokens: int, sampling: Sampling,
+                         task: asyncio.Future[Generation]) -> None:
+        """The reader went away mid-stream: stop the generation, then settle the call's
+        reservation for the tokens generated (the gateway's later settlement finds it closed)."""
+        sampling.cancelled.set()
+        try:
+            generation = await task
+        except Exception as err:  # noqa: BLE001 - the engine failed too; the gateway bills the hold
+            log.warning("abandoned stream of %s: the generation failed (%s)", identity.request_id, type(err).__name__)
+            return
+        self.abandoned_streams += 1
+        if self.ledger is not None and identity.reservation_id is not None:
+            cost = chat_cost(base, prompt_tokens, generation.completion_tokens)
+            await self._run(self.ledger.settle, identity.reservation_id, cost)

@@ -16,4 +16,4 @@ __all__ = ["SPEC", "create_app"]
 def create_app(context: ServiceContext) -> FastAPI:
     service = RecordsService(context)
     return create_service_app("records", internal_secret=context.internal_secret, routers=[router],
-                              state={"records": service})
+                              config=context.config, state={"records": service})

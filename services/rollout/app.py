@@ -19,5 +19,6 @@ __all__ = ["SPEC", "create_app"]
 def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None) -> FastAPI:
     backend = backend or ROLLOUT_BACKENDS.get(context.config.rollout.backend)(context)
     return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router, agent.router],
+                              config=context.config,
                               state={"rollout": RolloutService(context.config, backend),
                                      "agent": agent.AgentModelService(context.config, backend, context.store)})

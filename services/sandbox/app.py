@@ -81,5 +81,5 @@ def create_app(context: ServiceContext, backend: SandboxBackend | None = None) -
     service = SandboxService(context, backend or make_backend(context))
     service.recover()
     app = create_service_app("sandbox", internal_secret=context.internal_secret, routers=[router],
-                             state={"sandbox": service}, close=service.shutdown)
+                             config=context.config, state={"sandbox": service}, close=service.shutdown)
     return EnvdDispatch(app, service, context.internal_secret)

@@ -39,7 +39,7 @@ SPEC = ServiceSpec(
         _op("GET", "/v1/sandboxes/{id}", "records.get"),
         _op("GET", "/envd/health", "envd.health", **_DAEMON),
         _op("GET", "/envd/files", "envd.files.read", **_DAEMON),
-        _op("POST", "/envd/files", "envd.files.write", **_DAEMON),
+        _op("POST", "/envd/files", "envd.files.write", body_limit="files", **_DAEMON),
         _op("POST", "/envd/process.Process/{method}", "envd.process", **_DAEMON),
         _op("POST", "/envd/filesystem.Filesystem/{method}", "envd.filesystem", **_DAEMON),
     ),

@@ -16,6 +16,6 @@ __all__ = ["SPEC", "create_app"]
 def create_app(context: ServiceContext) -> FastAPI:
     service = TrainingService(context)
     app = create_service_app("training", internal_secret=context.internal_secret, routers=[router],
-                             state={"training": service}, close=service.shutdown)
+                             config=context.config, state={"training": service}, close=service.shutdown)
     service.runner.recover()
     return app

@@ -4,7 +4,8 @@ Two row forms: chat (``{"messages": [...], "tools"?: [...]}``, the last message 
 assistant's answer) and completion (``{"prompt": "...", "completion": "..."}``). A file with any
 bad row is refused whole, with line-numbered errors, and nothing is written. Identical content
 is stored once (``<data>/datasets/<sha256>.jsonl``); a run that uploads it again gets its
-existing dataset back.
+existing dataset back. Each run's datasets count against its storage quota
+(services/core/storage_quota.py), charged in the transaction that records them.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import NotFound, Unprocessable
+from services.core.errors import NotFound, PayloadTooLarge, Unprocessable
 from services.core.events import DATASET_REGISTERED, EventLog
 from services.core.ids import new_id
+from services.core.storage_quota import StorageQuota
 from services.core.store import Store
 from services.models.chat_format import split_example
 from services.training.tables import Dataset
@@ -122,40 +124,62 @@ def dataset_view(d: Dataset) -> dict[str, Any]:
 
 
 class DatasetStore:
-    def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int, events: EventLog | None = None):
+    def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int, events: EventLog | None = None,
+                 quota: StorageQuota | None = None):
         self.store = store
         self.events = events
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.max_rows = max_rows
+        self.quota = quota
+        """The runs' storage meter (services/core/storage_quota.py); None only for readers (audits)."""
 
     def blob_path(self, sha256: str) -> Path:
         return self.root / f"{sha256}.jsonl"
 
     def upload(self, *, run_id: str, key_id: str, raw: bytes, name: str | None) -> dict[str, Any]:
+        """Validate, store and record a dataset for the run, charged to its storage quota with
+        the row; a refusal (413 over the per-object limit, 403 ``quota_exceeded``) stores nothing."""
         if len(raw) > self.max_bytes:
-            raise Unprocessable(f"the dataset is over {self.max_bytes} bytes", param="body")
+            raise PayloadTooLarge(f"the dataset is {len(raw)} bytes; one dataset may hold at most {self.max_bytes}",
+                                  param="body")
+        if self.quota is not None:
+            self.quota.check_object("datasets", len(raw), limit=self.max_bytes)
         fmt, rows = validate_jsonl(raw, self.max_rows)
         digest = hashlib.sha256(raw).hexdigest()
-        self._write_blob(digest, raw)
         with self.store.transaction() as s:
             existing = s.scalar(select(Dataset).where(Dataset.run_id == run_id, Dataset.sha256 == digest))
-            if existing is not None:
+            if existing is not None:  # the same content again: the same record, charged once
                 return dataset_view(existing)
-            row = Dataset(id=new_id("ds"), run_id=run_id, key_id=key_id, name=name, sha256=digest, format=fmt,
-                          rows=rows, bytes=len(raw))
-            s.add(row)
-            s.flush()
-            if self.events is not None:  # a new dataset only: a re-upload is the same record
-                self.events.append(s, run_id=run_id, kind=DATASET_REGISTERED, key_id=key_id,
-                                   data={"dataset_id": row.id, "sha256": digest, "rows": rows, "bytes": len(raw),
-                                         "format": fmt, "name": name})
-            return dataset_view(row)
+        if self.quota is not None:
+            self.quota.require(run_id, "datasets", len(raw))
+        created = self._write_blob(digest, raw)
+        try:
+            with self.store.transaction() as s:
+                existing = s.scalar(select(Dataset).where(Dataset.run_id == run_id, Dataset.sha256 == digest))
+                if existing is not None:
+                    return dataset_view(existing)
+                if self.quota is not None:
+                    self.quota.charge(s, run_id, "datasets", len(raw))
+                row = Dataset(id=new_id("ds"), run_id=run_id, key_id=key_id, name=name, sha256=digest, format=fmt,
+                              rows=rows, bytes=len(raw))
+                s.add(row)
+                s.flush()
+                if self.events is not None:  # a new dataset only: a re-upload is the same record
+                    self.events.append(s, run_id=run_id, kind=DATASET_REGISTERED, key_id=key_id,
+                                       data={"dataset_id": row.id, "sha256": digest, "rows": rows, "bytes": len(raw),
+                                             "format": fmt, "name": name})
+                return dataset_view(row)
+        except BaseException:
+            if created:
+                self._remove_unclaimed(digest)
+            raise
 
-    def _write_blob(self, digest: str, raw: bytes) -> None:
+    def _write_blob(self, digest: str, raw: bytes) -> bool:
+        """Whether this call wrote the blob (False: the same content was already stored)."""
         target = self.blob_path(digest)
         if target.exists():
-            return
+            return False
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
         try:
@@ -167,6 +191,14 @@ class DatasetStore:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        return True
+
+    def _remove_unclaimed(self, digest: str) -> None:
+        """A refused upload's blob, unless some run's dataset row now holds the same content."""
+        with self.store.transaction() as s:
+            if s.scalar(select(Dataset.id).where(Dataset.sha256 == digest).limit(1)) is not None:
+                return
+        self.blob_path(digest).unlink(missing_ok=True)
 
     def get(self, dataset_id: str, *, run_id: str | None) -> Dataset:
         """``run_id`` None = operator access (audits)."""

@@ -42,7 +42,7 @@ def job_view(job: TrainingJob, steps: list[TrainingStep] | None = None, checkpoi
     }
     if steps is not None:
         view["metrics"] = [{"step": s.step, "loss": s.loss, "lr": s.lr, "tokens": s.tokens, "grad_norm": s.grad_norm,
-                            "cost_usd": nusd_to_usd(s.cost_nusd),
+                            "cost_usd": nusd_to_usd(s.cost_nusd), "loss_s": s.loss_s,
                             "cumulative_cost_usd": nusd_to_usd(s.cumulative_cost_nusd)} for s in steps]
     if checkpoints is not None:
         view["checkpoints"] = checkpoints
@@ -66,12 +66,15 @@ class JobRunner(JobRunnerBase):
 
     def __init__(self, store: Store, config: GymConfig, datasets: DatasetStore, registry: CheckpointRegistry,
                  models_dir: Path, logs_dir: Path, hidden_paths: list[Path], tinker_client: Any = None,
-                 events: EventLog | None = None):
-        super().__init__(store, workers=config.training.workers, name="rsigym-train")
+                 events: EventLog | None = None, scratch_dir: Path | None = None):
+        super().__init__(store, workers=config.training.workers, name="rsigym-train",
+                         max_running_per_run=config.training.max_running_per_run)
         self.events = events
         self.config, self.datasets, self.registry = config, datasets, registry
         self.tinker_client = tinker_client
         self.models_dir, self.logs_dir, self.hidden_paths = models_dir, logs_dir, hidden_paths
+        self.scratch_dir = scratch_dir
+        """Custom-loss work dirs go here (RSIGYM_SCRATCH_DIR), apart from the data dir."""
         self.ledger = Ledger(store, config.ledger)
 
     def _log(self, job_id: str, line: str) -> None:
@@ -125,7 +128,8 @@ class JobRunner(JobRunnerBase):
             cumulative += report.cost_nusd
             with self.store.transaction() as s:
                 s.add(TrainingStep(job_id=job_id, step=report.step, loss=report.loss, lr=report.lr, tokens=report.tokens,
-                                   grad_norm=report.grad_norm, cost_nusd=report.cost_nusd, cumulative_cost_nusd=cumulative))
+                                   grad_norm=report.grad_norm, cost_nusd=report.cost_nusd, cumulative_cost_nusd=cumulative,
+                                   loss_s=report.loss_s))
                 s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(step=report.step, cost_nusd=cumulative))
             if report.step % 10 == 0 or report.step == 1:
                 self._log(job_id, f"step {report.step} loss {report.loss:.4f} lr {report.lr:.2e} tokens {report.tokens}")
@@ -141,13 +145,17 @@ class JobRunner(JobRunnerBase):
             return self.should_stop(job_id)
 
         sandbox = (LossSandbox(request.custom_loss, self.config.training.custom_loss_timeout_s, self.hidden_paths,
-                               uid_base=self.config.sandbox.uid_base)
+                               uid_base=self.config.sandbox.uid_base, scratch_root=self.scratch_dir,
+                               usd_per_hour=self.config.training.custom_loss_usd_per_hour)
                    if request.custom_loss else None)
         trainer = TRAINERS.get(base.backend)(TrainerSetup(base, device=torch_device(), tinker_client=self.tinker_client))
         inputs = TrainingInputs(model_dir=str(model_dir), parent_adapter=parent.path if parent else None, pairs=pairs,
                                 request=request, steps=job.total_steps, loss_sandbox=sandbox)
         outcome = run_training(trainer, inputs, train_usd_per_mtok=base.train_usd_per_mtok, meter=meter,
                                on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop)
+        if meter.charged_nusd != cumulative:  # a failed step that was billed (a custom loss cut at its cap)
+            with self.store.transaction() as s:
+                s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(cost_nusd=meter.charged_nusd))
         self._finish(job_id, outcome.status, outcome.error)
 
     # -- reading ------------------------------------------------------------------------
@@ -159,6 +167,7 @@ class JobRunner(JobRunnerBase):
                 raise NotFound(f"training job {job_id} not found", param="id")
             steps = list(s.scalars(select(TrainingStep).where(TrainingStep.job_id == job_id).order_by(TrainingStep.step)))
             view = job_view(job, steps)
+            view.update(self.queue_info(s, job))  # its place in the fair queue and how long it waited
         view["checkpoints"] = self.registry.ids_of_job(job_id)
         return view
 

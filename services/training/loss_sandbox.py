@@ -20,6 +20,11 @@ bubblewrap runs unprivileged in a user namespace (``--disable-userns`` where sup
 the same binds; the loss then runs as the gym's own uid, which the minimal root still keeps
 away from the gym's files.
 
+Its wall time is the worker's time, so it is metered: each call's seconds (from the sandbox's
+start to the loss's answer) are billed at ``[training] custom_loss_usd_per_hour`` with the step
+(services/training/trainer.py reserves the cap's worth first), and a call longer than the
+per-step cap (``custom_loss_timeout_s``) is killed and fails the job, billed for the cap.
+
 What comes back on failure is the last line of the loss's stderr only (its exception),
 redacted like a log line and truncated: whatever the loss prints cannot be smuggled out
 in bulk.
@@ -28,11 +33,13 @@ in bulk.
 from __future__ import annotations
 
 import io
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +49,7 @@ from services.core.errors import Unprocessable
 from services.core.host_uids import HostUidPool, kill_uid
 from services.core.redact import redact
 from services.sandbox import seccomp
+from services.sandbox.metering import nusd_per_second
 
 RUNNER = r'''
 import io, sys, torch
@@ -128,20 +136,39 @@ def failure_message(returncode: int, stderr: bytes) -> str:
 
 
 class LossSandbox:
-    def __init__(self, source: str, timeout_s: float, hidden: list[Path], uid_base: int = DEFAULT_UID_BASE):
+    def __init__(self, source: str, timeout_s: float, hidden: list[Path], uid_base: int = DEFAULT_UID_BASE,
+                 scratch_root: Path | None = None, usd_per_hour: float = 0.0):
         """``hidden``: host paths masked inside the sandbox (the gym's data dir), should a bind
-        cover them. ``uid_base``: the host-wide sandbox uid pool's (``[sandbox] uid_base``)."""
+        cover them. ``uid_base``: the host-wide sandbox uid pool's (``[sandbox] uid_base``).
+        ``scratch_root``: where each call's work dir is made (RSIGYM_SCRATCH_DIR; default $TMPDIR)."""
+        self.scratch_root = scratch_root
         self.source = source
         self.timeout_s = timeout_s
         self.hidden = [p for p in hidden if Path(p).exists()]
         self.uids = HostUidPool(uid_base) if os.geteuid() == 0 else None
+        self.price_nusd_per_s = nusd_per_second(usd_per_hour)
+        """``usd_per_hour``: the price of the loss's wall time; ``timeout_s`` is the per-step cap."""
+        self._seconds = 0.0
+
+    def cost_nusd(self, seconds: float) -> int:
+        return math.ceil(self.price_nusd_per_s * min(seconds, self.timeout_s))
+
+    @property
+    def cap_nusd(self) -> int:
+        """The most one step's loss can cost (what the step reserves for it)."""
+        return self.cost_nusd(self.timeout_s)
+
+    def take_seconds(self) -> float:
+        """Wall seconds the loss ran since the last call (at most the cap per call)."""
+        seconds, self._seconds = self._seconds, 0.0
+        return seconds
 
     def __call__(self, logits: Any, labels: Any, mask: Any) -> tuple[Any, Any]:
         import torch
 
         buf = io.BytesIO()
         torch.save({"logits": logits.detach().float().cpu(), "labels": labels.cpu(), "mask": mask.cpu()}, buf)
-        outer = Path(tempfile.mkdtemp(prefix="rsigym-loss-"))  # 0700: no other host user gets in
+        outer = Path(tempfile.mkdtemp(prefix="rsigym-loss-", dir=self.scratch_root))  # 0700: no other host user gets in
         scratch = outer / "work"
         filter_fd = seccomp.filter_fd()
         uid: int | None = None
@@ -157,11 +184,16 @@ class LossSandbox:
                 os.chmod(scratch, 0o711)
             argv = sandbox_command(scratch, [sys.executable, "-I", "/tmp/work/runner.py", "/tmp/work/custom_loss.py"],
                                    uid=uid, filter_fd=filter_fd, hidden=self.hidden)
+            started = time.monotonic()
             try:
                 done = subprocess.run(argv, input=buf.getvalue(), capture_output=True, timeout=self.timeout_s,
                                       env={}, check=False, pass_fds=(filter_fd,))
             except subprocess.TimeoutExpired:
-                raise CustomLossError(f"custom loss timed out after {self.timeout_s:.0f} s") from None
+                raise CustomLossError(
+                    f"custom loss exceeded the per-step cap of {self.timeout_s:g} s (custom_loss_timeout_s) and was "
+                    f"stopped; the step's {self.timeout_s:g} s were billed") from None
+            finally:
+                self._seconds += min(time.monotonic() - started, self.timeout_s)
             if done.returncode != 0:
                 raise CustomLossError(failure_message(done.returncode, done.stderr))
             out = torch.load(io.BytesIO(done.stdout), weights_only=True)

@@ -14,6 +14,7 @@ from services.core.experiments import ExperimentRegistry
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.spec import ServiceContext
+from services.core.storage_quota import StorageQuota
 from services.training.datasets import DatasetStore
 from services.training.jobs import FINAL, JobRunner, job_view, queue_for
 from services.training.schemas import NOT_CONFIG, JobRequest
@@ -37,7 +38,8 @@ class TrainingService:
         self.events = EventLog(context.store, context.internal_secret)
         self.experiments = ExperimentRegistry(self.events)
         self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
-                                     config.training.max_dataset_rows, events=self.events)
+                                     config.training.max_dataset_rows, events=self.events,
+                                     quota=StorageQuota.of(context))
         self.registry = CheckpointRegistry.of(context)
         tinker_client = None
         if any(m.backend == "tinker" for m in config.models):
@@ -46,7 +48,8 @@ class TrainingService:
             tinker_client = service_client(context.secrets)
         self.runner = JobRunner(context.store, config, self.datasets, self.registry,
                                 context.settings.resolved_models_dir(), context.data_dir / "jobs",
-                                hidden_paths=[context.data_dir], tinker_client=tinker_client, events=self.events)
+                                hidden_paths=[context.data_dir], tinker_client=tinker_client, events=self.events,
+                                scratch_dir=context.settings.resolved_scratch_dir())
 
     def submit(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         request = parse_job(body)
@@ -87,8 +90,11 @@ class TrainingService:
             job = s.get(TrainingJob, job_id)
             if job is None or job.run_id != identity.run_id:
                 raise NotFound(f"training job {job_id} not found", param="id")
-            if job.status not in FINAL:
+            status = job.status
+            if status not in FINAL:
                 s.execute(update(TrainingJob).where(TrainingJob.id == job_id).values(cancel_requested=True))
+        if status == "queued":  # no worker has it: it ends now (a running one at its next step)
+            self.runner.cancel_queued(job_id)
         return self.runner.get(job_id, identity.run_id)
 
     def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
@@ -101,6 +107,7 @@ class TrainingService:
                                                               TrainingJob.status.not_in(FINAL))))
             if ids:
                 s.execute(update(TrainingJob).where(TrainingJob.id.in_(ids)).values(cancel_requested=True))
+        self.runner.pump_quietly()  # its queued jobs end now, and other runs' jobs take the slots
         return {"jobs_cancelled": len(ids)}
 
     def shutdown(self) -> None:

@@ -9,7 +9,7 @@ from services.training.schemas import JobRequest
 SPEC = ServiceSpec(
     name="training",
     operations=(
-        Operation("POST", "/v1/datasets", "datasets.upload"),
+        Operation("POST", "/v1/datasets", "datasets.upload", body_limit="upload"),
         Operation("GET", "/v1/datasets", "datasets.list"),
         Operation("GET", "/v1/datasets/{id}/content", "datasets.content"),
         Operation("POST", "/v1/jobs", "jobs.create", json_body=True, model_field="base_model", schema=JobRequest),

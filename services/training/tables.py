@@ -61,6 +61,10 @@ class TrainingJob(Base):
     """How many times a worker has taken it (a resumed job is taken again)."""
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
+    """When it last entered the queue (created, or re-queued); None on rows older than 0011: created_at."""
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """When the fair scheduler handed it to a worker (services/core/jobs.py); None while it waits its turn."""
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
@@ -76,5 +80,7 @@ class TrainingStep(Base):
     grad_norm: Mapped[float] = mapped_column(Float)
     cost_nusd: Mapped[int] = mapped_column(BigInteger)
     cumulative_cost_nusd: Mapped[int] = mapped_column(BigInteger)
+    loss_s: Mapped[float | None] = mapped_column(Float)
+    """Wall seconds the custom loss ran this step (billed per second); None without one."""
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

@@ -4,7 +4,8 @@ One step = one batch. Before each step the job reserves that step's cost (tokens
 model's training price) through the ledger; when it cannot, the job stops fail-closed with
 ``budget_exhausted`` and keeps its last checkpoint. Nothing is charged for a step that did
 not run; a step is charged as soon as its backend says irreversible work has happened
-(``paid.performed``), even if it then fails. Cancellation is checked before every step and
+(``paid.performed``), even if it then fails. A custom loss's wall seconds are priced on top
+(the step reserves the loss's per-step cap) and billed whatever happens after they ran. Cancellation is checked before every step and
 checkpoints are written every ``checkpoint_every`` steps and once at the end.
 
 What differs between backends — loading the model, running one step, saving weights — sits
@@ -35,6 +36,8 @@ class StepReport:
     tokens: int
     grad_norm: float
     cost_nusd: int
+    loss_s: float | None = None
+    """Wall seconds of the custom loss this step (billed in ``cost_nusd``); None without one."""
 
 
 @dataclass
@@ -149,11 +152,24 @@ def run_training(
             batch = trainer.next_batch()
             tokens = trainer.batch_tokens(batch)
             cost = token_cost_nusd(tokens, train_usd_per_mtok)
-            with meter.step(cost) as paid:
-                result = trainer.step(batch, step, paid)
-                paid.actual_nusd = cost
+            clock = inputs.loss_sandbox
+            loss_s: float | None = None
+            with meter.step(cost + (clock.cap_nusd if clock else 0)) as paid:
+                ok = False
+                try:
+                    result = trainer.step(batch, step, paid)
+                    ok = True
+                finally:
+                    token_part = cost if ok or paid.performed else 0
+                    loss_nusd = 0
+                    if clock is not None:
+                        loss_s = clock.take_seconds()
+                        loss_nusd = clock.cost_nusd(loss_s)
+                        paid.performed = paid.performed or loss_s > 0  # its seconds are spent, whatever follows
+                    paid.actual_nusd = token_part + loss_nusd
             done, last_loss = step, result.loss
-            on_step(StepReport(step, result.loss, result.lr, tokens, result.grad_norm, cost))
+            on_step(StepReport(step, result.loss, result.lr, tokens, result.grad_norm, paid.actual_nusd,
+                               None if loss_s is None else round(loss_s, 3)))
             if step % inputs.request.checkpoint_every == 0:
                 checkpoint()
     except BudgetExhausted:

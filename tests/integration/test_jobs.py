@@ -217,8 +217,9 @@ def test_submit_routes_by_purpose_and_queue(store: Store, tmp_path: Path) -> Non
     runner, job_id = _evaluation(store, tmp_path, CountingTrial(), dispatcher=recorder)
     runner.submit(job_id)
     with store.transaction() as s:
-        s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id).values(purpose="validation"))
-    runner.submit(job_id)
+        s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id).values(purpose="validation",
+                                                                                dispatched_at=None))
+    runner.submit(job_id)  # (sent once: a job already handed out is not sent again)
     assert recorder.sent == [(job_id, "evaluation", "rsigym.evaluation.run"),
                              (job_id, "evaluation", "rsigym.evaluation.validation")]
     figures = queue_figures(store, [EvaluationJob, TrainingJob])

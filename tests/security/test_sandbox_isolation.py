@@ -87,9 +87,10 @@ def test_other_sandboxes_files_are_unreadable(env: dict[str, Any]) -> None:
     b = Sandbox.create(template="base", timeout=120, **env["opts"])
     try:
         a.files.write("/home/user/secret.txt", "sandbox-a-secret")
-        host_path = backend.root / a.sandbox_id / "fs" / "home" / "user" / "secret.txt"
-        assert host_path.read_text() == "sandbox-a-secret"  # control: it is on the host's disk
-        r = b.commands.run(f"cat {host_path} 2>&1; true")
+        assert a.commands.run("cat /home/user/secret.txt").stdout == "sandbox-a-secret"  # control
+        host_dir = backend.root / a.sandbox_id
+        assert host_dir.is_dir() and not list(host_dir.rglob("secret.txt"))  # only in a's own tmpfs
+        r = b.commands.run(f"cat {host_dir}/fs/home/user/secret.txt /proc/*/root/home/user/secret.txt 2>&1; true")
         assert "No such file or directory" in r.stdout and "sandbox-a-secret" not in r.stdout
         r = b.commands.run("ls /home/user; find / -name secret.txt 2>/dev/null; true", timeout=120,
                            request_timeout=150)

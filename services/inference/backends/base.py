@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,13 +25,16 @@ class Sampling:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    """Set when the caller has gone: the engine stops at its next token and returns what it has
+    (finish_reason ``cancelled``)."""
 
 
 @dataclass
 class Generation:
     text: str
     completion_tokens: int
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | cancelled
 
 
 class InferenceEngine(Protocol):

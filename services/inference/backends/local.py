@@ -113,6 +113,9 @@ class LocalEngine:
                 past, step_input = None, torch.tensor([ids], device=self.device)
                 cache_arg = _cache_argument(loaded.model)
                 for _ in range(max_new):
+                    if sampling.cancelled.is_set():  # the caller went away: free the model now
+                        finish = "cancelled"
+                        break
                     out = loaded.model(input_ids=step_input, use_cache=True, **{cache_arg: past})
                     past = out[cache_arg] if cache_arg in out else out.past_key_values
                     logits = out.logits[0, -1].float()

@@ -91,6 +91,8 @@ class TinkerEngine:
 
     def generate(self, base: BaseModel_, adapter: Adapter | None, prompt: str, sampling: Sampling,
                  on_text: Callable[[str], None] | None = None) -> Generation:
+        if sampling.cancelled.is_set():  # one call, not token by token: only a cancel before it counts
+            return Generation("", 0, "cancelled")
         tok = self.tokenizer(base)
         ids = tok.encode(prompt, add_special_tokens=False)
         room = base.max_context - len(ids)

@@ -289,12 +289,12 @@ class VLLMEngine:
             body["seed"] = sampling.seed
         if adapter is None:
             body["model"] = self._served_name(server, base)
-            return self._complete(server, body, on_text)
+            return self._complete(server, body, on_text, sampling.cancelled)
         for attempt in (1, 2):
             slot = self._acquire(server, adapter)
             try:
                 body["model"] = adapter.key
-                return self._complete(server, body, on_text)
+                return self._complete(server, body, on_text, sampling.cancelled)
             except _AdapterGone as err:
                 self._forget(server, adapter.key, slot)
                 if attempt == 2:
@@ -305,7 +305,8 @@ class VLLMEngine:
                 self._release(server, adapter.key, slot)
         raise AssertionError("unreachable")
 
-    def _complete(self, server: _Server, body: dict[str, Any], on_text: Callable[[str], None] | None) -> Generation:
+    def _complete(self, server: _Server, body: dict[str, Any], on_text: Callable[[str], None] | None,
+                  cancelled: threading.Event | None = None) -> Generation:
         if on_text is None:
             response = self._post(server, "/v1/completions", {**body, "stream": False}, "a completion")
             self._check_completion(server, response, body["model"])
@@ -321,7 +322,8 @@ class VLLMEngine:
                 if response.status_code != 200:
                     response.read()
                     self._check_completion(server, response, body["model"])
-                return self._read_stream(server, response.iter_lines(), on_text)
+                # leaving this block on a cancel closes the connection: vLLM aborts the request
+                return self._read_stream(server, response.iter_lines(), on_text, cancelled)
         except httpx.TimeoutException as err:
             if isinstance(err, httpx.ConnectTimeout):
                 raise ServiceUnavailable(f"vLLM server {server.root} is unreachable (a completion): connect timeout") from err
@@ -338,10 +340,14 @@ class VLLMEngine:
         raise self._fail(server, response, "a completion")
 
     @staticmethod
-    def _read_stream(server: _Server, lines: Iterator[str], on_text: Callable[[str], None]) -> Generation:
+    def _read_stream(server: _Server, lines: Iterator[str], on_text: Callable[[str], None],
+                     cancelled: threading.Event | None = None) -> Generation:
         parts: list[str] = []
         finish, completion_tokens, chunks = None, None, 0
         for line in lines:
+            if cancelled is not None and cancelled.is_set():
+                return Generation("".join(parts), completion_tokens if completion_tokens is not None else chunks,
+                                  "cancelled")
             if not line.startswith("data:"):
                 continue
             payload = line[len("data:"):].strip()

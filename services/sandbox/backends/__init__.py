@@ -24,7 +24,7 @@ def make_local(context: ServiceContext) -> SandboxBackend:
     from services.sandbox.backends.local import LocalBackend
 
     cfg = context.config.sandbox
-    return LocalBackend(cfg.local_root, cfg.uid_base)
+    return LocalBackend(cfg.local_root, cfg.uid_base, scratch=context.settings.resolved_scratch_dir())
 
 
 @SANDBOX_BACKENDS.register("e2b")

@@ -14,6 +14,14 @@ from typing import Any, Protocol
 
 from services.core.config import SandboxTemplate
 
+STREAM_EVENTS = 64
+"""Output events a process stream holds for its reader before the producer waits: a reader
+that does not read stops the process's output (it blocks writing to its pipe, as under a
+terminal), it never grows a buffer. Shared by the in-sandbox agent's copy of this number."""
+STREAM_LINE_LIMIT = 1024 * 1024
+"""The longest event line of a stream (an output chunk of 32 KiB is ~44 KiB of JSON), which is
+also about what the service reads ahead of its reader."""
+
 
 @dataclass
 class SandboxSpec:

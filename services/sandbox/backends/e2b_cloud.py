@@ -29,7 +29,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -64,7 +64,7 @@ from services.core.errors import (
     UpstreamTimeout,
 )
 from services.core.spec import ServiceContext
-from services.sandbox.backends.base import SandboxSpec
+from services.sandbox.backends.base import STREAM_EVENTS, SandboxSpec
 
 log = logging.getLogger("rsigym.sandbox")
 
@@ -233,10 +233,12 @@ class E2BCloudBackend:
 
     async def stream(self, sandbox_id: str, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         cloud, sandbox = await self._connected(sandbox_id)
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(STREAM_EVENTS)
 
-        def output(name: str) -> Callable[[str], None]:
-            return lambda text: queue.put_nowait({name: _b64(text.encode())})
+        def output(name: str) -> Callable[[str], Awaitable[None]]:
+            async def put(text: str) -> None:  # awaited by the SDK: a slow reader slows the relay down
+                await queue.put({name: _b64(text.encode())})
+            return put
 
         callbacks: dict[str, Any] = {"on_stdout": output("stdout"), "on_stderr": output("stderr"),
                                      "timeout": 0, "retain_output": False}
@@ -324,10 +326,10 @@ async def _finish(handle: Any, queue: asyncio.Queue[dict[str, Any]],
     except CommandExitException as exc:
         code, error = exc.exit_code, exc.error
     except Exception as exc:  # noqa: BLE001 - the stream broke before the process ended
-        queue.put_nowait(to_error(exc))
+        await queue.put(to_error(exc))
         return
     status = error if error and error.startswith("signal") else f"exit status {code}"
-    queue.put_nowait({"end": {"exit_code": code, "status": status, **({"error": error} if error else {})}})
+    await queue.put({"end": {"exit_code": code, "status": status, **({"error": error} if error else {})}})
 
 
 def _command_line(req: dict[str, Any]) -> str:

@@ -29,6 +29,9 @@ from typing import Any
 
 CHUNK = 32 * 1024
 MAX_LINE = 96 * 1024 * 1024
+STREAM_EVENTS = 64
+"""Output events held per subscriber (services/sandbox/backends/base.py has the same number): a
+subscriber that does not read makes the pump wait, so the process blocks writing its pipe."""
 
 
 class Proc:
@@ -143,7 +146,7 @@ async def _pump(proc: Proc, stream: asyncio.StreamReader | None, name: str) -> N
             return
         event = {name: base64.b64encode(chunk).decode()}
         for q in list(proc.subscribers):
-            q.put_nowait(event)
+            await q.put(event)
 
 
 async def _watch(proc: Proc) -> None:
@@ -152,7 +155,7 @@ async def _watch(proc: Proc) -> None:
     status = f"exit status {code}" if code >= 0 else f"signal: {signal.Signals(-code).name.lower()[3:]}"
     proc.done = True
     for q in list(proc.subscribers):
-        q.put_nowait({"end": {"exit_code": code, "status": status}})
+        await q.put({"end": {"exit_code": code, "status": status}})
     await asyncio.sleep(5)
     PROCS.pop(proc.pid, None)
 
@@ -175,7 +178,7 @@ async def start(req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
         return
     proc = Proc(process.pid, {k: req.get(k) for k in ("cmd", "args", "envs", "cwd", "tag")}, process)
     PROCS[proc.pid] = proc
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(STREAM_EVENTS)
     proc.subscribers.append(queue)
     proc.watcher = asyncio.ensure_future(_watch(proc))
     await _send(writer, {"start": {"pid": proc.pid}})
@@ -192,6 +195,8 @@ async def _stream(proc: Proc, queue: asyncio.Queue[dict[str, Any]], writer: asyn
     finally:
         if queue in proc.subscribers:
             proc.subscribers.remove(queue)
+        while not queue.empty():  # a pump waiting on this gone subscriber goes on
+            queue.get_nowait()
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -213,7 +218,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             if proc is None or proc.done:
                 await _send(writer, _err("not_found", f"process {req.get('pid')} not found"))
             else:
-                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(STREAM_EVENTS)
                 proc.subscribers.append(queue)
                 await _send(writer, {"start": {"pid": proc.pid}})
                 await _stream(proc, queue, writer)

@@ -2,10 +2,14 @@
 
 A sandbox is one bubblewrap process tree: all namespaces unshared (mount, PID, IPC, UTS,
 network, user, cgroup), so it has no route anywhere — not even to the host's 127.0.0.1 —
-unless its key's policy grants internet. Its root filesystem is a private writable
-directory with only the template's system directories bound read-only (the host profile:
-/usr, /bin, /lib, /etc …, or a rootfs directory), so the gym's data dir, the checkout, /root
-and other sandboxes simply are not there. The first process is the sandbox agent; every
+unless its key's policy grants internet. Its root filesystem is a private tmpfs of the
+template's ``disk_mb`` (bubblewrap's ``--size``), its one writable place, with only the
+template's system directories bound read-only on it (the host profile: /usr, /bin, /lib, /etc …,
+or a rootfs directory), so the gym's data dir, the checkout, /root and other sandboxes simply
+are not there, and writing past ``disk_mb`` fails with ENOSPC inside without touching the
+host's disk. The host keeps only a small control directory per sandbox under the scratch root
+(``[sandbox] local_root``, default ``RSIGYM_SCRATCH_DIR``), which the sandbox may not write to
+once its agent is up (when the gym runs as root). The first process is the sandbox agent; every
 command is its descendant in the sandbox's PID namespace, so killing bubblewrap kills the
 whole namespace: nothing of a sandbox survives it.
 
@@ -39,19 +43,21 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from services.core.errors import GymError, ServiceUnavailable, Unprocessable
 from services.core.host_uids import HostUidPool, kill_uid, pids_of_uid
 from services.sandbox import seccomp
-from services.sandbox.backends.base import SandboxSpec
+from services.sandbox.backends.base import STREAM_LINE_LIMIT, SandboxSpec
 from services.sandbox.cgroups import SandboxCgroup
 
 log = logging.getLogger("rsigym.sandbox")
 
 AGENT_SOURCE = Path(__file__).with_name("inbox_agent.py")
 STREAM_LIMIT = 128 * 1024 * 1024
+"""The longest answer line of a one-shot call (a file read of up to 64 MiB, base64)."""
 START_TIMEOUT_S = 15.0
 
 
@@ -77,10 +83,10 @@ class _Local:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, root: str | None, uid_base: int):
+    def __init__(self, root: str | None, uid_base: int, *, scratch: Path | None = None):
         self.bwrap = shutil.which("bwrap")
         self._owns_root = root is None  # a fresh temporary root is removed again at close
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-"))
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-", dir=scratch))
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
         self.uid_base = uid_base
@@ -114,13 +120,13 @@ class LocalBackend:
         return spec.sandbox_id
 
     def _start(self, spec: SandboxSpec, uid: int | None, base: Path) -> _Local:
-        fs, ctl = base / "fs", base / "ctl"
-        for d in (base, fs, ctl):
+        if not tmpfs_size_supported(self.bwrap or "bwrap"):
+            raise ServiceUnavailable("this bubblewrap cannot size a tmpfs (--size, bubblewrap 0.8.0 and later), so a "
+                                     "sandbox's disk_mb could not be enforced; install a newer bubblewrap")
+        ctl = base / "ctl"
+        for d in (base, ctl):
             d.mkdir(mode=0o700)
         os.chmod(base, 0o711)
-        for sub, mode in (("home/user", 0o755), ("tmp", 0o1777), ("run", 0o755), ("var/tmp", 0o1777)):
-            (fs / sub).mkdir(parents=True)
-            os.chmod(fs / sub, mode)
         shutil.copyfile(AGENT_SOURCE, base / "agent.py")
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/home/user", "USER": "user",
@@ -130,10 +136,7 @@ class LocalBackend:
         for f in ("agent.py", "env.json"):
             os.chmod(base / f, 0o644)
         if uid is not None:
-            for d in (fs, ctl):
-                for root, dirs, files in os.walk(d):
-                    for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                        os.chown(name, uid, uid)
+            os.chown(ctl, uid, uid)  # the agent creates its socket here; taken back once it is ready
         cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes, spec.template.cpu_count)
         t = spec.template
         limits = {
@@ -170,6 +173,11 @@ class LocalBackend:
             self._terminate(local)
             err = (base / "agent.log").read_bytes()[-2000:]
             raise ServiceUnavailable(f"the sandbox failed to start: {err.decode(errors='replace').strip() or 'no output'}")
+        if uid is not None:
+            # The one host directory the sandbox sees writable: the agent's socket is in it, now
+            # nothing more is written there by the sandbox (its disk is its tmpfs, nothing else).
+            os.chown(ctl, 0, 0)
+            os.chmod(ctl, 0o711)
         return local
 
     def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int) -> list[str]:
@@ -181,7 +189,9 @@ class LocalBackend:
         # --unshare-all only *tries* a user namespace; --disable-userns needs one for certain
         argv += [bwrap, "--die-with-parent", "--unshare-all", "--unshare-user", *seccomp.disable_userns_flags(bwrap),
                  "--seccomp", str(filter_fd), "--hostname", spec.sandbox_id[:63],
-                 "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--bind", str(base / "fs"), "/"]
+                 "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+                 # the whole writable filesystem: one tmpfs of disk_mb, so writing past it is ENOSPC
+                 "--size", str(t.disk_mb * 1024 * 1024), "--tmpfs", "/"]
         if t.kind == "rootfs":
             if not t.rootfs or not Path(t.rootfs).is_dir():
                 raise Unprocessable(f"template {t.name!r}: rootfs {t.rootfs!r} is not a directory", param="templateID")
@@ -191,6 +201,8 @@ class LocalBackend:
         else:
             for d in t.host_dirs:
                 argv += ["--ro-bind-try", d, d]
+        for sub, mode in (("/home/user", "0755"), ("/tmp", "1777"), ("/run", "0755"), ("/var/tmp", "1777")):
+            argv += ["--perms", mode, "--dir", sub]
         argv += ["--proc", "/proc", "--dev", "/dev",
                  "--bind", str(base / "ctl"), "/run/rsigym",
                  "--ro-bind", str(base / "agent.py"), "/run/rsigym/agent.py",
@@ -283,9 +295,9 @@ class LocalBackend:
             raise SandboxGone(f"sandbox {sandbox_id} is not running")
         return local.socket
 
-    async def _open(self, sandbox_id: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self, sandbox_id: str, limit: int = STREAM_LIMIT) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
-            return await asyncio.open_unix_connection(self._socket(sandbox_id), limit=STREAM_LIMIT)
+            return await asyncio.open_unix_connection(self._socket(sandbox_id), limit=limit)
         except OSError as err:
             raise SandboxGone(f"sandbox {sandbox_id} is not answering ({type(err).__name__})") from err
 
@@ -302,7 +314,9 @@ class LocalBackend:
         return _parse(line)
 
     async def stream(self, sandbox_id: str, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        reader, writer = await self._open(sandbox_id)
+        # A small read-ahead: asyncio reads at most about twice the limit before it stops reading
+        # the socket, so a caller that does not consume holds the agent (and the process) back.
+        reader, writer = await self._open(sandbox_id, STREAM_LINE_LIMIT)
         try:
             writer.write(json.dumps(request).encode() + b"\n")
             await writer.drain()
@@ -314,6 +328,17 @@ class LocalBackend:
             yield {"end": {"exit_code": -1, "status": "sandbox ended"}}
         finally:
             writer.close()
+
+
+@cache
+def tmpfs_size_supported(bwrap: str) -> bool:
+    """Whether this bubblewrap sizes a tmpfs (``--size``, 0.8.0 and later): without it a
+    sandbox's disk could not be bounded, and no sandbox is started."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in usage
 
 
 def _require_traversable(root: Path) -> None:
