@@ -53,6 +53,16 @@ def rsigym(*args: str) -> Any:
     return json.loads(result.stdout) if "--json" in args else result.stdout
 
 
+def wait_for_exit(run: str, *, tries: int) -> dict[str, Any]:
+    """``run show`` every 0.1 s until the run is no longer running (or ``tries`` run out)."""
+    for _ in range(tries):
+        shown: dict[str, Any] = rsigym("run", "show", run, "--json")
+        if shown["status"] != "running":
+            break
+        time.sleep(0.1)
+    return shown
+
+
 def report(log: str) -> dict[str, Any]:
     out = {}
     for line in log.splitlines():
@@ -76,11 +86,7 @@ def test_scripted_agent_reaches_only_the_gateway(live: tuple[str, Path]) -> None
                          "--probe-port", str(gateway_port), "--probe-port", str(other_port),
                          "--probe-path", str(data_dir), "--probe-path", str(Path.cwd()))
         run = started["run"]
-        for _ in range(300):
-            shown = rsigym("run", "show", run, "--json")
-            if shown["status"] != "running":
-                break
-            time.sleep(0.1)
+        shown = wait_for_exit(run, tries=300)
     log = rsigym("run", "logs", run)
     assert shown["status"] == "exited" and shown["exit_code"] == 0, log
     seen = report(log)
@@ -166,11 +172,7 @@ def test_the_wall_clock_stops_the_agent_and_its_jobs_spend_shows_on_both_meters_
         assert started["egress"] == [f"127.0.0.2:{allowed}"]
         sock_dir = Path(os.readlink(data_dir / "runs" / run / "sock"))
         assert sock_dir.is_dir()
-        for _ in range(1200):  # the relay kills the agent at the wall clock (40 s), not its 600 s sleep
-            shown = rsigym("run", "show", run, "--json")
-            if shown["status"] != "running":
-                break
-            time.sleep(0.1)
+        shown = wait_for_exit(run, tries=1200)  # the relay kills the agent at the wall clock (40 s), not its 600 s sleep
     log = rsigym("run", "logs", run)
     assert shown["status"] == "exited" and shown["exit_code"] == 124, log
     assert "the run's wall clock has passed" in log
@@ -241,11 +243,7 @@ def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
                          "--sleep", "600")
         run = started["run"]
         assert started["mode"] == "compose"
-        for _ in range(900):
-            shown = rsigym("run", "show", run, "--json")
-            if shown["status"] != "running":
-                break
-            time.sleep(0.1)
+        shown = wait_for_exit(run, tries=900)
     log = rsigym("run", "logs", run)
     assert shown["status"] == "exited" and shown["exit_code"] == 124, log
     seen = report(log)
