@@ -20,6 +20,8 @@ import hashlib
 import json
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -133,7 +135,28 @@ def build_tiny(models_dir: Path, recipe: TinyRecipe | None = None, *, log: Any =
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _is_built(target, recipe):
             return target
-        return _build(target, recipe, log)
+        return _build_in_child(target, recipe, log)
+
+
+def _build_in_child(target: Path, recipe: TinyRecipe, log: Any) -> Path:
+    """Run :func:`_build` in a fresh interpreter, so the same recipe always gives the same weights.
+
+    The weights are initialised from torch's process-wide generator: in a serving or test process,
+    any other thread drawing on it between the seed and the initialisation (a LoRA job starting, a
+    sampler) changes the model — and a LoRA's ability to learn a held-out skill in a few hundred
+    steps differs sharply between such models. A child process has no other thread."""
+    cmd = [sys.executable, "-m", "services.models.tiny", str(target), json.dumps(asdict(recipe))]
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line.startswith("tiny "):
+                log(line)
+            tail = (tail + [line])[-20:]
+    if proc.returncode != 0 or not _is_built(target, recipe):
+        raise RuntimeError(f"building the tiny model failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    return target
 
 
 def _build(target: Path, recipe: TinyRecipe, log: Any) -> Path:
@@ -195,3 +218,14 @@ def _build(target: Path, recipe: TinyRecipe, log: Any) -> Path:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m services.models.tiny TARGET RECIPE_JSON``: the child of :func:`_build_in_child`."""
+    fields = json.loads(argv[1])
+    fields["mix"] = tuple(tuple(pair) for pair in fields["mix"])
+    _build(Path(argv[0]), TinyRecipe(**fields), lambda msg: print(msg, flush=True))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
