@@ -1,0 +1,365 @@
+"""Ledger throughput: reserve+settle pairs per second through the real ledger, against bare SQL.
+
+For each store (SQLite file, PostgreSQL schema), each key pattern (``hot``: every caller on one
+run key; ``spread``: callers cycle over ``--keys`` run keys) and each number of concurrent
+callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
+
+* ``ledger``: ``Ledger.reserve`` then ``Ledger.settle_with_balance`` (services/core/ledger.py),
+  called as the gateway calls them (``chain_ids`` given, a request id, a ``LedgerEntry`` row per
+  pair), on a :class:`Store` with its default pool (20 + 20 connections);
+* ``raw``, the baseline in the same run on the same database: the bare conditional
+  ``UPDATE api_keys SET reserved_nusd = reserved_nusd + x WHERE id = k AND status = 'active'
+  AND budget_nusd - spent_nusd - reserved_nusd >= x`` then the settle ``UPDATE`` (reserved - x,
+  spent + actual), each its own autocommitted transaction, through the driver (sqlite3 /
+  psycopg) with no ORM, on as many connections as the store's pool holds (one per caller when
+  fewer callers), with the store's SQLite pragmas. Raw pairs use their own keys.
+
+Concurrency: one OS thread per caller (``threading.Thread``; the ledger is synchronous), all
+released together by a barrier, each looping until the deadline; pairs/s = pairs completed /
+wall time until the last caller returned (at 1,000 callers each caller finishes at least one
+pair, so a slow store stretches the cell past ``--seconds``). Every caller's pairs are counted
+per key. The store's pool wait is raised to 600 s: the gateway admits only as many threads as
+the pool holds, so queueing 1,000 threads on 40 connections is the bench's doing, not a refusal.
+
+At the end, per store, the 0-overspend check: every key's spent + reserved <= budget, reserved
+== 0, spent == pairs counted x the settled amount; no ledger row left ``reserved``; per ledger
+key the settled rows' count == its pairs and their sum == its spent. Prints OK or each finding.
+``--profile`` adds a cProfile of the 1-caller SQLite ledger run (top entries by cumulative time).
+
+    .venv/bin/python bench/ledger_throughput.py [--seconds 1.5] [--callers 1,64,1000] [--keys 1000]
+        [--store sqlite,postgres] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import os
+import pstats
+import queue
+import secrets
+import sqlite3
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401  (puts the repository root on sys.path)
+
+from sqlalchemy import create_engine, func, make_url, select, text
+
+from services.core.config import GymConfig
+from services.core.errors import BudgetExhausted
+from services.core.keys import KeyRegistry
+from services.core.ledger import Ledger
+from services.core.presets import preset_policy
+from services.core.settings import StoreSettings
+from services.core.store import Store, sqlite_url
+from services.core.tables import ApiKey, LedgerEntry
+
+ESTIMATE = 1_000  # nano-USD held per call
+ACTUAL = 700  # nano-USD charged at settlement
+BUDGET = 10**15  # never the binding limit: the bench measures throughput, not refusals
+
+RAW_RESERVE = ("UPDATE api_keys SET reserved_nusd = reserved_nusd + {p} WHERE id = {p} AND status = 'active' "
+               "AND (budget_nusd IS NULL OR budget_nusd - spent_nusd - reserved_nusd >= {p})")
+RAW_SETTLE = "UPDATE api_keys SET reserved_nusd = reserved_nusd - {p}, spent_nusd = spent_nusd + {p} WHERE id = {p}"
+
+Pair = Callable[[str], None]
+"""One reserve+settle on a key; raises on refusal or error."""
+
+
+@dataclass
+class Cell:
+    store: str
+    pattern: str
+    callers: int
+    kind: str
+    pairs: int = 0
+    seconds: float = 0.0
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def rate(self) -> float:
+        return self.pairs / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Keys:
+    hot: str
+    spread: list[str]
+    pairs: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Pairs completed per key, over the whole run (what the final check expects)."""
+
+
+def run_cell(cell: Cell, keys: Keys, pair: Pair, seconds: float) -> Cell:
+    """``cell.callers`` threads doing pairs until the deadline; fills in the cell's figures."""
+    barrier = threading.Barrier(cell.callers + 1)
+    counts: list[collections.Counter[str]] = [collections.Counter() for _ in range(cell.callers)]
+    errors: list[collections.Counter[str]] = [collections.Counter() for _ in range(cell.callers)]
+    deadline = [0.0]
+    spread = keys.spread
+
+    def caller(i: int) -> None:
+        mine, failed = counts[i], errors[i]
+        barrier.wait()
+        end = deadline[0]
+        j = i
+        while time.perf_counter() < end:
+            key = keys.hot if cell.pattern == "hot" else spread[j % len(spread)]
+            j += 1
+            try:
+                pair(key)
+            except Exception as err:  # noqa: BLE001 - every failure is counted by type and shown
+                failed[type(err).__name__] += 1
+                continue
+            mine[key] += 1
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(cell.callers)]
+    for t in threads:
+        t.start()
+    start = time.perf_counter()
+    deadline[0] = start + seconds
+    barrier.wait()
+    for t in threads:
+        t.join()
+    cell.seconds = time.perf_counter() - start
+    for c in counts:
+        cell.pairs += c.total()
+        keys.pairs.update(c)
+    for e in errors:
+        cell.errors.update(e)
+    return cell
+
+
+def ledger_pair(ledger: Ledger) -> Pair:
+    def pair(key: str) -> None:
+        res = ledger.reserve(key, service="rollout", operation="chat.completions", estimate_nusd=ESTIMATE,
+                             request_id="req_bench", chain_ids=(key,))
+        ledger.settle_with_balance(res.id, ACTUAL)
+
+    return pair
+
+
+class RawPool:
+    """A fixed set of driver connections in autocommit, handed out one statement at a time."""
+
+    def __init__(self, connect: Callable[[], Any], size: int, paramstyle: str):
+        self.conns: queue.Queue[Any] = queue.Queue()
+        self.all = [connect() for _ in range(size)]
+        for c in self.all:
+            self.conns.put(c)
+        self.reserve_sql = RAW_RESERVE.format(p=paramstyle)
+        self.settle_sql = RAW_SETTLE.format(p=paramstyle)
+
+    @contextmanager
+    def conn(self) -> Iterator[Any]:
+        c = self.conns.get()
+        try:
+            yield c
+        finally:
+            self.conns.put(c)
+
+    def pair(self, key: str) -> None:
+        with self.conn() as c:
+            held = c.execute(self.reserve_sql, (ESTIMATE, key, ESTIMATE)).rowcount
+        if held != 1:
+            raise BudgetExhausted("raw reservation refused")
+        with self.conn() as c:
+            c.execute(self.settle_sql, (ESTIMATE, ACTUAL, key))
+
+    def close(self) -> None:
+        for c in self.all:
+            c.close()
+
+
+def sqlite_raw(path: str, settings: StoreSettings) -> Callable[[], Any]:
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000, isolation_level=None,
+                               check_same_thread=False)
+        for pragma in ("journal_mode=WAL", "synchronous=NORMAL", f"busy_timeout={settings.sqlite_busy_timeout_ms}"):
+            conn.execute(f"PRAGMA {pragma}")
+        return conn
+
+    return connect
+
+
+def postgres_raw(url: str, schema: str) -> Callable[[], Any]:
+    import psycopg
+
+    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def connect() -> Any:
+        return psycopg.connect(dsn, autocommit=True, options=f"-csearch_path={schema}")
+
+    return connect
+
+
+def make_keys(store: Store, n: int) -> Keys:
+    """``n + 1`` run keys made as ``rsigym keys create`` makes them (a few threads: PostgreSQL
+    commits them in groups)."""
+    registry, policy = KeyRegistry(store), preset_policy("joint", GymConfig())
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda _: registry.create(policy=policy, budget_nusd=BUDGET)[0]["id"], range(n + 1)))
+    return Keys(hot=ids[0], spread=ids[1:])
+
+
+def check(store: Store, ledger_keys: Keys, raw_keys: Keys) -> list[str]:
+    """The 0-overspend check; returns the findings (empty: OK)."""
+    findings: list[str] = []
+    with store.transaction() as s:
+        rows = {r.id: (r.budget_nusd, r.spent_nusd, r.reserved_nusd) for r in s.execute(
+            select(ApiKey.id, ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd))}
+        open_rows = s.scalar(select(func.count()).where(LedgerEntry.status == "reserved"))
+        settled = {kid: (n, total) for kid, n, total in s.execute(
+            select(LedgerEntry.key_id, func.count(), func.coalesce(func.sum(LedgerEntry.actual_nusd), 0))
+            .where(LedgerEntry.status == "settled").group_by(LedgerEntry.key_id))}
+    if open_rows:
+        findings.append(f"{open_rows} reservations left open")
+    for keys, kind in ((ledger_keys, "ledger"), (raw_keys, "raw")):
+        for kid in [keys.hot, *keys.spread]:
+            budget, spent, reserved = rows[kid]
+            pairs = keys.pairs[kid]
+            if budget is not None and spent + reserved > budget:
+                findings.append(f"{kind} key {kid}: spent {spent} + reserved {reserved} > budget {budget}")
+            if reserved:
+                findings.append(f"{kind} key {kid}: {reserved} still reserved")
+            if spent != pairs * ACTUAL:
+                findings.append(f"{kind} key {kid}: spent {spent} != {pairs} pairs x {ACTUAL}")
+            if kind == "ledger" and settled.get(kid, (0, 0)) != (pairs, spent):
+                findings.append(f"ledger key {kid}: settled rows (count, sum) {settled.get(kid, (0, 0))} "
+                                f"!= ({pairs}, {spent})")
+    return findings
+
+
+def profile_one_caller(ledger: Ledger, keys: Keys, seconds: float) -> str:
+    pair, key = ledger_pair(ledger), keys.hot
+    prof = cProfile.Profile()
+    n, end = 0, time.perf_counter() + seconds
+    prof.enable()
+    while time.perf_counter() < end:
+        pair(key)
+        n += 1
+    prof.disable()
+    keys.pairs[key] += n
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(15)
+    return f"cProfile, 1 caller, SQLite ledger, {n} pairs (under the profiler):\n{out.getvalue()}"
+
+
+@contextmanager
+def open_store(kind: str, pg_url: str, tmp: Path) -> Iterator[tuple[Store, Callable[[], Any]]]:
+    """A migrated store and a connect() for raw driver connections to the same database."""
+    # 1,000 caller threads queue for the pool's 40 connections; a wait longer than the default
+    # 10 s would be refused (503, fail closed). The gateway never queues there (Store.call admits
+    # only as many threads as the pool holds), so the bench waits as long as it takes.
+    settings = StoreSettings(pool_timeout_s=600)
+    if kind == "sqlite":
+        store = Store(sqlite_url(tmp), settings)
+        store.migrate()
+        try:
+            yield store, sqlite_raw(str(tmp / "gym.sqlite3"), settings)
+        finally:
+            store.dispose()
+        return
+    schema = f"bench_{secrets.token_hex(4)}"
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        store = Store(pg_url, settings, schema=schema)
+        store.migrate()
+        try:
+            yield store, postgres_raw(pg_url, schema)
+        finally:
+            store.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.5, help="per cell (store x pattern x callers x kind)")
+    parser.add_argument("--callers", default="1,64,1000")
+    parser.add_argument("--keys", type=int, default=1000, help="keys of the spread pattern")
+    parser.add_argument("--store", default="sqlite,postgres")
+    parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--profile", action="store_true", help="cProfile the 1-caller SQLite ledger run")
+    args = parser.parse_args()
+    callers = [int(c) for c in args.callers.split(",")]
+    stores = args.store.split(",")
+
+    load_before = os.getloadavg()[0]
+    cells: list[Cell] = []
+    checks: dict[str, list[str]] = {}
+    profile = ""
+    for kind in stores:
+        with tempfile.TemporaryDirectory(prefix="rsigym-bench-") as tmp, \
+                open_store(kind, args.pg_url, Path(tmp)) as (store, connect):
+            t0 = time.perf_counter()
+            ledger_keys, raw_keys = make_keys(store, args.keys), make_keys(store, args.keys)
+            print(f"[{kind}] {2 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
+            ledger = Ledger(store)
+            pool_max = store.settings.pool_size + store.settings.max_overflow
+            warm = RawPool(connect, 8, "?" if kind == "sqlite" else "%s")
+            for n in (1, 8):  # warm up pools, statement caches and the page cache
+                run_cell(Cell(kind, "hot", n, "ledger"), ledger_keys, ledger_pair(ledger), 0.3)
+                run_cell(Cell(kind, "hot", n, "raw"), raw_keys, warm.pair, 0.3)
+            warm.close()
+            if args.profile and kind == "sqlite":
+                profile = profile_one_caller(ledger, ledger_keys, args.seconds)
+            for pattern in ("hot", "spread"):
+                for n in callers:
+                    cell = run_cell(Cell(kind, pattern, n, "ledger"), ledger_keys, ledger_pair(ledger), args.seconds)
+                    cells.append(cell)
+                    raw = RawPool(connect, min(n, pool_max), "?" if kind == "sqlite" else "%s")
+                    try:
+                        cells.append(run_cell(Cell(kind, pattern, n, "raw"), raw_keys, raw.pair, args.seconds))
+                    finally:
+                        raw.close()
+                    print(f"[{kind}] {pattern:6} {n:5} callers: ledger {cell.rate:9,.0f}/s  "
+                          f"raw {cells[-1].rate:9,.0f}/s", flush=True)
+            checks[kind] = check(store, ledger_keys, raw_keys)
+
+    print()
+    print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
+          f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys; "
+          f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"{'store':9}{'keys':8}{'callers':>8}{'ledger/s':>12}{'raw/s':>12}{'ledger/raw':>12}  errors (ledger | raw)")
+    by = {(c.store, c.pattern, c.callers, c.kind): c for c in cells}
+    for kind in stores:
+        for pattern in ("hot", "spread"):
+            for n in callers:
+                led, raw_cell = by[(kind, pattern, n, "ledger")], by[(kind, pattern, n, "raw")]
+                ratio = led.rate / raw_cell.rate if raw_cell.rate else float("nan")
+                errs = f"{dict(led.errors) or 0} | {dict(raw_cell.errors) or 0}"
+                print(f"{kind:9}{pattern:8}{n:8}{led.rate:12,.0f}{raw_cell.rate:12,.0f}{ratio:12.3f}  {errs}")
+    goals = {"sqlite": 10_000, "postgres": 3_000}
+    print()
+    for kind in stores:
+        best = max((c for c in cells if c.store == kind and c.kind == "ledger"), key=lambda c: c.rate)
+        worst = min((c for c in cells if c.store == kind and c.kind == "ledger"), key=lambda c: c.rate)
+        met = "met" if worst.rate >= goals[kind] else "NOT met"
+        print(f"goal {kind} >= {goals[kind]:,}/s: {met} in every cell (best {best.rate:,.0f}/s at {best.pattern} "
+              f"x{best.callers}, worst {worst.rate:,.0f}/s at {worst.pattern} x{worst.callers})")
+    for kind, findings in checks.items():
+        status = "OK (spent+reserved <= budget, 0 reserved, 0 open rows, ledger rows == balances == pairs counted)"
+        print(f"0-overspend check {kind}: " + (status if not findings else f"{len(findings)} FINDINGS"))
+        for f in findings[:20]:
+            print("   ", f)
+    if profile:
+        print()
+        print(profile)
+
+
+if __name__ == "__main__":
+    main()
