@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -18,6 +22,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.fakes.servers import free_port, serve  # noqa: E402
+
+if TYPE_CHECKING:
+    from gateway.builder import Gym
+    from services.core.settings import GymSettings
+    from services.core.store import Store
 
 
 @contextlib.contextmanager
@@ -46,6 +55,44 @@ def standin_process(api_key: str) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+TEACHER_KEY_ENV = "BENCH_TEACHER_KEY"
+"""The env name the gym's (and the LiteLLM proxy's) "teacher" model reads the stand-in's key from."""
+BENCH_ADMIN_TOKEN = "bench-admin"
+
+
+@dataclass
+class BenchGym:
+    """An embedded gym served on loopback whose one rollout model, ``teacher``, is the stand-in."""
+
+    gym: Gym
+    settings: GymSettings
+    url: str
+    key: str
+    """A run key allowed the rollout service, with budget to spare."""
+
+
+@contextlib.contextmanager
+def embedded_gym(provider_url: str, provider_key: str, store: Store | None = None) -> Iterator[BenchGym]:
+    """Build the embedded gym (in this process, SQLite under a temporary data dir unless ``store``
+    is given) with ``teacher`` routed to the stand-in at ``provider_url``, serve it, make a run key."""
+    from gateway.builder import build_embedded
+    from services.core.config import GymConfig
+    from services.core.settings import GymSettings, ProviderSecrets
+
+    config = GymConfig.model_validate({"rollout": {"models": [{
+        "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider_url + "/v1",
+        "api_key_env": TEACHER_KEY_ENV, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}]}})
+    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
+    settings = GymSettings(data_dir=data, admin_token=BENCH_ADMIN_TOKEN, internal_secret=secrets.token_hex(16))
+    gym = build_embedded(settings, config=config, store=store,
+                         provider_secrets=ProviderSecrets({TEACHER_KEY_ENV: provider_key}), run_reaper=False)
+    with serve(gym.app) as url:
+        r = httpx.post(f"{url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
+                       headers={"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}, timeout=60)
+        r.raise_for_status()
+        yield BenchGym(gym=gym, settings=settings, url=url, key=r.json()["key"])
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
@@ -55,4 +102,5 @@ def summary(values: list[float]) -> str:
     return f"p50 {pct(values, 50) * 1000:7.2f} ms  p99 {pct(values, 99) * 1000:7.2f} ms  mean {statistics.mean(values) * 1000:7.2f} ms"
 
 
-__all__ = ["ROOT", "pct", "serve", "standin_process", "summary"]
+__all__ = ["BENCH_ADMIN_TOKEN", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "embedded_gym", "free_port", "pct", "serve",
+           "standin_process", "summary"]

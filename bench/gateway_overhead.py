@@ -14,18 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import tempfile
 import time
-from pathlib import Path
 
-from _common import pct, serve, standin_process, summary
+from _common import embedded_gym, pct, serve, standin_process, summary
 
 import httpx
 
-from gateway.builder import build_embedded
-from services.core.config import GymConfig
 from services.core.identity import Identity, sign
-from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.settings import StoreSettings
 from services.core.store import Store
 
 BODY = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}
@@ -39,11 +35,6 @@ def main() -> None:
 
     provider_key = "sk-bench-" + secrets.token_hex(8)
     with standin_process(provider_key) as provider:
-        config = GymConfig.model_validate({"rollout": {"models": [{
-            "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider + "/v1",
-            "api_key_env": "BENCH_TEACHER_KEY", "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}]}})
-        data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-        settings = GymSettings(data_dir=data, admin_token="bench-admin", internal_secret=secrets.token_hex(16))
         store = None
         if args.store == "postgres":
             from sqlalchemy import create_engine, text
@@ -54,12 +45,9 @@ def main() -> None:
                 conn.execute(text(f'CREATE SCHEMA "{schema}"'))
             store = Store(url, StoreSettings(), schema=schema)
             store.migrate()
-        gym = build_embedded(settings, config=config, store=store,
-                             provider_secrets=ProviderSecrets({"BENCH_TEACHER_KEY": provider_key}), run_reaper=False)
-        with serve(gym.app) as gateway_url, serve(gym.service_apps["rollout"]) as service_url, \
-                httpx.Client(timeout=60) as client:
-            key = client.post(f"{gateway_url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
-                              headers={"Authorization": "Bearer bench-admin"}).json()["key"]
+        with embedded_gym(provider, provider_key, store=store) as bench_gym, \
+                serve(bench_gym.gym.service_apps["rollout"]) as service_url, httpx.Client(timeout=60) as client:
+            gateway_url, key, settings = bench_gym.url, bench_gym.key, bench_gym.settings
             raw = json.dumps(BODY).encode()
 
             def direct() -> float:
