@@ -26,15 +26,30 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, SQLColumnExpression, case, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Select,
+    CursorResult,
+    String,
+    Table,
+    Update,
+    bindparam,
+    case,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from services.core.config import LedgerConfig
 from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked, NotFound
 from services.core.ids import new_id
 from services.core.money import format_usd, nusd_to_usd
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry, utcnow
+from services.core.store import Store, Work
+from services.core.tables import ApiKey, LedgerEntry, UTCDateTime, utcnow
 
 log = logging.getLogger("rsigym.ledger")
 
@@ -102,6 +117,91 @@ def balance_from(chain: list[Figures]) -> Balance:
     return Balance(budget or 0, spent, reserved, max(remaining, 0))
 
 
+# -- the hot path's statements ------------------------------------------------------------
+# Built once, with bind parameters only: each store compiles them once (Store.prepared) and
+# every call just binds values and runs them on the driver's cursor (Store.begin), with no ORM
+# session, unit of work or per-statement engine machinery in between. Every bind is given by
+# name, ``updated_at`` included (a Python-side onupdate default would not run here).
+
+KEYS = cast(Table, ApiKey.__table__)
+ENTRIES = cast(Table, LedgerEntry.__table__)
+_K, _E = KEYS.c, ENTRIES.c
+_FIGURES = (_K.budget_nusd, _K.spent_nusd, _K.reserved_nusd)
+_x = bindparam("x", type_=BigInteger)
+_now = bindparam("now", type_=UTCDateTime())
+
+HOLD = (
+    update(KEYS)
+    .where(
+        _K.id == bindparam("kid"),
+        _K.status == "active",
+        or_(_K.budget_nusd.is_(None), _K.budget_nusd - _K.spent_nusd - _K.reserved_nusd >= _x),
+    )
+    .values(reserved_nusd=_K.reserved_nusd + _x, updated_at=_now)
+    .returning(*_FIGURES)
+)
+"""The reservation of ``x`` on key ``kid`` at ``now``: no row back = refused (inactive or short)."""
+
+MOVE = (
+    update(KEYS)
+    .where(_K.id == bindparam("kid"))
+    .values(
+        reserved_nusd=_K.reserved_nusd - bindparam("held", type_=BigInteger),
+        spent_nusd=_K.spent_nusd + bindparam("charged", type_=BigInteger),
+        updated_at=_now,
+    )
+    .returning(*_FIGURES)
+)
+"""A settlement on key ``kid`` at ``now``: free ``held``, charge ``charged``."""
+
+_RECORD = insert(ENTRIES)
+"""A new ledger row: every column is given by name (Ledger.reserve)."""
+_STATE = select(_K.status, *_FIGURES).where(_K.id == bindparam("kid"))
+
+
+def _chain_query() -> Select[Any]:
+    walk = select(_K.id, _K.parent_id, literal(0).label("up")).where(_K.id == bindparam("kid")).cte(
+        "chain", recursive=True
+    )
+    walk = walk.union_all(select(_K.id, _K.parent_id, walk.c.up + 1).join(walk, _K.id == walk.c.parent_id))
+    return select(walk.c.id, walk.c.parent_id).order_by(walk.c.up.desc())
+
+
+_CHAIN = _chain_query()
+
+
+def chain_ids_of(work: Work, key_id: str) -> list[str]:
+    """The ids of the key and its ancestors, root first, in one round trip."""
+    rows = work.rows(_CHAIN, {"kid": key_id})
+    if not rows or rows[0][1] is not None:  # missing, or an ancestor row is gone
+        raise NotFound(f"key {key_id} not found")
+    return [r[0] for r in rows]
+
+
+def _close_statement(charge_estimate: bool, expired_only: bool) -> Update:
+    stmt = update(ENTRIES).where(_E.id == bindparam("rid"), _E.status == "reserved")
+    if expired_only:
+        stmt = stmt.where(_E.expires_at < _now)
+    charged: ColumnElement[int]
+    overrun: ColumnElement[int]
+    if charge_estimate:
+        charged, overrun = _E.estimate_nusd, literal(0, BigInteger)
+    else:
+        charge = bindparam("charge", type_=BigInteger)
+        over = _E.estimate_nusd < charge
+        # Never above the reservation: the hold is the most a call can cost; the rest is recorded.
+        charged = case((over, _E.estimate_nusd), else_=charge)
+        overrun = case((over, charge - _E.estimate_nusd), else_=0)
+    return stmt.values(
+        status=bindparam("closing", type_=String), settled_at=_now, actual_nusd=charged, overrun_nusd=overrun
+    ).returning(_E.key_id, _E.run_id, _E.estimate_nusd, _E.actual_nusd, _E.overrun_nusd, _E.service, _E.operation)
+
+
+CLOSE = {(all_, expired): _close_statement(all_, expired) for all_ in (False, True) for expired in (False, True)}
+"""Close an open reservation ``rid`` as ``closing`` at ``now``, by (charge the whole
+estimate, only if expired before ``now``); ``charge`` is the real cost when not the estimate."""
+
+
 class Ledger:
     """Used by the gateway and by long-running workers alike."""
 
@@ -131,56 +231,52 @@ class Ledger:
         if estimate_nusd < 0:
             raise ValueError("estimate must be >= 0")
         ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
-        with self.store.transaction() as s:
-            ids = list(chain_ids) if chain_ids else [k.id for k in chain_of(s, key_id)]
+        with self.store.begin() as work:
+            ids = list(chain_ids) if chain_ids else chain_ids_of(work, key_id)
+            now = utcnow()
             figures: list[Figures] = []
             for kid in ids:  # root first: one lock order for every caller
-                held = s.execute(
-                    update(ApiKey)
-                    .where(
-                        ApiKey.id == kid,
-                        ApiKey.status == "active",
-                        (ApiKey.budget_nusd.is_(None))
-                        | (ApiKey.budget_nusd - ApiKey.spent_nusd - ApiKey.reserved_nusd >= estimate_nusd),
-                    )
-                    .values(reserved_nusd=ApiKey.reserved_nusd + estimate_nusd)
-                    .returning(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
-                    .execution_options(synchronize_session=False)
-                ).first()
+                held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
                 if held is None:
-                    self._refuse(s, kid, estimate_nusd)
-                figures.append(tuple(held))  # type: ignore[arg-type]
-            now = utcnow()
-            entry = LedgerEntry(
-                id=new_id("res"),
-                key_id=key_id,
-                run_id=ids[0],
-                service=service,
-                operation=operation,
-                ref_id=ref_id,
-                request_id=request_id,
-                estimate_nusd=estimate_nusd,
-                status="reserved",
-                created_at=now,
-                expires_at=now + ttl,
+                    self._refuse(work, kid, estimate_nusd)
+                figures.append(held)  # type: ignore[arg-type]
+            entry_id = new_id("res")
+            work.rows(
+                _RECORD,
+                {
+                    "id": entry_id,
+                    "key_id": key_id,
+                    "run_id": ids[0],
+                    "service": service,
+                    "operation": operation,
+                    "ref_id": ref_id,
+                    "request_id": request_id,
+                    "estimate_nusd": estimate_nusd,
+                    "actual_nusd": None,
+                    "overrun_nusd": 0,
+                    "status": "reserved",
+                    "created_at": now,
+                    "expires_at": now + ttl,
+                    "settled_at": None,
+                },
             )
-            s.add(entry)
-        return Reservation(entry.id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
+        return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
     @staticmethod
-    def _refuse(s: Session, key_id: str, estimate_nusd: int) -> None:
-        key = s.get(ApiKey, key_id, populate_existing=True)
+    def _refuse(work: Work, key_id: str, estimate_nusd: int) -> None:
+        key = work.first(_STATE, {"kid": key_id})
         if key is None:
             raise NotFound(f"key {key_id} not found")
-        if key.status == "revoked":
+        status, budget, spent, reserved = key
+        if status == "revoked":
             raise KeyRevoked("this key has been revoked")
-        if key.status == "paused":
+        if status == "paused":
             raise KeyPaused("this key is paused")
-        remaining = (key.budget_nusd or 0) - key.spent_nusd - key.reserved_nusd
+        remaining = (budget or 0) - spent - reserved
         raise BudgetExhausted(
             f"budget exhausted: this call may cost up to {format_usd(estimate_nusd)} USD "
             f"and {format_usd(max(remaining, 0))} USD remain",
-            headers={"Retry-After": "30"} if key.reserved_nusd else {},
+            headers={"Retry-After": "30"} if reserved else {},
         )
 
     def settle(self, reservation_id: str, actual_nusd: int) -> int:
@@ -210,26 +306,11 @@ class Ledger:
         ``actual_nusd`` None charges the whole estimate (an expired hold: the work may have
         happened), which is not an overrun.
         """
-        with self.store.transaction() as s:
-            stmt = update(LedgerEntry).where(LedgerEntry.id == reservation_id, LedgerEntry.status == "reserved")
-            if expired_only:
-                stmt = stmt.where(LedgerEntry.expires_at < utcnow())
-            charged_sql: SQLColumnExpression[int]
-            overrun_sql: SQLColumnExpression[int] | int
-            if actual_nusd is None:
-                charged_sql, overrun_sql = LedgerEntry.estimate_nusd, 0
-            else:
-                charge = max(0, actual_nusd)
-                over = LedgerEntry.estimate_nusd < charge
-                # Never above the reservation: the hold is the most a call can cost; the rest is recorded.
-                charged_sql = case((over, LedgerEntry.estimate_nusd), else_=charge)
-                overrun_sql = case((over, charge - LedgerEntry.estimate_nusd), else_=0)
-            closed = s.execute(
-                stmt.values(status=status, settled_at=utcnow(), actual_nusd=charged_sql, overrun_nusd=overrun_sql)
-                .returning(LedgerEntry.key_id, LedgerEntry.run_id, LedgerEntry.estimate_nusd, LedgerEntry.actual_nusd,
-                           LedgerEntry.overrun_nusd, LedgerEntry.service, LedgerEntry.operation)
-                .execution_options(synchronize_session=False)
-            ).first()
+        params: dict[str, Any] = {"rid": reservation_id, "closing": status, "now": utcnow()}
+        if actual_nusd is not None:
+            params["charge"] = max(0, actual_nusd)
+        with self.store.begin() as work:
+            closed = work.first(CLOSE[actual_nusd is None, expired_only], params)
             if closed is None:
                 return None
             key_id, run_id, estimate, charged, overrun, service, operation = closed
@@ -239,23 +320,9 @@ class Ledger:
                     "the run was charged the reservation", service, operation, run_id, reservation_id,
                     format_usd(overrun), format_usd(estimate),
                 )
-            ids = [key_id] if key_id == run_id else [k.id for k in chain_of(s, key_id)]
-            figures: list[Figures] = []
-            for kid in ids:
-                figures.append(
-                    tuple(  # type: ignore[arg-type]
-                        s.execute(
-                            update(ApiKey)
-                            .where(ApiKey.id == kid)
-                            .values(
-                                reserved_nusd=ApiKey.reserved_nusd - estimate,
-                                spent_nusd=ApiKey.spent_nusd + charged,
-                            )
-                            .returning(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
-                            .execution_options(synchronize_session=False)
-                        ).one()
-                    )
-                )
+            ids = [key_id] if key_id == run_id else chain_ids_of(work, key_id)
+            move = {"held": estimate, "charged": charged, "now": params["now"]}
+            figures = [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
             assert charged is not None  # actual_nusd was set, to a non-NULL expression, just above
             return charged, balance_from(figures)
 
