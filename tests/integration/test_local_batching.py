@@ -24,6 +24,7 @@ from services.models.chat_format import render_prompt
 from services.models.loading import load_model, load_tokenizer, resolve_model_dir
 from tests.conftest import MODELS_DIR, create_key
 from tests.fakes.servers import serve_gym
+from tests.fakes.tiny_lora import random_lora, torch_threads
 
 TINY = BaseModel_(name="tiny", path="builtin:tiny", train_usd_per_mtok=2.0, prefill_usd_per_mtok=0.2,
                   sample_usd_per_mtok=0.6)
@@ -47,13 +48,8 @@ def greedy(max_tokens: int = MAX_TOKENS, **extra: Any) -> Sampling:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
-    """The tiny model is faster on one thread, and far faster on busy cores (no OpenMP spinning)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +60,6 @@ def model_dir() -> Path:
 @pytest.fixture
 def engine(model_dir: Path) -> LocalEngine:
     return LocalEngine(MODELS_DIR, max_adapters=8)
-
-
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A LoRA with random (non-zero) weights: it changes the answers, so serving the wrong one shows."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(load_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                                  target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.mul_(3.0)
-    model.save_pretrained(str(out))
-    return out
 
 
 def plain_greedy(model_dir: Path, prompt: str, max_tokens: int) -> str:
@@ -143,8 +123,8 @@ def test_streamed_pieces_add_up_to_the_text_in_a_batch(engine: LocalEngine) -> N
 
 
 def test_adapters_are_never_mixed(engine: LocalEngine, model_dir: Path, tmp_path: Path) -> None:
-    a = Adapter("ckpt_a", str(make_adapter(model_dir, tmp_path / "a", seed=11)))
-    b = Adapter("ckpt_b", str(make_adapter(model_dir, tmp_path / "b", seed=12)))
+    a = Adapter("ckpt_a", str(random_lora(model_dir, tmp_path / "a", seed=11)))
+    b = Adapter("ckpt_b", str(random_lora(model_dir, tmp_path / "b", seed=12)))
     prompts = PROMPTS[:4]
     alone = {(x.key if x else None, p): engine.generate(TINY, x, p, greedy()) for x in (None, a, b) for p in prompts}
     for p in prompts[:2]:  # each adapter changes the answers: serving the wrong one shows

@@ -31,7 +31,7 @@ from services.inference.backends.local import LocalEngine
 from services.inference.backends.tinker import TinkerEngine
 from services.inference.backends.vllm import VLLMEngine
 from services.models.chat_format import render_prompt, split_example
-from services.models.loading import load_model, load_tokenizer, resolve_model_dir
+from services.models.loading import load_tokenizer, resolve_model_dir
 from services.training.backends.tinker import MANIFEST, TinkerTrainer, tinker_manifest
 from services.training.schemas import JobRequest
 from services.training.tables import TrainingJob
@@ -39,6 +39,7 @@ from services.training.trainer import StepReport, TrainingInputs, run_training
 from tests.conftest import MODELS_DIR
 from tests.fakes.fake_tinker import FakeServiceClient, FakeTinkerConnectionError
 from tests.fakes.fake_vllm import create_fake_vllm
+from tests.fakes.tiny_lora import random_lora, torch_threads
 from tests.fakes.servers import free_port, serve
 
 TINKER_BASE = "fake/tiny-qwen3"
@@ -60,13 +61,8 @@ PROMPTS = [ask("What is 23 + 19?"), ask("Repeat: red lion")]
 
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
-    """The tiny model is faster on one thread, and far faster on busy cores (no OpenMP spinning)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -74,27 +70,11 @@ def model_dir() -> Path:
     return resolve_model_dir(tiny_base(), MODELS_DIR)  # builds the tiny model once, cached across runs
 
 
-def make_adapter(model_dir: Path, out: Path, seed: int) -> Path:
-    """A LoRA with random (non-zero) weights: it changes the answers, so serving the wrong one shows."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(load_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                                  target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.mul_(3.0)
-    model.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def adapters(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Adapter]:
     """Three checkpoints; the first two are versions 1 and 2 of one lineage (own id, own directory)."""
     root = tmp_path_factory.mktemp("adapters")
-    return [Adapter(f"ckpt_v{i}", str(make_adapter(model_dir, root / f"ckpt_v{i}", seed=100 + i))) for i in (1, 2, 3)]
+    return [Adapter(f"ckpt_v{i}", str(random_lora(model_dir, root / f"ckpt_v{i}", seed=100 + i))) for i in (1, 2, 3)]
 
 
 @pytest.fixture(scope="module")
@@ -417,7 +397,7 @@ def test_tinker_step_failures_and_refusals(sqlite_store: Store, model_dir: Path,
     assert account(sqlite_store, key) == (3 * cost, 0)
     # A local (non-Tinker) parent, a custom loss: refused without a call.
     calls = len(fake.calls)
-    local_parent = make_adapter(model_dir, tmp_path / "local_ckpt", seed=7)
+    local_parent = random_lora(model_dir, tmp_path / "local_ckpt", seed=7)
     assert job.run(fake, model_dir, pairs, steps=1, parent=str(local_parent)).status == "failed"
     custom = job.run(fake, model_dir, pairs, steps=1, loss="custom", custom_loss="def loss(l, y, m): return l.sum()")
     assert custom.status == "failed" and "cross_entropy" in (custom.error or "")
