@@ -70,7 +70,8 @@ def test_store_lost_mid_call_fails_closed_and_the_hold_is_reaped(proxied: Any, p
     cut = out[0]
     # The answer could not be billed: it is not delivered, and the caller is told why.
     assert_error_shape(cut, 503, "store_unavailable")
-    assert "18" not in cut.text
+    body = cut.json()
+    assert "choices" not in body and "18" not in body["error"]["message"]  # the answer (18) is not delivered
     faults.delay_s = 0.0
 
     reached = faults.received
