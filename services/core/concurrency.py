@@ -3,14 +3,18 @@
 A slot is taken with a conditional ``UPDATE … SET in_flight = in_flight + 1 WHERE
 in_flight < :cap`` on every capped key of the chain (root first), never check-then-insert,
 and recorded as a lease so the reaper can give back slots of crashed holders.
+
+Taking, extending and giving back a slot run on the store's hot path (``Store.begin``, statements
+compiled once), as the ledger's reservations do: a sandbox create takes one, its end gives it back.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import Table, bindparam, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -18,7 +22,30 @@ from sqlalchemy.orm import Session
 from services.core.errors import ConcurrencyLimited
 from services.core.ids import new_id
 from services.core.store import Store
-from services.core.tables import ConcurrencyCounter, ConcurrencyLease, utcnow
+from services.core.tables import ConcurrencyCounter, ConcurrencyLease, UTCDateTime, utcnow
+
+COUNTERS = cast(Table, ConcurrencyCounter.__table__)
+LEASES = cast(Table, ConcurrencyLease.__table__)
+_C, _L = COUNTERS.c, LEASES.c
+_TAKE = (
+    update(COUNTERS)
+    .where(_C.key_id == bindparam("kid"), _C.service == bindparam("svc"), _C.in_flight < bindparam("cap"))
+    .values(in_flight=_C.in_flight + 1)
+    .returning(_C.in_flight)
+)
+_GIVE = (
+    update(COUNTERS)
+    .where(_C.key_id == bindparam("kid"), _C.service == bindparam("svc"))
+    .values(in_flight=_C.in_flight - 1)
+)
+_COUNTER = {
+    dialect: make(COUNTERS).values(key_id=bindparam("kid"), service=bindparam("svc"), in_flight=0).on_conflict_do_nothing()
+    for dialect, make in (("sqlite", sqlite_insert), ("postgresql", pg_insert))
+}
+_LEASE = insert(LEASES)
+_DROP = delete(LEASES).where(_L.id == bindparam("lid")).returning(_L.chain, _L.service)
+_EXTEND = update(LEASES).where(_L.id == bindparam("lid")).values(
+    expires_at=bindparam("until", type_=UTCDateTime()))
 
 
 class ConcurrencySlots:
@@ -30,53 +57,41 @@ class ConcurrencySlots:
         """Take one slot on every capped key of the chain; None when nothing is capped."""
         if not caps:
             return None
-        insert = pg_insert if self.store.dialect == "postgresql" else sqlite_insert
-        with self.store.transaction() as s:
+        lease_id = new_id("slot")
+        with self.store.begin() as work:
             for key_id, cap in caps:
-                s.execute(
-                    insert(ConcurrencyCounter)
-                    .values(key_id=key_id, service=service, in_flight=0)
-                    .on_conflict_do_nothing()
-                )
-                took = s.execute(
-                    update(ConcurrencyCounter)
-                    .where(
-                        ConcurrencyCounter.key_id == key_id,
-                        ConcurrencyCounter.service == service,
-                        ConcurrencyCounter.in_flight < cap,
-                    )
-                    .values(in_flight=ConcurrencyCounter.in_flight + 1)
-                    .execution_options(synchronize_session=False)
-                )
-                if cast(CursorResult[Any], took).rowcount != 1:  # SQLAlchemy 2.1 types execute() as Result
+                took = work.first(_TAKE, {"kid": key_id, "svc": service, "cap": cap})
+                if took is None:  # no counter yet (the key's first call), or the cap is reached
+                    work.rows(_COUNTER[self.store.dialect], {"kid": key_id, "svc": service})
+                    took = work.first(_TAKE, {"kid": key_id, "svc": service, "cap": cap})
+                if took is None:
                     raise ConcurrencyLimited(
                         f"at most {cap} concurrent {service} calls for this key; retry when one finishes",
                         param=service,
                         headers={"Retry-After": "1"},
                     )
-            lease = ConcurrencyLease(
-                id=new_id("slot"),
-                key_id=caps[-1][0],
-                service=service,
-                chain=[key_id for key_id, _ in caps],
-                expires_at=utcnow() + timedelta(seconds=ttl_s or self.lease_ttl_s),
-            )
-            s.add(lease)
-        return lease.id
+            work.rows(_LEASE, {"id": lease_id, "key_id": caps[-1][0], "service": service,
+                               "chain": [key_id for key_id, _ in caps],
+                               "expires_at": utcnow() + timedelta(seconds=ttl_s or self.lease_ttl_s)})
+        return lease_id
 
     def release(self, lease_id: str | None) -> None:
         if lease_id is None:
             return
-        with self.store.transaction() as s:
-            self._drop(s, lease_id)
+        with self.store.begin() as work:
+            dropped = work.first(_DROP, {"lid": lease_id})
+            if dropped is None:
+                return
+            chain, service = dropped
+            for key_id in json.loads(chain) if isinstance(chain, str) else chain:
+                work.rows(_GIVE, {"kid": key_id, "svc": service})
 
     def extend(self, lease_id: str | None, ttl_s: float) -> None:
         """Keep a long-held slot (a live sandbox) from being reclaimed as a crashed holder's."""
         if lease_id is None:
             return
-        with self.store.transaction() as s:
-            s.execute(update(ConcurrencyLease).where(ConcurrencyLease.id == lease_id)
-                      .values(expires_at=utcnow() + timedelta(seconds=ttl_s)))
+        with self.store.begin() as work:
+            work.rows(_EXTEND, {"lid": lease_id, "until": utcnow() + timedelta(seconds=ttl_s)})
 
     def in_flight(self, key_id: str, service: str) -> int:
         with self.store.transaction() as s:

@@ -155,6 +155,9 @@ class SandboxConfig(_Strict):
     local_root: str | None = None
     """Where local sandboxes keep their control dirs (default: a fresh dir under RSIGYM_SCRATCH_DIR).
     A sandbox's files are not here: they live in its own tmpfs of the template's ``disk_mb``."""
+    warm_pool: int = Field(default=2, ge=0, le=64)
+    """Local backend: sandboxes of each template kept started ahead, once the template has been used
+    (0: every create starts one). Unclaimed ones belong to and cost nobody; see backends/local.py."""
     uid_base: int = Field(default=200_000, gt=1000)
     """Local sandboxes run as unprivileged uids uid_base … uid_base + 9999, one per live sandbox."""
     max_file_transfer_mb: int = Field(default=64, gt=0)

@@ -58,25 +58,33 @@ class HostUidPool:
 
 
 def pids_of_uid(uid: int) -> list[int]:
+    """Live processes running as ``uid``. Zombies are not counted: they run nothing, hold nothing
+    and cannot be signalled, and a sandbox's are reaped by whoever it was reparented to (here
+    PID 1), which may take a while — counting them made every kill wait out its retries."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
+                if os.stat(f"/proc/{entry}").st_uid == uid and not _zombie(entry):
                     pids.append(int(entry))
             except OSError:
                 continue
     return pids
 
 
-def kill_uid(uid: int) -> None:
-    """SIGKILL every process still running as ``uid``. Through a pidfd, checked after it is
-    opened: a pid listed a moment ago may already belong to another sandbox's process (pids
-    are reused quickly on a busy host), and that one must not be hit."""
-    for _ in range(3):
-        pids = pids_of_uid(uid)
-        if not pids:
-            return
+def _zombie(pid: str) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+def kill_uid(uid: int, *, wait_s: float = 0.5) -> None:
+    """SIGKILL every process still running as ``uid``, until none is left or ``wait_s`` passed
+    (a killed process takes a moment to go). Through a pidfd, checked after it is opened: a pid
+    listed a moment ago may already belong to another sandbox's process (pids are reused
+    quickly on a busy host), and that one must not be hit."""
+    deadline, pause = time.monotonic() + wait_s, 0.001
+    while pids := pids_of_uid(uid):
         for pid in pids:
             try:
                 fd = os.pidfd_open(pid)
@@ -89,4 +97,7 @@ def kill_uid(uid: int) -> None:
                 pass
             finally:
                 os.close(fd)
-        time.sleep(0.05)
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)

@@ -91,11 +91,11 @@ class SandboxCgroup:
             return None
         return cls(dirs, applied)
 
-    def enter(self, pid: int) -> None:
-        """Called in the child before exec: the sandbox's first process joins the cgroup."""
-        for d in self.dirs:
-            with open(d / "cgroup.procs", "w") as fh:
-                fh.write(str(pid))
+    def entering_argv(self) -> list[str]:
+        """A command prefix: the first process joins the cgroup, then execs the rest of its
+        argv — so it is in the cgroup before anything of the sandbox runs (exit 125 if it can't)."""
+        script = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+        return ["/bin/sh", "-c", script, "rsigym-cgroup", str(len(self.dirs)), *(str(d / "cgroup.procs") for d in self.dirs)]
 
     def remove(self) -> None:
         for d in self.dirs:

@@ -24,7 +24,8 @@ def make_local(context: ServiceContext) -> SandboxBackend:
     from services.sandbox.backends.local import LocalBackend
 
     cfg = context.config.sandbox
-    return LocalBackend(cfg.local_root, cfg.uid_base, scratch=context.settings.resolved_scratch_dir())
+    return LocalBackend(cfg.local_root, cfg.uid_base, scratch=context.settings.resolved_scratch_dir(),
+                        warm_pool=cfg.warm_pool)
 
 
 @SANDBOX_BACKENDS.register("e2b")

@@ -44,6 +44,9 @@ class Proc:
 
 PROCS: dict[int, Proc] = {}
 BASE_ENV: dict[str, str] = {}
+PENDING = {"configure": False}
+"""A warm-pool agent (``--await-configure``) serves nothing but ``ping`` and one ``configure``
+(the claiming sandbox's id, environment and door forward) until the service claims it."""
 
 
 def _err(code: str, message: str) -> dict[str, Any]:
@@ -211,7 +214,11 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         line = await reader.readline()
         req = json.loads(line)
         op = req.get("op")
-        if op == "start":
+        if op == "configure":
+            await _send(writer, await configure(req))
+        elif PENDING["configure"] and op != "ping":
+            await _send(writer, _err("failed_precondition", "this sandbox has not been claimed yet"))
+        elif op == "start":
             await start(req, writer)
         elif op == "connect":
             proc = PROCS.get(int(req.get("pid", -1)))
@@ -287,19 +294,43 @@ async def forward(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
     await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
 
 
+async def open_forwards(specs: list[str]) -> None:
+    for spec in specs:
+        address, _, target = spec.partition("=")
+        host, _, port = address.rpartition(":")
+        await asyncio.start_server(functools.partial(forward, target=target), host, int(port))
+
+
+async def configure(req: dict[str, Any]) -> dict[str, Any]:
+    """Once, and only on a warm-pool agent before anything ran in it: the claiming sandbox's
+    environment and door. Refused afterwards, so code inside cannot re-point the sandbox."""
+    if not PENDING["configure"]:
+        return _err("failed_precondition", "this sandbox is already configured")
+    env = req.get("env") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("env must map strings to strings")
+    PENDING["configure"] = False
+    BASE_ENV.update(env)
+    try:
+        os.chdir(BASE_ENV.get("HOME", "/"))
+    except OSError:
+        pass
+    await open_forwards([str(f) for f in req.get("forward") or []])
+    return {"ok": True}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--env-file", required=True)
     parser.add_argument("--forward", action="append", default=[], help="HOST:PORT=UNIX_SOCKET")
+    parser.add_argument("--await-configure", action="store_true", help="a warm-pool sandbox, claimed later")
     args = parser.parse_args()
     with open(args.env_file) as fh:  # noqa: ASYNC230 - once, before anything is served
         BASE_ENV.update(json.load(fh))
+    PENDING["configure"] = args.await_configure
     os.chdir(BASE_ENV.get("HOME", "/"))
-    for spec in args.forward:
-        address, _, target = spec.partition("=")
-        host, _, port = address.rpartition(":")
-        await asyncio.start_server(functools.partial(forward, target=target), host, int(port))
+    await open_forwards(args.forward)
     server = await asyncio.start_unix_server(handle, args.socket, limit=MAX_LINE)
     os.chmod(args.socket, 0o600)
     sys.stdout.write("ready\n")

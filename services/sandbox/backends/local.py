@@ -21,6 +21,16 @@ sandbox also gets a pids cgroup capping its whole process tree and a CFS quota o
 template's cpu_count CPUs (see services/sandbox/cgroups.py for the fallback without them, and
 for why memory is not capped by a cgroup).
 
+Warm pool (``[sandbox] warm_pool``): once a template has been used, the backend keeps that many
+of its sandboxes started ahead — namespaces built, limits set, agent listening, nothing run —
+and a create claims one instead of starting bubblewrap (~150 ms here) on the request path. A
+pool sandbox belongs to nobody and costs nobody until claimed: the service takes the key's slot
+and opens its meter exactly as for a cold start. Claiming tells the waiting agent, once, the
+sandbox's id, environment and door (the agent refuses everything else until then, and any second
+``configure`` after), so a claimed sandbox is one no other owner ever reached; it is never
+returned to the pool — killing it ends its namespaces as for any other. Every local sandbox's
+hostname is ``sandbox`` (the id is in ``E2B_SANDBOX_ID``), cold or warm alike.
+
 Kernel surface: the sandbox's code may not create user namespaces of its own (bubblewrap's
 ``--disable-userns``, where the installed bubblewrap has it — 0.8.0 and later — and the
 seccomp filter either way), and a seccomp deny-list (services/sandbox/seccomp.py) refuses the
@@ -34,9 +44,10 @@ import base64
 import json
 import logging
 import os
-import resource
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -47,6 +58,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from services.core.config import SandboxTemplate
 from services.core.errors import GymError, ServiceUnavailable, Unprocessable
 from services.core.host_uids import HostUidPool, kill_uid, pids_of_uid
 from services.sandbox import seccomp
@@ -59,6 +71,11 @@ AGENT_SOURCE = Path(__file__).with_name("inbox_agent.py")
 STREAM_LIMIT = 128 * 1024 * 1024
 """The longest answer line of a one-shot call (a file read of up to 64 MiB, base64)."""
 START_TIMEOUT_S = 15.0
+HOSTNAME = "sandbox"
+BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/home/user", "USER": "user",
+            "LANG": "C.UTF-8", "E2B_SANDBOX": "true"}
+POOL_RETRY_S = 30.0
+"""After a pool sandbox failed to start, the pool waits this long before trying that template again."""
 
 
 class SandboxGone(GymError):
@@ -83,7 +100,7 @@ class _Local:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, root: str | None, uid_base: int, *, scratch: Path | None = None):
+    def __init__(self, root: str | None, uid_base: int, *, scratch: Path | None = None, warm_pool: int = 0):
         self.bwrap = shutil.which("bwrap")
         self._owns_root = root is None  # a fresh temporary root is removed again at close
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-", dir=scratch))
@@ -96,6 +113,16 @@ class LocalBackend:
             _require_traversable(self.root)
         self._sandboxes: dict[str, _Local] = {}
         self._lock = threading.Lock()
+        self.warm_pool = warm_pool
+        self._warm: dict[str, list[_Local]] = {}
+        """Ready, unclaimed sandboxes by template (its settings as JSON: a changed template is another pool)."""
+        self._pool_templates: dict[str, SandboxTemplate] = {}
+        self._pool_failed_at: dict[str, float] = {}
+        self._pool_wake = threading.Condition(self._lock)
+        self._closing = False
+        self._filler: threading.Thread | None = None
+        self.starts = {"warm": 0, "cold": 0}
+        """Creates served from the pool and started on the request path (for metrics and tests)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -107,19 +134,103 @@ class LocalBackend:
                 "the local sandbox backend gives sandboxes no network; internet needs the e2b backend",
                 param="allow_internet_access",
             )
+        local = self._claim(spec) if self.warm_pool else None
+        how = "warm" if local is not None else "cold"
+        if local is None:
+            local = self._start_new(spec, spec.sandbox_id, _env_of(spec), pooled=False)
+        with self._lock:
+            self.starts[how] += 1
+            self._sandboxes[spec.sandbox_id] = local
+        return spec.sandbox_id
+
+    def _start_new(self, spec: SandboxSpec, name: str, env: dict[str, str], *, pooled: bool) -> _Local:
         uid = self.uids.take() if self.privileged else None
-        base = self.root / spec.sandbox_id
+        base = self.root / name
         try:
-            local = self._start(spec, uid, base)
+            return self._start(spec, uid, base, env, pooled=pooled)
         except BaseException:
             self.uids.free(uid)
             shutil.rmtree(base, ignore_errors=True)
             raise
-        with self._lock:
-            self._sandboxes[spec.sandbox_id] = local
-        return spec.sandbox_id
 
-    def _start(self, spec: SandboxSpec, uid: int | None, base: Path) -> _Local:
+    # -- the warm pool -------------------------------------------------------------------
+
+    def _claim(self, spec: SandboxSpec) -> _Local | None:
+        """A ready pool sandbox of the spec's template, configured for the spec; None when the pool
+        has none (the caller starts one cold). Asks the pool to fill up again either way."""
+        key = spec.template.model_dump_json()
+        while True:
+            with self._lock:
+                if self._closing:
+                    return None
+                self._pool_templates.setdefault(key, spec.template)
+                if self._filler is None:
+                    self._filler = threading.Thread(target=self._fill, name="rsigym-sandbox-pool", daemon=True)
+                    self._filler.start()
+                ready = self._warm.setdefault(key, [])
+                local = ready.pop(0) if ready else None
+                self._pool_wake.notify_all()
+            if local is None:
+                return None
+            forward = [_door_forward(spec.door_port)] if spec.door_port is not None else []
+            try:
+                if local.process.poll() is not None:
+                    raise OSError("the pool sandbox had exited")
+                answer = _call_sync(local.socket, {"op": "configure", "env": _env_of(spec), "forward": forward})
+                if "error" in answer:
+                    raise OSError(answer["error"].get("message", "refused"))
+            except OSError as err:  # discard it and take the next (or start cold)
+                log.warning("pool sandbox %s unusable (%s); discarded", local.dir.name, err)
+                self._destroy(local)
+                continue
+            local.spec = spec
+            return local
+
+    def _fill(self) -> None:
+        """The pool's filler thread: starts one sandbox at a time for whichever template is short."""
+        while True:
+            with self._lock:
+                job = None
+                while job is None and not self._closing:
+                    now = time.monotonic()
+                    for key, template in self._pool_templates.items():
+                        if (len(self._warm.get(key, [])) < self.warm_pool
+                                and now - self._pool_failed_at.get(key, -POOL_RETRY_S) >= POOL_RETRY_S):
+                            job = (key, template)
+                            break
+                    else:
+                        self._pool_wake.wait(POOL_RETRY_S)
+                if self._closing or job is None:
+                    return
+            key, template = job
+            name = f"warm_{secrets.token_hex(8)}"
+            try:
+                local = self._start_new(SandboxSpec(name, template), name, dict(BASE_ENV), pooled=True)
+            except (GymError, OSError, ValueError) as err:  # the next create starts cold and reports it itself
+                log.warning("warm pool for template %s: could not start a sandbox: %s", template.name, err)
+                with self._lock:
+                    self._pool_failed_at[key] = time.monotonic()
+                continue
+            with self._lock:
+                if not self._closing:
+                    self._warm.setdefault(key, []).append(local)
+                    continue
+            self._destroy(local)
+            return
+
+    def warm_count(self, template: SandboxTemplate | None = None) -> int:
+        """Ready pool sandboxes (of one template, or all)."""
+        with self._lock:
+            if template is not None:
+                return len(self._warm.get(template.model_dump_json(), []))
+            return sum(len(v) for v in self._warm.values())
+
+    def _destroy(self, local: _Local) -> None:
+        self._terminate(local)
+        shutil.rmtree(local.dir, ignore_errors=True)
+        self.uids.free(local.uid)
+
+    def _start(self, spec: SandboxSpec, uid: int | None, base: Path, env: dict[str, str], *, pooled: bool) -> _Local:
         if not tmpfs_size_supported(self.bwrap or "bwrap"):
             raise ServiceUnavailable("this bubblewrap cannot size a tmpfs (--size, bubblewrap 0.8.0 and later), so a "
                                      "sandbox's disk_mb could not be enforced; install a newer bubblewrap")
@@ -128,39 +239,29 @@ class LocalBackend:
             d.mkdir(mode=0o700)
         os.chmod(base, 0o711)
         shutil.copyfile(AGENT_SOURCE, base / "agent.py")
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/home/user", "USER": "user",
-            "LANG": "C.UTF-8", "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": spec.sandbox_id, **spec.envs,
-        }
         (base / "env.json").write_text(json.dumps(env))
         for f in ("agent.py", "env.json"):
             os.chmod(base / f, 0o644)
         if uid is not None:
             os.chown(ctl, uid, uid)  # the agent creates its socket here; taken back once it is ready
-        cgroup = SandboxCgroup.create(spec.sandbox_id, spec.template.max_processes, spec.template.cpu_count)
+        cgroup = SandboxCgroup.create(base.name, spec.template.max_processes, spec.template.cpu_count)
         t = spec.template
-        limits = {
-            resource.RLIMIT_AS: t.memory_mb * 1024 * 1024,
-            resource.RLIMIT_CPU: t.cpu_seconds,
-            resource.RLIMIT_FSIZE: t.max_file_mb * 1024 * 1024,
-            resource.RLIMIT_CORE: 0,
-        }
+        limits = {"as": t.memory_mb * 1024 * 1024, "cpu": t.cpu_seconds, "fsize": t.max_file_mb * 1024 * 1024, "core": 0}
         if uid is not None:
-            limits[resource.RLIMIT_NPROC] = t.max_processes
-
-        def before_exec() -> None:
-            if cgroup is not None:
-                cgroup.enter(os.getpid())
-            for which, value in limits.items():
-                resource.setrlimit(which, (value, value))
-
+            limits["nproc"] = t.max_processes
+        # Limits and the cgroup are set by small programs the first process execs through (sh, then
+        # prlimit), not by a preexec_fn: without one, Python spawns with vfork, which does not copy
+        # the gym's page tables while holding the GIL (a fork here stalled every request ~70 ms).
+        prefix = ["prlimit", *(f"--{name}={value}" for name, value in limits.items()), "--"]
+        if cgroup is not None:
+            prefix = [*cgroup.entering_argv(), *prefix]
         filter_fd = seccomp.filter_fd()
         try:
-            argv = self._argv(spec, uid, base, filter_fd)
+            argv = [*prefix, *self._argv(spec, uid, base, filter_fd, pooled=pooled)]
             with open(base / "agent.log", "wb") as errors:
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, pass_fds=(filter_fd,),
-                    preexec_fn=before_exec, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                    start_new_session=True, env={"PATH": "/usr/bin:/bin"},
                 )
         except BaseException:
             if cgroup is not None:
@@ -180,7 +281,7 @@ class LocalBackend:
             os.chmod(ctl, 0o711)
         return local
 
-    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int) -> list[str]:
+    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int, *, pooled: bool) -> list[str]:
         t = spec.template
         bwrap = self.bwrap or "bwrap"
         argv: list[str] = []
@@ -188,7 +289,7 @@ class LocalBackend:
             argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
         # --unshare-all only *tries* a user namespace; --disable-userns needs one for certain
         argv += [bwrap, "--die-with-parent", "--unshare-all", "--unshare-user", *seccomp.disable_userns_flags(bwrap),
-                 "--seccomp", str(filter_fd), "--hostname", spec.sandbox_id[:63],
+                 "--seccomp", str(filter_fd), "--hostname", HOSTNAME,
                  "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
                  # the whole writable filesystem: one tmpfs of disk_mb, so writing past it is ENOSPC
                  "--size", str(t.disk_mb * 1024 * 1024), "--tmpfs", "/"]
@@ -210,8 +311,10 @@ class LocalBackend:
                  "--chdir", "/home/user", "--",
                  t.python, "-I", "-S", "/run/rsigym/agent.py", "--socket", "/run/rsigym/agent.sock",
                  "--env-file", "/run/rsigym/env.json"]
-        if spec.door_port is not None:
-            argv += ["--forward", f"127.0.0.1:{spec.door_port}=/run/rsigym/door.sock"]
+        if pooled:
+            argv += ["--await-configure"]
+        elif spec.door_port is not None:
+            argv += ["--forward", _door_forward(spec.door_port)]
         return argv
 
     def _wait_ready(self, local: _Local) -> bool:
@@ -252,11 +355,8 @@ class LocalBackend:
     def kill(self, sandbox_id: str) -> None:
         with self._lock:
             local = self._sandboxes.pop(sandbox_id, None)
-        if local is None:
-            return
-        self._terminate(local)
-        shutil.rmtree(local.dir, ignore_errors=True)
-        self.uids.free(local.uid)
+        if local is not None:
+            self._destroy(local)
 
     def _terminate(self, local: _Local) -> None:
         with local.lock:
@@ -277,6 +377,16 @@ class LocalBackend:
                 local.cgroup.remove()
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._pool_wake.notify_all()
+            filler, self._filler = self._filler, None
+            warm = [local for ready in self._warm.values() for local in ready]
+            self._warm.clear()
+        if filler is not None:
+            filler.join(timeout=START_TIMEOUT_S + 5)
+        for local in warm:
+            self._destroy(local)
         for sandbox_id in list(self._sandboxes):
             self.kill(sandbox_id)
         if self._owns_root:
@@ -348,6 +458,29 @@ def _require_traversable(root: Path) -> None:
         if not os.stat(parent).st_mode & 0o001:
             raise ValueError(f"sandbox root {root}: {parent} is not traversable by other users (needs o+x); "
                              "choose another [sandbox] local_root")
+
+
+def _env_of(spec: SandboxSpec) -> dict[str, str]:
+    return {**BASE_ENV, "E2B_SANDBOX_ID": spec.sandbox_id, **spec.envs}
+
+
+def _door_forward(port: int) -> str:
+    return f"127.0.0.1:{port}=/run/rsigym/door.sock"
+
+
+def _call_sync(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """One request to a sandbox agent from a synchronous caller (claiming a pool sandbox)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return _parse(data)
 
 
 def _parse(line: bytes) -> dict[str, Any]:
