@@ -49,6 +49,7 @@ import httpx
 from e2b import AsyncSandbox, CommandExitException, FileType
 from e2b.exceptions import FileNotFoundException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
+from e2b.template import dockerfile_parser as _dockerfile_parser
 from e2b.template.dockerfile_parser import DockerfileSyntaxError, parse_dockerfile
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities
@@ -196,8 +197,7 @@ def read_image_plan(environment_dir: Path) -> _ImagePlan:
         return _ImagePlan()
     builder = _PlanBuilder()
     try:
-        with contextlib.redirect_stdout(_LogWriter()):  # the converter prints its warnings
-            parse_dockerfile(dockerfile.read_text(encoding="utf-8"), builder)
+        parse_dockerfile(dockerfile.read_text(encoding="utf-8"), builder)
     except (DockerfileSyntaxError, ValueError) as exc:
         raise SandboxBuildFailedError(f"{dockerfile}: {exc}") from exc
     text = dockerfile.read_text(encoding="utf-8")
@@ -210,14 +210,17 @@ def read_image_plan(environment_dir: Path) -> _ImagePlan:
     return builder.plan
 
 
-class _LogWriter:
-    def write(self, text: str) -> int:
-        if text.strip():
-            log.debug("dockerfile: %s", text.strip())
-        return len(text)
+def _converter_print(*values: object, **_: Any) -> None:
+    text = " ".join(str(v) for v in values).strip()
+    if text:
+        log.debug("dockerfile: %s", text)
 
-    def flush(self) -> None:
-        pass
+
+# The converter print()s its warnings. They used to be caught by redirecting sys.stdout around the
+# parse — from a trial's worker thread, which swaps the whole process's stdout: anything printing
+# meanwhile in another thread (an operator CLI in the same process) lost its output, or had its
+# stream closed under it. Its own module's ``print`` goes to the log instead; nothing global moves.
+_dockerfile_parser.print = _converter_print  # type: ignore[attr-defined]
 
 
 def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
