@@ -17,7 +17,6 @@ from typing import cast
 from sqlalchemy import Table, bindparam, delete, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
 
 from services.core.errors import ConcurrencyLimited
 from services.core.ids import new_id
@@ -75,16 +74,19 @@ class ConcurrencySlots:
                                "expires_at": utcnow() + timedelta(seconds=ttl_s or self.lease_ttl_s)})
         return lease_id
 
-    def release(self, lease_id: str | None) -> None:
+    def release(self, lease_id: str | None) -> int:
+        """Give back a lease's slots (1), or nothing when it is already gone (0): idempotent, so a
+        holder and the reaper may both try."""
         if lease_id is None:
-            return
+            return 0
         with self.store.begin() as work:
             dropped = work.first(_DROP, {"lid": lease_id})
             if dropped is None:
-                return
+                return 0
             chain, service = dropped
             for key_id in json.loads(chain) if isinstance(chain, str) else chain:
                 work.rows(_GIVE, {"kid": key_id, "svc": service})
+        return 1
 
     def extend(self, lease_id: str | None, ttl_s: float) -> None:
         """Keep a long-held slot (a live sandbox) from being reclaimed as a crashed holder's."""
@@ -99,23 +101,7 @@ class ConcurrencySlots:
             return 0 if row is None else row.in_flight
 
     def reclaim_expired(self) -> int:
+        """Give back the slots of leases whose holders stopped extending them (crashed)."""
         with self.store.transaction() as s:
-            ids = s.scalars(select(ConcurrencyLease.id).where(ConcurrencyLease.expires_at < utcnow())).all()
-            return sum(self._drop(s, lease_id) for lease_id in ids)
-
-    @staticmethod
-    def _drop(s: Session, lease_id: str) -> int:
-        chain = s.execute(
-            delete(ConcurrencyLease).where(ConcurrencyLease.id == lease_id).returning(ConcurrencyLease.chain, ConcurrencyLease.service)
-        ).first()
-        if chain is None:
-            return 0
-        keys, service = chain
-        for key_id in keys:
-            s.execute(
-                update(ConcurrencyCounter)
-                .where(ConcurrencyCounter.key_id == key_id, ConcurrencyCounter.service == service)
-                .values(in_flight=ConcurrencyCounter.in_flight - 1)
-                .execution_options(synchronize_session=False)
-            )
-        return 1
+            ids = list(s.scalars(select(ConcurrencyLease.id).where(ConcurrencyLease.expires_at < utcnow())))
+        return sum(self.release(lease_id) for lease_id in ids)
