@@ -28,7 +28,7 @@ validate it), because the gym's rule is that a trial reaches the model through i
 
 Credentials never enter Harbor's config (it writes ``config.json`` / ``result.json`` /
 ``lock.json`` into the trial directory): the caller binds them for the duration of a trial
-with :func:`bound_credentials`, a context variable the environment reads at start.
+with :func:`trial_sandboxes`, a context variable the environment reads at start.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import shlex
+import ssl
 import stat
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from e2b import AsyncSandbox, CommandExitException, FileType
@@ -61,6 +64,7 @@ from pydantic import Field
 
 ENVIRONMENT_TYPE = "rsigym-sandbox"
 CREATE_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=60.0)
+_CLEANUP_TIMEOUT = httpx.Timeout(10.0, read=30.0)
 UPLOAD_BATCH_FILES = 200
 UPLOAD_BATCH_BYTES = 8 * 1024 * 1024
 LIST_DEPTH = 64
@@ -86,19 +90,69 @@ class SandboxCredentials:
         return "SandboxCredentials(sandbox_key=***, door_key=***)"
 
 
-_CREDENTIALS: contextvars.ContextVar[SandboxCredentials | None] = contextvars.ContextVar(
-    "rsigym_trial_sandbox_credentials", default=None)
+class TrialSandboxes:
+    """What one trial's environments share, and what they leave behind.
+
+    One HTTP client for the trial's own calls to the sandbox API (creating an ``httpx`` client
+    builds a TLS context: ~28 ms on this box, twice per trial), and the account of every
+    sandbox the trial asked for: a create whose answer never came (cut short, timed out) may
+    have left a sandbox nobody knows the id of; a sandbox whose kill did not go through is
+    still running. :meth:`sweep` kills by id what is known and lists by the trial's metadata
+    only when something is not.
+    """
+
+    def __init__(self, credentials: SandboxCredentials, gateway_url: str) -> None:
+        self.credentials = credentials
+        self.client = httpx.AsyncClient(timeout=CREATE_TIMEOUT, verify=_tls_context())
+        self._base = gateway_url.rstrip("/") + "/sandbox"
+        self.unanswered = 0
+        """Creates sent whose outcome is unknown."""
+        self.running: set[str] = set()
+        """Sandboxes created and not (known to be) killed."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-API-Key": self.credentials.sandbox_key}
+
+    async def sweep(self, metadata: dict[str, str]) -> None:
+        """Kill what the trial may have left running (nothing to do after a clean trial)."""
+        try:
+            ids = set(self.running)
+            if self.unanswered:
+                listed = await self.client.get(f"{self._base}/v2/sandboxes", headers=self.headers,
+                                               params={"metadata": urlencode(metadata)}, timeout=_CLEANUP_TIMEOUT)
+                if listed.status_code == 200:
+                    ids |= {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
+            for sid in ids:
+                response = await self.client.delete(f"{self._base}/sandboxes/{sid}", headers=self.headers,
+                                                    timeout=_CLEANUP_TIMEOUT)
+                if response.status_code in (204, 404):
+                    self.running.discard(sid)
+        except httpx.HTTPError:
+            pass  # the sandbox's own timeout still ends it; nothing more can be done from here
 
 
-@contextlib.contextmanager
-def bound_credentials(credentials: SandboxCredentials) -> Iterator[None]:
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verification context, built once (a gateway may be served over TLS)."""
+    return httpx.create_ssl_context()
+
+
+_TRIAL: contextvars.ContextVar[TrialSandboxes | None] = contextvars.ContextVar(
+    "rsigym_trial_sandboxes", default=None)
+
+
+@contextlib.asynccontextmanager
+async def trial_sandboxes(credentials: SandboxCredentials, gateway_url: str) -> AsyncIterator[TrialSandboxes]:
     """Give environments started in this context (this asyncio task and the tasks it creates)
-    these credentials."""
-    token = _CREDENTIALS.set(credentials)
+    these credentials, one client, and one account of their sandboxes."""
+    trial = TrialSandboxes(credentials, gateway_url)
+    token = _TRIAL.set(trial)
     try:
-        yield
+        yield trial
     finally:
-        _CREDENTIALS.reset(token)
+        _TRIAL.reset(token)
+        await trial.client.aclose()
 
 
 # ----------------------------------------------------------------------------- options
@@ -250,7 +304,7 @@ class GymSandboxEnvironment(BaseEnvironment):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._plan = _ImagePlan()
         self._sandbox: AsyncSandbox | None = None
-        self._credentials: SandboxCredentials | None = None
+        self._trial: TrialSandboxes | None = None
         self.sandbox_id: str | None = None
         self.door_url: str | None = None
         super().__init__(*args, **kwargs)
@@ -292,17 +346,18 @@ class GymSandboxEnvironment(BaseEnvironment):
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
-        credentials = _CREDENTIALS.get()
-        if credentials is None:
-            raise RuntimeError("no sandbox credentials are bound; run the trial inside bound_credentials(...)")
+        trial = _TRIAL.get()
+        if trial is None:
+            raise RuntimeError("no sandbox credentials are bound; run the trial inside trial_sandboxes(...)")
+        credentials = trial.credentials
         if self.network_policy.network_mode != NetworkMode.NO_NETWORK:
             self.logger.info("task asks for network_mode=%s; gym trials run without network (model door only)",
                              self.network_policy.network_mode.value)
         for note in self._plan.ignored:
             self.logger.info("Dockerfile: ignoring %s", note)
 
-        self._credentials = credentials
-        view = await self._create(credentials)
+        self._trial = trial
+        view = await self._create(trial)
         self.sandbox_id = view["sandboxID"]
         self.door_url = view.get("rsigymDoorUrl")
         self._sandbox = await AsyncSandbox.connect(
@@ -322,7 +377,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         await self._replay_copies()
         await self._upload_environment_dir_after_start()  # docker_image tasks without a Dockerfile
 
-    async def _create(self, credentials: SandboxCredentials) -> dict[str, Any]:
+    async def _create(self, trial: TrialSandboxes) -> dict[str, Any]:
         metadata = {
             "harbor.session_id": self.session_id[:200],
             "harbor.trial_name": self.trial_paths.trial_dir.name[:200],
@@ -334,16 +389,19 @@ class GymSandboxEnvironment(BaseEnvironment):
         body: dict[str, Any] = {"templateID": self.options.template, "timeout": self.options.sandbox_timeout_sec,
                                 "metadata": metadata}
         if self.options.door and self.is_agent_environment:
-            body["rsigymDoor"] = {"key": credentials.door_key}
-        async with httpx.AsyncClient(timeout=CREATE_TIMEOUT) as client:
-            # The run's live-sandbox cap is shared with its own sandboxes and other jobs:
-            # at the cap (429), wait for a slot rather than fail the trial.
-            for wait in (0.5, 1, 2, 4, 8, 15, 30, 30, 30, 30, 60, 60, 60):
-                response = await client.post(f"{self._gateway}/sandbox/v2/sandboxes", json=body,
-                                             headers={"X-API-Key": credentials.sandbox_key})
-                if response.status_code != 429:
-                    break
-                await asyncio.sleep(wait)
+            body["rsigymDoor"] = {"key": trial.credentials.door_key}
+        # The run's live-sandbox cap is shared with its own sandboxes and other jobs:
+        # at the cap (429), wait for a slot rather than fail the trial.
+        for wait in (0.5, 1, 2, 4, 8, 15, 30, 30, 30, 30, 60, 60, 60):
+            trial.unanswered += 1  # until an answer says whether a sandbox exists
+            response = await trial.client.post(f"{self._gateway}/sandbox/v2/sandboxes", json=body,
+                                               headers=trial.headers)
+            trial.unanswered -= 1
+            if response.status_code == 201:
+                trial.running.add(response.json()["sandboxID"])
+            if response.status_code != 429:
+                break
+            await asyncio.sleep(wait)
         if response.status_code != 201:
             raise RuntimeError(f"the sandbox service refused to create a sandbox: HTTP {response.status_code}: "
                                f"{_error_message(response)}")
@@ -353,19 +411,20 @@ class GymSandboxEnvironment(BaseEnvironment):
         """Kill the sandbox (sandboxes are ephemeral: ``delete=False`` changes nothing). Every
         process of the trial dies with it, the harness's included."""
         sandbox, self._sandbox = self._sandbox, None
-        if self.sandbox_id is None or self._credentials is None:
+        trial, self._trial = self._trial, None  # stopped once is stopped
+        if self.sandbox_id is None or trial is None:
             return
         try:
             if sandbox is not None:
-                await sandbox.kill()
+                await sandbox.kill()  # False when it was already gone: gone either way
             else:  # created, but the SDK never connected to it
-                async with httpx.AsyncClient(timeout=CREATE_TIMEOUT) as client:
-                    await client.delete(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
-                                        headers={"X-API-Key": self._credentials.sandbox_key})
-        except Exception as exc:  # noqa: BLE001 - logged; the caller kills leftovers by metadata
+                response = await trial.client.delete(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
+                                                     headers=trial.headers)
+                if response.status_code not in (204, 404):
+                    raise RuntimeError(f"HTTP {response.status_code}: {_error_message(response)}")
+            trial.running.discard(self.sandbox_id)
+        except Exception as exc:  # noqa: BLE001 - logged; the trial's sweep tries again
             self.logger.warning("could not kill sandbox %s: %s", self.sandbox_id, exc)
-        finally:
-            self._credentials = None  # stopped once is stopped
 
     # -- exec ----------------------------------------------------------------------------
 
@@ -426,11 +485,20 @@ class GymSandboxEnvironment(BaseEnvironment):
 
     async def _upload_many(self, files: list[tuple[str, Path]], dirs: list[str]) -> None:
         sandbox = self._require()
-        if dirs:
-            made = await self._run_plain("mkdir -p " + " ".join(shlex.quote(d) for d in dirs), cwd="/",
+        # A write creates its file's parent directories: only the directories no file lands in
+        # are made here — one RPC for one of them (an empty upload: Harbor's log directories),
+        # one command for several.
+        empty = sorted({d for d in dirs if not any(t.startswith(d.rstrip("/") + "/") for t, _ in files)})
+        if len(empty) == 1:
+            try:
+                await sandbox.files.make_dir(empty[0])
+            except Exception as exc:  # noqa: BLE001 - e2b's errors for a file in the way and the like
+                raise RuntimeError(f"could not create {empty[0]}: {exc}") from exc
+        elif empty:
+            made = await self._run_plain("mkdir -p " + " ".join(shlex.quote(d) for d in empty), cwd="/",
                                          timeout_sec=_BOOT_TIMEOUT_S)
             if made.return_code != 0:
-                raise RuntimeError(f"could not create {dirs}: {made.stderr or made.stdout}")
+                raise RuntimeError(f"could not create {empty}: {made.stderr or made.stdout}")
         batch: list[WriteEntry] = []
         size = 0
         modes: dict[int, list[str]] = {}
@@ -547,4 +615,5 @@ def _error_message(response: httpx.Response) -> str:
     return response.text[:500]
 
 
-__all__ = ["GymSandboxEnvironment", "GymSandboxOptions", "SandboxCredentials", "bound_credentials", "read_image_plan"]
+__all__ = ["GymSandboxEnvironment", "GymSandboxOptions", "SandboxCredentials", "TrialSandboxes", "read_image_plan",
+           "trial_sandboxes"]

@@ -204,10 +204,7 @@ class EvaluationRunner(JobRunnerBase):
         trials_dir = self.trials_root / job.id
 
         async def lane() -> None:
-            while not await asyncio.to_thread(self._stopped, job.id):
-                claimed = await asyncio.to_thread(self._claim_trial, job)
-                if claimed is None:
-                    return
+            while (claimed := await asyncio.to_thread(self._claim_trial, job)) is not None:
                 task_id, attempt, agent = claimed
                 request = TrialRequest(
                     task=tasks[task_id], harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
@@ -225,34 +222,46 @@ class EvaluationRunner(JobRunnerBase):
     def _stopped(self, job_id: str) -> bool:
         """Cancel requested, or the job is no longer running (finished, or re-queued after a reap)."""
         with self.store.transaction() as s:
-            row = s.execute(select(EvaluationJob.cancel_requested, EvaluationJob.status)
-                            .where(EvaluationJob.id == job_id)).first()
+            return self._stopped_in(s, job_id)
+
+    @staticmethod
+    def _stopped_in(s: Session, job_id: str) -> bool:
+        row = s.execute(select(EvaluationJob.cancel_requested, EvaluationJob.status)
+                        .where(EvaluationJob.id == job_id)).first()
         return row is None or bool(row[0]) or row[1] != "running"
 
     def _open_trials(self, job: EvaluationJob) -> list[tuple[str, int, str]]:
         """Trials neither recorded nor claimed, in plan order."""
         with self.store.transaction() as s:
-            taken = {(t, a) for t, a in s.execute(
-                select(TrialResultRow.task_id, TrialResultRow.attempt).where(TrialResultRow.job_id == job.id))}
-            taken |= {(t, a) for t, a in s.execute(
-                select(TrialClaim.task_id, TrialClaim.attempt).where(TrialClaim.job_id == job.id))}
+            return self._open_in(s, job)
+
+    def _open_in(self, s: Session, job: EvaluationJob) -> list[tuple[str, int, str]]:
+        taken = {(t, a) for t, a in s.execute(
+            select(TrialResultRow.task_id, TrialResultRow.attempt).where(TrialResultRow.job_id == job.id))}
+        taken |= {(t, a) for t, a in s.execute(
+            select(TrialClaim.task_id, TrialClaim.attempt).where(TrialClaim.job_id == job.id))}
         return [p for p in self._plan(job) if (p[0], p[1]) not in taken]
 
     def _claim_trial(self, job: EvaluationJob) -> tuple[str, int, str] | None:
-        """Take one open trial for this worker (a primary-key insert: one claimer per trial)."""
-        for task_id, attempt, agent in self._open_trials(job):
-            try:
-                with self.store.transaction() as s:
-                    s.add(TrialClaim(job_id=job.id, task_id=task_id, attempt=attempt, worker=self.worker_id,
-                                     heartbeat_at=utcnow()))
-                    s.flush()  # waits for (then fails on) a claim another worker holds
-                    if s.scalar(select(func.count()).select_from(TrialResultRow).where(
-                            TrialResultRow.job_id == job.id, TrialResultRow.task_id == task_id,
-                            TrialResultRow.attempt == attempt)):
-                        raise _AlreadyRecorded  # its result landed after the open trials were read
-                return task_id, attempt, agent
-            except (IntegrityError, _AlreadyRecorded):
-                continue  # another worker took it first
+        """Take one open trial for this worker (a primary-key insert: one claimer per trial); None
+        when the job is stopped (cancel requested, finished, re-queued) or nothing is left open.
+        One transaction: a trial's claim costs one round trip to the store, not three."""
+        with self.store.transaction() as s:
+            if self._stopped_in(s, job.id):
+                return None
+            for task_id, attempt, agent in self._open_in(s, job):
+                try:
+                    with s.begin_nested():
+                        s.add(TrialClaim(job_id=job.id, task_id=task_id, attempt=attempt, worker=self.worker_id,
+                                         heartbeat_at=utcnow()))
+                        s.flush()  # waits for (then fails on) a claim another worker holds
+                        if s.scalar(select(func.count()).select_from(TrialResultRow).where(
+                                TrialResultRow.job_id == job.id, TrialResultRow.task_id == task_id,
+                                TrialResultRow.attempt == attempt)):
+                            raise _AlreadyRecorded  # its result landed after the open trials were read
+                    return task_id, attempt, agent
+                except (IntegrityError, _AlreadyRecorded):
+                    continue  # another worker took it first
         return None
 
     def _complete(self, job: EvaluationJob) -> bool:

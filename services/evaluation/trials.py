@@ -9,14 +9,15 @@ task's solution) or ``nop`` (an empty answer) — runs Harbor's ``Trial`` and ma
 
 It never raises for a trial-level failure: a refused sandbox, a broken harness, a verifier
 that wrote no reward all end up in ``TrialOutcome.error``. And it always kills the trial's
-sandbox: Harbor stops the environment itself, and afterwards every sandbox the sandbox key
-still has running under this trial's name is killed as well (a start that was cut short can
-leave one that Harbor never heard of).
+sandbox: Harbor stops the environment itself, and afterwards a sandbox whose kill did not go
+through is killed again and, when a create was cut short before its answer (it can leave a
+sandbox Harbor never heard of), every sandbox the sandbox key still has running under this
+trial's name (:meth:`~services.evaluation.harbor_env.TrialSandboxes.sweep`).
 
 The two keys are minted by the caller (the evaluation service) for this trial's job: the
 sandbox key (sandbox only, with a model door) and the door key (inference of one model).
 Neither is written into Harbor's trial directory; they reach the environment through
-:func:`~services.evaluation.harbor_env.bound_credentials`.
+:func:`~services.evaluation.harbor_env.trial_sandboxes`.
 """
 
 from __future__ import annotations
@@ -31,11 +32,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlencode
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # Harbor imports litellm; stay offline
 
-import httpx  # noqa: E402
 from harbor.models.trial.config import (  # noqa: E402
     AgentConfig,
     EnvironmentConfig,
@@ -57,7 +56,7 @@ from services.evaluation.harbor_agent import (  # noqa: E402
     RUN_STDOUT,
     TRAJECTORY_FILE,
 )
-from services.evaluation.harbor_env import SandboxCredentials, bound_credentials  # noqa: E402
+from services.evaluation.harbor_env import SandboxCredentials, trial_sandboxes  # noqa: E402
 
 log = logging.getLogger("rsigym.evaluation.trials")
 ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
@@ -70,7 +69,6 @@ MAX_SANDBOX_TIMEOUT_S = 24 * 3600
 DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 AGENT_SETUP_TIMEOUT_S = 360.0
-_CLEANUP_TIMEOUT = httpx.Timeout(10.0, read=30.0)
 
 AgentKind = Literal["harness", "oracle", "nop"]
 
@@ -120,7 +118,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     result: TrialResult | None = None
     error: str | None = None
     sandbox_id: str | None = None
-    with bound_credentials(SandboxCredentials(req.sandbox_key, req.door_key)):
+    async with trial_sandboxes(SandboxCredentials(req.sandbox_key, req.door_key), req.gateway_url) as sandboxes:
         try:
             trial = await create_trial(config)
             result = await trial.run()
@@ -129,7 +127,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
         finally:
             if trial is not None:
                 sandbox_id = getattr(trial.agent_environment, "sandbox_id", None)
-            await asyncio.shield(_kill_leftovers(req, trial_name, sandbox_id))
+            await asyncio.shield(sandboxes.sweep({TRIAL_METADATA_KEY: trial_name}))
 
     paths = TrialPaths(trial_dir=req.trials_dir / trial_name)
     if result is not None and result.exception_info is not None and error is None:
@@ -222,24 +220,6 @@ def _agent_config(req: TrialRequest, metadata: dict[str, Any]) -> AgentConfig:
                 "task_metadata": dict(metadata)},
         **timeout,
     )
-
-
-async def _kill_leftovers(req: TrialRequest, trial_name: str, sandbox_id: str | None) -> None:
-    """Kill the trial's sandbox if Harbor did not, and any other this trial left running."""
-    headers = {"X-API-Key": req.sandbox_key}
-    base = req.gateway_url.rstrip("/") + "/sandbox"
-    try:
-        async with httpx.AsyncClient(timeout=_CLEANUP_TIMEOUT) as client:
-            listed = await client.get(f"{base}/v2/sandboxes", headers=headers,
-                                      params={"metadata": urlencode({TRIAL_METADATA_KEY: trial_name})})
-            if listed.status_code == 200:  # the running ones: the agent's and the verifier's sandboxes
-                ids = {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
-            else:
-                ids = {sandbox_id} if sandbox_id else set()
-            for sid in ids:
-                await client.delete(f"{base}/sandboxes/{sid}", headers=headers)
-    except httpx.HTTPError:
-        pass  # the sandbox's own timeout still ends it; nothing more can be done from here
 
 
 def _reward(rewards: dict[str, Any] | None) -> float | None:

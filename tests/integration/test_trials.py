@@ -12,6 +12,8 @@ import asyncio
 import json
 import shutil
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,3 +249,31 @@ def test_failures_are_recorded_not_raised(served: Served, tasks: dict[str, TaskR
     # a key that can no longer create sandboxes: an error, not an exception
     (bad,) = run(served.request(tasks["sub-0001"], agent="oracle", sandbox_key="rsk-not-a-key"))
     assert bad.reward is None and "401" in (bad.error or "")
+
+
+def test_a_trial_cut_short_during_its_sandbox_create_leaves_no_sandbox(
+        served: Served, tasks: dict[str, TaskRef], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial only lists its sandboxes by metadata when a create went unanswered; this is
+    that case: the sandbox exists, its id never reached the trial, the trial is cancelled."""
+    service = served.gym.service_apps["sandbox"].state.sandbox
+    created = threading.Event()
+    original = service.create
+
+    def slow_create(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        view = original(*args, **kwargs)
+        created.set()
+        time.sleep(1.5)  # the answer is late: the trial gives up before it arrives
+        return view
+
+    monkeypatch.setattr(service, "create", slow_create)
+
+    async def cut_short() -> None:
+        task = asyncio.create_task(run_trial(served.request(tasks["sub-0001"], agent="oracle")))
+        while not created.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cut_short())
+    assert served.running_sandboxes() == []  # found by the trial's metadata and killed
