@@ -706,13 +706,16 @@ def demo(
     data_dir: DataDirOpt = None,
     port: Annotated[int, typer.Option("--port")] = 8700,
     model: Annotated[str, typer.Option("--model", help="Base model to train: tiny or smollm2.")] = "tiny",
+    tasks_per_split: Annotated[int | None, typer.Option(
+        "--tasks-per-split", min=2, help="Shorten the demo: the arithmetic benchmark cut to its first N tasks "
+        "of each split (validation, evaluation and scoring run fewer trials).")] = None,
 ) -> None:
     """Start a throw-away embedded gym and run the main job against it end to end."""
     from gateway.demo import run_demo
 
     if model not in ("tiny", "smollm2"):
         raise typer.BadParameter("--model is tiny or smollm2")
-    raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model))
+    raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model, tasks_per_split=tasks_per_split))
 
 
 TasksDirOpt = Annotated[Path | None, typer.Option("--tasks-dir", help="Tasks root (default: the shipped tasks/).")]

@@ -1,4 +1,7 @@
-"""`make demo` runs `rsigym demo`: it must pass on a fresh data dir and leave no process behind."""
+"""`make demo` runs `rsigym demo`: it must pass on a fresh data dir and leave no process behind.
+
+The suite runs the shortened demo (``rsigym demo --tasks-per-split 12``): every step of the real
+one, on the arithmetic benchmark cut to its first 12 tasks per split."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ def _children() -> set[int]:
 
 def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
     before = _children()
-    assert run_demo(data_dir=tmp_path / "demo", port=free_port()) == 0
+    assert run_demo(data_dir=tmp_path / "demo", port=free_port(), tasks_per_split=12) == 0
     assert (tmp_path / "demo" / "admin-token").stat().st_mode & 0o077 == 0
     leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
     assert not leftover
