@@ -269,8 +269,7 @@ def test_a_trial_cut_short_during_its_sandbox_create_leaves_no_sandbox(
 
     async def cut_short() -> None:
         task = asyncio.create_task(run_trial(served.request(tasks["sub-0001"], agent="oracle")))
-        while not created.is_set():
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(created.wait, 30)  # the sandbox exists; its answer is not back yet
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
