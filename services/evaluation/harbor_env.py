@@ -128,8 +128,8 @@ class TrialSandboxes:
                                                     timeout=_CLEANUP_TIMEOUT)
                 if response.status_code in (204, 404):
                     self.running.discard(sid)
-        except httpx.HTTPError:
-            pass  # the sandbox's own timeout still ends it; nothing more can be done from here
+        except Exception as exc:  # noqa: BLE001 - best effort: the sandbox's own timeout still ends it
+            log.warning("trial sandbox sweep failed (%s); left to the sandboxes' own timeout", exc)
 
 
 @functools.cache
