@@ -24,7 +24,7 @@ from gateway.context import Gateway, gateway_of
 from services.core import rate_limits
 from services.core.body_limits import parse_json_object
 from services.core.canonical import canonical_body
-from services.core.config import HttpConfig
+from services.core.config import GymConfig
 from services.core.errors import (
     AuthenticationFailed,
     BudgetExhausted,
@@ -42,7 +42,7 @@ from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, s
 from services.core.keys import Principal
 from services.core.ledger import Balance, Reservation
 from services.core.money import format_usd, nusd_to_usd
-from services.core.policy import Policy, apply_chain
+from services.core.policy import Policy, apply_chain, fill_left_out
 from services.core.spec import Operation, ServiceSpec
 from services.sandbox import tokens as sandbox_tokens
 
@@ -68,11 +68,13 @@ COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
 
-def _policy_body(raw: bytes, http: HttpConfig, policies: list[Policy], service: str,
+def _policy_body(raw: bytes, config: GymConfig, policies: list[Policy], service: str,
                  op: Operation) -> tuple[dict[str, Any], bytes]:
-    """Parse (within the JSON limits), one spelling per field, policy, re-serialise: CPU work on a
-    body, run off the event loop (``Gateway.body_work``) so no body stalls other calls."""
-    body = canonical_body(parse_json_object(raw, http), op.spellings)
+    """Parse (within the JSON limits), one spelling per field, the effective value of every field
+    a rule constrains and the body leaves out, policy, re-serialise: CPU work on a body, run off
+    the event loop (``Gateway.body_work``) so no body stalls other calls."""
+    body = canonical_body(parse_json_object(raw, config.http), op.spellings)
+    body = fill_left_out(policies, service, body, lambda path: op.default_of(path, body, config))
     body = apply_chain(policies, service, body, model_field=op.model_field)
     return body, json.dumps(body, separators=(",", ":")).encode()
 
@@ -193,7 +195,7 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
         payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:
             raw_in = await request.body()  # bounded while it streamed in (services/core/body_limits.py)
-            body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config.http, list(payer.policies),
+            body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config, list(payer.policies),
                                                        service, op, limiter=gw.body_work)
         else:
             _check_grant(payer, service)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
@@ -108,6 +109,24 @@ class FieldRule(RootModel[Any]):
             return False
         (lo, hi), (plo, phi) = self.arg, parent.arg
         return (plo is None or (lo is not None and lo >= plo)) and (phi is None or (hi is not None and hi <= phi))
+
+    def bound(self, value: Any) -> Any:
+        """``value`` if this rule admits it, else the nearest value it does (see fill_left_out)."""
+        if self.admits(value):
+            return value
+        if self.kind == "range":
+            lo, hi = self.arg
+            if _is_number(value) and lo is not None and value < lo:
+                return lo
+            if _is_number(value) and hi is not None and value > hi:
+                return hi
+            return lo if lo is not None else hi
+        if self.kind == "allowed" and self.arg:
+            numbers = [v for v in self.arg if _is_number(v)]
+            if _is_number(value) and numbers:
+                return min(numbers, key=lambda v: (abs(v - value), v))
+            return copy.deepcopy(self.arg[0])
+        return value  # fixed fills itself; open admits everything
 
     def describe(self) -> str:
         return "open" if self.kind == "open" else f"{self.kind} {json.dumps(self.arg)}"
@@ -243,6 +262,47 @@ class Policy(BaseModel):
                             f"child fixed rule on {path} overlaps the parent's rule on {theirs}; constrain {theirs} itself",
                             param=path,
                         )
+
+
+NO_DEFAULT = object()
+"""What a ``default_of`` lookup answers for a field whose effective default it cannot tell."""
+
+
+def fill_left_out(policies: list[Policy], service: str, body: dict[str, Any],
+                  default_of: Callable[[str], Any]) -> dict[str, Any]:
+    """Give every field a ``range`` or ``allowed`` rule of the chain constrains, and the body
+    leaves out, its *effective* value — the service's default (``default_of(path)``), bounded by
+    the rules — explicitly, so the rule judges what would run, not the absence of a field.
+
+    Bounded: a default a rule refuses becomes the nearest value it admits (a range's end; the
+    allowed number nearest to it, else the first allowed value), so ``max_tokens`` left out under
+    ``allowed = [256, 512]`` runs with 512, not the service's 1024. A field whose default cannot be
+    told is refused: the agent must give it. (``fixed`` rules fill their own value.)"""
+    out = copy.deepcopy(body)
+    rules_by_path: dict[str, list[FieldRule]] = {}
+    for policy in policies:
+        granted = policy.services.get(service)
+        for path, rule in (granted.fields.items() if granted else ()):
+            if rule.kind in ("range", "allowed"):
+                rules_by_path.setdefault(path, []).append(rule)
+    for path, rules in rules_by_path.items():
+        *parents, leaf = path.split(".")
+        container: Any = out
+        for part in parents:
+            if not isinstance(container, dict):
+                break  # not an object: apply_chain refuses it with the rule's own message
+            container = container.setdefault(part, {}) if part not in container else container[part]
+        if not isinstance(container, dict) or leaf in container:
+            continue
+        value = default_of(path)
+        if value is NO_DEFAULT:
+            raise PermissionDenied(
+                f"{service} field {path} is required by this key's policy ({rules[-1].describe()}): left out, "
+                "the service's default for it is not one the policy can check; give a value", param=path)
+        for rule in rules:  # root first; a child's rule is within its parent's
+            value = rule.bound(value)
+        container[leaf] = value
+    return out
 
 
 def apply_chain(policies: list[Policy], service: str, body: dict[str, Any], *, model_field: str | None = "model") -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from services.core.canonical import Spellings, spellings_of
 from services.core.config import GymConfig
+from services.core.policy import NO_DEFAULT
 from services.core.settings import GymSettings, ProviderSecrets
 from services.core.store import Store
 
@@ -71,6 +72,10 @@ class Operation:
     (``http.max_json_body_bytes``), ``upload`` datasets and harness archives
     (``http.max_upload_body_bytes``), ``files`` sandbox file writes (``sandbox.max_file_transfer_mb``)."""
     """Other names the API gives a schema field (``max_completion_tokens`` → ``max_tokens``)."""
+    defaults: Callable[[dict[str, Any], GymConfig], Mapping[str, Any]] | None = field(default=None, compare=False)
+    """(body, config) → what the service gives fields left out whose schema default does not say
+    (a ``None`` default the service resolves from its config, e.g. ``max_tokens``), by canonical
+    dotted path. Policies judge a left-out field by this effective value (:meth:`default_of`)."""
     spellings: Spellings | None = field(init=False, repr=False, compare=False, default=None)
     _pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -81,6 +86,27 @@ class Operation:
             raise ValueError(f"{self.method} {self.path}: a JSON-body operation declares its schema")
         if self.schema is not None:
             object.__setattr__(self, "spellings", spellings_of(self.schema, self.synonyms))
+
+    def default_of(self, path: str, body: dict[str, Any], config: GymConfig) -> Any:
+        """The value the service uses for ``path`` (canonical, dotted) when the body leaves it
+        out: the declared :attr:`defaults`, else the schema's own non-``None`` default (through
+        nested models); :data:`~services.core.policy.NO_DEFAULT` when neither tells."""
+        if self.defaults is not None:
+            declared = self.defaults(body, config)
+            if path in declared:
+                return declared[path]
+        model: type[BaseModel] | None = self.schema
+        value: Any = NO_DEFAULT
+        for part in path.split("."):
+            found = next(((n, f) for n, f in model.model_fields.items() if (f.alias or n) == part), None) if model else None
+            if found is None:
+                return NO_DEFAULT
+            name, info = found
+            value = getattr(value, name) if isinstance(value, BaseModel) else info.get_default(call_default_factory=True)
+            model = type(value) if isinstance(value, BaseModel) else None
+        if value is None or value is NO_DEFAULT:
+            return NO_DEFAULT
+        return value.model_dump(mode="json", by_alias=True) if isinstance(value, BaseModel) else value
 
     @property
     def metered(self) -> bool:

@@ -3,9 +3,17 @@ Light: the estimator imports the service's logic only when it runs."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from services.core.config import GymConfig
 from services.core.spec import Operation, ServiceSpec
 from services.inference.metering import estimate_chat
 from services.inference.schemas import CHAT_SYNONYMS, ChatRequest
+
+def _chat_defaults(body: dict[str, Any], config: GymConfig) -> dict[str, Any]:
+    """What a chat that leaves these out runs with (services/inference/service.py)."""
+    return {"max_tokens": config.inference.default_max_tokens, "temperature": 1.0, "top_p": 1.0}
+
 
 SPEC = ServiceSpec(
     name="inference",
@@ -13,6 +21,6 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/models", "models.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
         Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True,
-                  schema=ChatRequest, synonyms=CHAT_SYNONYMS),
+                  schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults),
     ),
 )

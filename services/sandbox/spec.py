@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.core.config import GymConfig
 from services.core.spec import Operation, ServiceSpec
 from services.sandbox.schemas import CreateSandbox
 
@@ -22,11 +23,18 @@ def _op(method: str, path: str, name: str, **kw: Any) -> Operation:
 
 _DAEMON = dict(auth="sandbox_token")
 
+
+def _create_defaults(body: dict[str, Any], config: GymConfig) -> dict[str, Any]:
+    """What a create that leaves these out gets (services/sandbox/service.py)."""
+    return {"timeout": config.sandbox.default_timeout_s, "templateID": config.sandbox.default_template}
+
+
 SPEC = ServiceSpec(
     name="sandbox",
     operations=(
-        _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
-        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox),
+        _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox, defaults=_create_defaults),
+        _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox,
+            defaults=_create_defaults),
         _op("GET", "/sandboxes", "sandboxes.list"),
         _op("GET", "/v2/sandboxes", "sandboxes.list"),
         _op("GET", "/sandboxes/{id}", "sandboxes.get"),
