@@ -56,7 +56,7 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     if body.track:
         policy, track = preset_policy(body.track, gw.config, offline=body.offline), track_label(body.track, body.offline)
         if body.policy is not None:  # a task narrows its track (e.g. a token rate): never wider than the preset
-            narrowed = parse_policy(body.policy, gw.specs)
+            narrowed = parse_policy(body.policy, gw.specs).inheriting_limits(policy)
             try:
                 narrowed.assert_within(policy)
             except PermissionDenied as err:

@@ -116,6 +116,7 @@ class KeyRegistry:
                 _require_active(chain)
                 if parent.depth + 1 > MAX_CHILD_DEPTH:
                     raise Conflict(f"child keys nest at most {MAX_CHILD_DEPTH} deep")
+                policy = policy.inheriting_limits(Policy.model_validate(parent.policy))
                 for ancestor in chain:
                     policy.assert_within(Policy.model_validate(ancestor.policy), platform=platform)
                 check_record_owners(s, parent, policy)
@@ -251,6 +252,8 @@ class KeyRegistry:
     def set_policy(self, key_id: str, policy: Policy) -> dict[str, Any]:
         with self.store.transaction() as s:
             chain = chain_of(s, key_id)
+            if len(chain) > 1:
+                policy = policy.inheriting_limits(Policy.model_validate(chain[-2].policy))
             for ancestor in chain[:-1]:
                 policy.assert_within(Policy.model_validate(ancestor.policy))
             if len(chain) > 1:

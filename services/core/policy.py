@@ -207,6 +207,18 @@ class Policy(BaseModel):
 
     # -- narrowing (child keys) -------------------------------------------------------------
 
+    def inheriting_limits(self, parent: Policy) -> Policy:
+        """This policy with each capped setting it leaves out (``max_concurrency``,
+        ``tokens_per_minute`` of a service it names) taken from ``parent``: a child that says
+        nothing about a cap gets its parent's, rather than being refused for not stating one."""
+        services: dict[str, ServicePolicy] = {}
+        for name, mine in self.services.items():
+            theirs = parent.services.get(name)
+            inherited = {limit: getattr(theirs, limit) for limit in ("max_concurrency", "tokens_per_minute")
+                         if theirs is not None and getattr(mine, limit) is None and getattr(theirs, limit) is not None}
+            services[name] = mine.model_copy(update=inherited) if inherited else mine
+        return Policy(services=services)
+
     def assert_within(self, parent: Policy, *, platform: bool = False) -> None:
         """Refuse a child policy that grants anything its parent does not (``platform``: the
         gym itself mints the key and may add a model door)."""

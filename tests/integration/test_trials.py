@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MINIMAL_HARNESS = ROOT / "agent_container" / "harness" / "minimal"
 SANDBOX_POLICY = {"services": {"sandbox": {"door": True, "internet": False, "max_concurrency": 4}}}
 DOOR_POLICY = {"services": {"inference": {"models": ["tiny"], "max_concurrency": 4}}}
-"""The run key's (joint) preset caps inference concurrency, so a child key must state one too."""
+"""The run key's (joint) preset caps inference concurrency; a child that leaves the cap out gets it too."""
 
 
 @dataclass

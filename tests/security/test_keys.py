@@ -107,6 +107,28 @@ def test_child_keys_are_narrower_and_share_the_parent_budget(gym: Any) -> None:
     assert {r["key_id"] for r in rows} == {child["id"]}
 
 
+def test_a_child_that_leaves_a_cap_out_inherits_the_parents(gym: Any) -> None:
+    """The agent guide's child-key example, verbatim, under a track whose preset caps rollout
+    concurrency: minted with the parent's cap (it was refused for not stating one); a cap above
+    the parent's is still refused, one below it kept."""
+    client = client_for(gym)
+    run = create_key(client, 1.0)  # the joint preset: rollout max_concurrency set
+    capped = {s: p.get("max_concurrency") for s, p in run["policy"]["services"].items()}
+    assert capped["rollout"] is not None
+    r = client.post("/v1/keys", json={"name": "reviewer", "budget_usd": 0.5,
+                                      "policy": {"services": {"rollout": {"models": ["teacher"]}}}},
+                    headers=bearer(run["key"]))
+    assert r.status_code == 201, r.text
+    assert r.json()["policy"]["services"]["rollout"]["max_concurrency"] == capped["rollout"]
+    assert _chat(client, r.json()["key"]).status_code == 200
+    wider = {"services": {"rollout": {"models": ["teacher"], "max_concurrency": capped["rollout"] + 1}}}
+    r = client.post("/v1/keys", json={"policy": wider}, headers=bearer(run["key"]))
+    assert r.status_code == 403 and r.json()["error"]["param"] == "services.rollout.max_concurrency"
+    narrower = {"services": {"rollout": {"models": ["teacher"], "max_concurrency": 1}}}
+    r = client.post("/v1/keys", json={"policy": narrower}, headers=bearer(run["key"]))
+    assert r.status_code == 201 and r.json()["policy"]["services"]["rollout"]["max_concurrency"] == 1
+
+
 def test_fixed_policy_fields_are_filled_and_cannot_be_overridden(gym: Any, standin: Any) -> None:
     client = client_for(gym)
     policy = {"services": {"rollout": {"fields": {"temperature": {"fixed": 0.0}, "max_tokens": {"range": [1, 16]}}}}}
