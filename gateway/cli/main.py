@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gateway.cli.admin_client import AdminClient, AdminError
@@ -884,7 +885,13 @@ def run_logs(run: str, data_dir: DataDirOpt = None) -> None:
 
 
 def main() -> None:
-    app()
+    from services.core.file_errors import FileError
+
+    try:
+        app()
+    except FileError as err:  # a mistake in an operator's file: one paragraph, no traceback
+        err_console.print(f"[red]error[/red]: {escape(str(err))}")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ a model names the *environment variable* that holds its provider key (``api_key_
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from services.core.file_errors import read_model
 
 
 class _Strict(BaseModel):
@@ -324,7 +325,8 @@ class GymConfig(_Strict):
 
 
 def load_config(path: Path | str | None) -> GymConfig:
+    """The gym config at ``path`` (defaults without one); a mistake in the file is a
+    :class:`~services.core.file_errors.FileError` naming the file, the key and what is allowed."""
     if path is None:
         return GymConfig()
-    with open(path, "rb") as fh:
-        return GymConfig.model_validate(tomllib.load(fh))
+    return read_model(path, GymConfig, what="gym config")

@@ -26,6 +26,7 @@ from typing import Any
 
 from services.core.config import GymConfig
 from services.core.errors import Unprocessable
+from services.core.file_errors import read_model
 from services.core.policy import Policy
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -160,8 +161,6 @@ def budget_usd(track: str | None, budget: str | float) -> float:
 
 
 def policy_from_file(path: Path | str) -> Policy:
-    """A policy file is TOML or JSON with the same shape as a preset's ``policy``."""
-    text = Path(path).read_bytes()
-    if str(path).endswith(".json"):
-        return Policy.model_validate_json(text)
-    return Policy.model_validate(tomllib.loads(text.decode()))
+    """A policy file is TOML or JSON with the same shape as a preset's ``policy``; a mistake in it
+    is a :class:`~services.core.file_errors.FileError` naming the file, the key and what is allowed."""
+    return read_model(path, Policy, what="policy file")
