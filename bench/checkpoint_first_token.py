@@ -22,7 +22,7 @@ from _common import ROOT, serve
 import httpx
 
 from gateway.builder import build_embedded
-from services.core.settings import GymSettings, ProviderSecrets
+from services.core.settings import GymSettings, ProviderSecrets, default_models_dir
 
 ROWS = "\n".join(['{"messages": [{"role": "user", "content": "What is 3 - 1?"}, {"role": "assistant", "content": "2"}]}'] * 16)
 
@@ -42,7 +42,7 @@ def first_token_s(http: httpx.Client, key: str, model: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", type=int, default=5)
-    parser.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "rsigym" / "models")
+    parser.add_argument("--models-dir", type=Path, default=default_models_dir())
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
     gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin", models_dir=args.models_dir),

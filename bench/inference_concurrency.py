@@ -33,7 +33,7 @@ from _common import ROOT, serve
 import httpx
 
 from gateway.builder import build_embedded
-from services.core.settings import GymSettings, ProviderSecrets
+from services.core.settings import GymSettings, ProviderSecrets, default_models_dir
 
 QUESTIONS = [
     "Repeat: the quick brown fox jumps over the lazy dog",
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--models-dir", type=Path, default=Path.home() / ".cache" / "rsigym" / "models")
+    parser.add_argument("--models-dir", type=Path, default=default_models_dir())
     parser.add_argument("--drive", help=argparse.SUPPRESS)  # internal: the client process, bodies on stdin
     parser.add_argument("--key", help=argparse.SUPPRESS)
     args = parser.parse_args()

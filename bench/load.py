@@ -365,7 +365,6 @@ def main() -> None:
     sandboxes = shutil.which("bwrap") is not None and not args.no_sandboxes
     provider_key = "sk-bench-" + secrets.token_hex(8)
     os.environ["BENCH_TEACHER_KEY"] = provider_key  # the gym process inherits it (its provider secret)
-    os.environ.setdefault("RSIGYM_MODELS_DIR", str(Path.home() / ".cache" / "rsigym" / "models"))
     with standin_process(provider_key) as provider, tempfile.TemporaryDirectory(prefix="rsigym-load-") as tmp:
         config = f"""
 [[rollout.models]]

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from rich.console import Console
 
+from services.core.settings import default_models_dir
+
 if TYPE_CHECKING:
     from rsigym import Gym
 
@@ -235,7 +237,7 @@ max_context = 2048
     )
     url = f"http://127.0.0.1:{port}"
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("RSIGYM_")}
-    models = models_dir or Path.home() / ".cache" / "rsigym" / "models"
+    models = models_dir or Path(os.environ.get("RSIGYM_MODELS_DIR") or default_models_dir())
     platform_env = {**base_env, DEMO_KEY_ENV: provider_secret, "RSIGYM_DATA_DIR": str(data), "RSIGYM_MODELS_DIR": str(models)}
     operator_env = {**base_env, "RSIGYM_URL": url, "RSIGYM_DATA_DIR": str(data)}
     python = sys.executable

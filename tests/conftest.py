@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from gateway.builder import Gym, build_embedded
 from services.core.config import GymConfig
-from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
+from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, default_models_dir
 from services.core.store import Store, sqlite_url
 from services.rollout.standin import create_standin_app
 from tests.fakes.servers import serve
@@ -27,8 +27,8 @@ from tests.fakes.servers import serve
 PG_URL = os.environ.get("RSIGYM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TEACHER_ENV = "RSIGYM_TEST_TEACHER_KEY"
-MODELS_DIR = Path(os.environ.get("RSIGYM_TEST_MODELS_DIR", Path.home() / ".cache" / "rsigym" / "models"))
-"""Built base models are cached here across runs (the build is keyed by its recipe)."""
+MODELS_DIR = Path(os.environ.get("RSIGYM_MODELS_DIR") or default_models_dir())
+"""Built base models are shared with every gym of this machine (the build is keyed by its recipe)."""
 ADMIN_TOKEN = "rsa-test-admin-token"
 
 

@@ -20,6 +20,14 @@ def default_data_dir() -> Path:
     return Path.home() / ".rsigym"
 
 
+def default_models_dir() -> Path:
+    """Where every gym on this machine (``rsigym up``, ``rsigym demo``, the tests) keeps built and
+    converted base models unless ``RSIGYM_MODELS_DIR`` says otherwise: one build serves them all
+    (builds are keyed by their recipe and take a file lock)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "rsigym" / "models"
+
+
 class GymSettings(BaseSettings):
     """Operator-side settings shared by the gateway and every service (prefix ``RSIGYM_``)."""
 
@@ -40,7 +48,9 @@ class GymSettings(BaseSettings):
     metrics_token: str | None = None
     """RSIGYM_METRICS_TOKEN: a scrape token that may read GET /metrics (which is otherwise
     admin-only); it opens nothing else."""
-    models_dir: Path | None = None  # RSIGYM_MODELS_DIR: built/converted base models (default <data-dir>/models)
+    models_dir: Path | None = None
+    """RSIGYM_MODELS_DIR: built and converted base models (default :func:`default_models_dir`,
+    ``~/.cache/rsigym/models``, shared by every gym of this machine)."""
     scratch_dir: Path | None = None
     """RSIGYM_SCRATCH_DIR: scratch space of sandboxes (their control dirs; their files live in a
     tmpfs of the template's disk_mb) and jobs (custom-loss work dirs, benchmark unpacking), apart
@@ -53,7 +63,7 @@ class GymSettings(BaseSettings):
         return None if value is None else plain_gateway_url(value)
 
     def resolved_models_dir(self) -> Path:
-        return Path(self.models_dir) if self.models_dir else Path(self.data_dir) / "models"
+        return Path(self.models_dir) if self.models_dir else default_models_dir()
 
     def resolved_scratch_dir(self) -> Path:
         path = Path(self.scratch_dir) if self.scratch_dir else Path(tempfile.gettempdir())

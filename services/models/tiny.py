@@ -12,7 +12,7 @@ and those weights move with the CPU's float arithmetic: on one machine's build 4
 on the arithmetic dev split, on another's the loss sits at 1.39 through step 400 (dev ~0.1); 800
 steps reach 0.95-1.0 on both kinds of base. Tests that need a trained skill use 800 steps.
 
-``rsigym models build-tiny`` builds it into ``<data-dir>/models/tiny``; the build is keyed by a
+``rsigym models build-tiny`` builds it into ``<models dir>/tiny`` (``~/.cache/rsigym/models``); the build is keyed by a
 hash of its recipe, so a second call reuses the cached model.
 """
 
