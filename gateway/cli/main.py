@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gateway.cli.admin_client import AdminClient, AdminError
+from gateway.cli.progress import build_progress
 from services.core.errors import GymError
 from services.core.settings import GymSettings
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
@@ -118,8 +119,9 @@ def _prepare_models(config: Any, settings: GymSettings) -> None:
 
     for model in config.models:
         if model.backend == "local" and model.path.startswith("builtin:"):
-            err_console.print(f"preparing base model {model.name} ({model.path}) …")
-            resolve_model_dir(model, settings.resolved_models_dir())
+            err_console.print(f"preparing base model {model.name} ({model.path}) in {settings.resolved_models_dir()} …")
+            with build_progress(err_console, f"building {model.name}") as on_step:
+                resolve_model_dir(model, settings.resolved_models_dir(), on_step=on_step)
 
 
 @models_app.command("build-tiny")
@@ -127,7 +129,8 @@ def models_build_tiny(data_dir: DataDirOpt = None) -> None:
     """Build the project's tiny base model (deterministic, offline; cached by recipe)."""
     from services.models.tiny import build_tiny
 
-    path = build_tiny(_settings(data_dir).resolved_models_dir(), log=err_console.print)
+    with build_progress(err_console, "building tiny") as on_step:
+        path = build_tiny(_settings(data_dir).resolved_models_dir(), log=err_console.print, on_step=on_step)
     console.print(f"tiny base model ready at {path}")
 
 

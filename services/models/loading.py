@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,15 @@ from services.core.errors import NotFound
 _build_lock = threading.Lock()
 
 
-def resolve_model_dir(model: BaseModel_, models_dir: Path) -> Path:
-    """The directory of a base model, building or converting it on first use."""
+def resolve_model_dir(model: BaseModel_, models_dir: Path,
+                      on_step: Callable[[int, int], None] | None = None) -> Path:
+    """The directory of a base model, building or converting it on first use (``on_step``
+    follows a build's progress)."""
     if model.path == "builtin:tiny":
         from services.models.tiny import build_tiny
 
         with _build_lock:
-            return build_tiny(models_dir)
+            return build_tiny(models_dir, on_step=on_step)
     if model.path == "builtin:smollm2":
         from services.models.smollm2 import convert_smollm2
 

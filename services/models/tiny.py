@@ -21,11 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -121,11 +123,13 @@ def _is_built(target: Path, recipe: TinyRecipe) -> bool:
     return stamp.exists() and json.loads(stamp.read_text()).get("digest") == recipe.digest()
 
 
-def build_tiny(models_dir: Path, recipe: TinyRecipe | None = None, *, log: Any = print) -> Path:
+def build_tiny(models_dir: Path, recipe: TinyRecipe | None = None, *, log: Any = print,
+               on_step: Callable[[int, int], None] | None = None) -> Path:
     """Build (or reuse) the tiny base model; returns its directory.
 
     Processes sharing a models dir (test runs, a gym and a benchmark) take a file lock, so one
-    builds and the others wait for it and reuse the result."""
+    builds and the others wait for it and reuse the result. ``on_step(step, total)`` follows the
+    pre-training (a progress bar)."""
     import fcntl
 
     recipe = recipe or TinyRecipe()
@@ -137,10 +141,14 @@ def build_tiny(models_dir: Path, recipe: TinyRecipe | None = None, *, log: Any =
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _is_built(target, recipe):
             return target
-        return _build_in_child(target, recipe, log)
+        return _build_in_child(target, recipe, log, on_step)
 
 
-def _build_in_child(target: Path, recipe: TinyRecipe, log: Any) -> Path:
+_PROGRESS = re.compile(r"tiny progress (\d+)/(\d+)")
+
+
+def _build_in_child(target: Path, recipe: TinyRecipe, log: Any,
+                    on_step: Callable[[int, int], None] | None = None) -> Path:
     """Run :func:`_build` in a fresh interpreter, so the same recipe always gives the same weights.
 
     The weights are initialised from torch's process-wide generator: in a serving or test process,
@@ -153,7 +161,10 @@ def _build_in_child(target: Path, recipe: TinyRecipe, log: Any) -> Path:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip()
-            if line.startswith("tiny "):
+            if (progress := _PROGRESS.fullmatch(line)) is not None:
+                if on_step is not None:
+                    on_step(int(progress[1]), int(progress[2]))
+            elif line.startswith("tiny "):
                 log(line)
             tail = (tail + [line])[-20:]
     if proc.returncode != 0 or not _is_built(target, recipe):
@@ -208,6 +219,8 @@ def _build(target: Path, recipe: TinyRecipe, log: Any) -> Path:
             optimizer.zero_grad(set_to_none=True)
             if step % 200 == 0 or step == 1:
                 log(f"tiny pre-training step {step}/{recipe.steps} loss {loss.item():.4f}")
+            if step % 10 == 0:
+                log(f"tiny progress {step}/{recipe.steps}")
         model.eval()
         model.save_pretrained(work, safe_serialization=True)
         (work / "recipe.json").write_text(json.dumps({"digest": recipe.digest(), "recipe": asdict(recipe),
