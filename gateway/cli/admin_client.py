@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import httpx
 
+from gateway.cli import gyms
 from services.core.settings import GymSettings
 
 
@@ -25,21 +26,23 @@ class AdminError(Exception):
         super().__init__(f"{self.type}: {self.message}")
 
 
-def admin_token(settings: GymSettings) -> str:
+def admin_token(settings: GymSettings, url: str | None = None) -> str:
     if settings.admin_token:
         return settings.admin_token
     path = Path(settings.data_dir) / "admin-token"
     try:
         return path.read_text().strip()
     except FileNotFoundError:
-        raise SystemExit(f"no admin token: set RSIGYM_ADMIN_TOKEN or start the gym (it writes {path})") from None
+        raise SystemExit(f"no admin token at {path}." + gyms.hint(url or settings.url, Path(settings.data_dir))
+                         + " A gym started with that data dir writes one there.") from None
 
 
 class AdminClient:
     def __init__(self, settings: GymSettings, url: str | None = None):
+        self.settings = settings
         self.http = httpx.Client(
             base_url=url or settings.url,
-            headers={"Authorization": f"Bearer {admin_token(settings)}"},
+            headers={"Authorization": f"Bearer {admin_token(settings, url)}"},
             timeout=60.0,
         )
 
@@ -53,7 +56,10 @@ class AdminClient:
                 body = response.json()
             except ValueError:
                 body = None
-            raise AdminError(response.status_code, body, response.text)
+            refused = AdminError(response.status_code, body, response.text)
+            if response.status_code == 401 and not self.settings.admin_token:
+                refused.message += "." + gyms.hint(str(self.http.base_url), Path(self.settings.data_dir))
+            raise refused
         return response.json()
 
     # -- evaluation -----------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gateway.cli import gyms
 from gateway.cli.admin_client import AdminClient, AdminError
 from gateway.cli.progress import build_progress
 from services.core.errors import GymError
@@ -109,8 +112,15 @@ def up(
     _prepare_models(gym.gateway.config, settings)
     token_note = "RSIGYM_ADMIN_TOKEN" if settings.admin_token else str(Path(settings.data_dir) / "admin-token")
     err_console.print(f"RSIGym embedded gym on http://{host}:{port}  (admin token: {token_note})")
-    uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False,
-                **server_options(gym.gateway.config))
+    note = gyms.announce(f"http://{host}:{port}", Path(settings.data_dir))  # for the CLI's hints
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it
+    # found: make that handler an exit, so the note is taken back (the default one kills outright).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False,
+                    **server_options(gym.gateway.config))
+    finally:
+        gyms.retract(note)
 
 
 def _prepare_models(config: Any, settings: GymSettings) -> None:
