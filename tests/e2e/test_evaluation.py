@@ -53,16 +53,39 @@ def trained(live: Live) -> dict[str, Any]:
         if messages[0]["content"] not in banned:
             rows.append({"messages": messages, "tools": HARNESS_TOOLS})
     dataset = gym.training.upload_dataset(rows, name="subtraction-with-tools")
-    # 800 steps at lr 6e-3: held-out subtraction is learnt, but when within 400 steps depends on the
-    # tiny base model's exact weights, which move with the CPU's float arithmetic. On the build of
-    # this recipe on one machine 400 steps reached dev 0.90-0.95 (LoRA seeds 1-3), on another the loss
-    # sat at 1.39 through step 400 (dev 0.12; a rebuild with recipe seed 1236 does the same here: 0.03);
-    # at 800 steps both kinds of base reach 0.95-1.0 (services/models/tiny.py).
-    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=800, learning_rate=6e-3,
-                                  batch_size=16, max_length=64, seed=1, schedule="linear")
-    job = gym.training.wait(job.id, timeout=900, poll=2)
-    assert job.status == "succeeded", (job.status, job.error)
-    return {"key": key, "gym": gym, "checkpoint": job.checkpoints[-1], "job": job.id}
+    seen = {r["messages"][0]["content"] for r in rows}
+    held: list[tuple[str, str]] = []
+    qrng = random.Random(4242)
+    while len(held) < 30:  # held-out questions, neither trained on nor in the benchmark
+        user, answer = subtraction(qrng)
+        if user["content"] not in seen | banned:
+            held.append((user["content"], answer["content"]))
+
+    def held_out(model: str) -> float:
+        right = sum((gym.inference.chat(model=model, messages=[{"role": "user", "content": q}], tools=HARNESS_TOOLS,
+                                        max_tokens=6, temperature=0).choices[0].message.content or "").strip() == a
+                    for q, a in held)
+        return right / len(held)
+
+    # When held-out subtraction is learnt depends on the tiny base model's exact weights, which move
+    # with the CPU's float arithmetic (services/models/tiny.py): 800 steps at lr 6e-3 reach dev 0.95-1.0
+    # on some builds and 0.13 on another (loss 0.84 at step 800, still falling). So train as a researcher
+    # would: 800 steps, and while a held-out check says the skill is not there yet, 800 more from the
+    # checkpoint (at most twice) — a slow base costs time, not the test.
+    job_ids, accuracy, parent = [], [], None
+    for _ in range(3):
+        start = {"parent_checkpoint": parent} if parent else {"base_model": "tiny"}
+        job = gym.training.create_job(datasets=[dataset.id], steps=800, learning_rate=6e-3, batch_size=16,
+                                      max_length=64, seed=1 + len(job_ids), schedule="linear", **start)
+        job = gym.training.wait(job.id, timeout=900, poll=2)
+        assert job.status == "succeeded", (job.status, job.error)
+        job_ids.append(job.id)
+        parent = job.checkpoints[-1]
+        accuracy.append(held_out(parent))
+        if accuracy[-1] >= 0.6:
+            break
+    print(f"\ntraining rounds of 800 steps: {len(job_ids)}, held-out accuracy after each: {accuracy}")
+    return {"key": key, "gym": gym, "checkpoint": parent, "job": job_ids[-1], "jobs": job_ids, "held_out": accuracy}
 
 
 def test_bundled_benchmarks_validate_every_oracle_1_and_every_empty_answer_0(live: Live) -> None:
@@ -87,8 +110,10 @@ def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: 
     results = gym.evaluation.results(tuned.id)
     # On failure, say whether the model answered wrongly or trials failed (and how), not only the score.
     errors = sorted({(r.error or "")[:120] for r in results if r.error})
-    losses = [(m.step, round(m.loss, 3)) for m in (gym.training.get_job(trained["job"]).metrics or []) if m.step % 50 == 0]
-    assert tuned.score > base.score + 0.2, {"trial_errors": errors, "training_loss": losses}
+    losses = [[(m.step, round(m.loss, 3)) for m in (gym.training.get_job(j).metrics or []) if m.step % 100 == 0]
+              for j in trained["jobs"]]
+    assert tuned.score > base.score + 0.2, {"trial_errors": errors, "training_loss": losses,
+                                            "held_out_after_each_round": trained["held_out"]}
     assert len(results) == 60 and {r.task_id for r in results} == {f"sub-{i:04d}" for i in range(1, 61)}
     assert all(r.reward in (0.0, 1.0) and r.error is None for r in results)
     assert all(r.trajectory and r.trajectory["steps"] for r in results)
