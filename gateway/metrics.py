@@ -48,8 +48,10 @@ class GatewayMetrics:
         )
 
     def track_jobs(self, store: Store) -> None:
-        """Export the job queues, read from the store at scrape time (see :class:`JobQueueCollector`)."""
+        """Export the job queues and every service's charges, read from the store at scrape time
+        (see :class:`JobQueueCollector` and :class:`LedgerChargeCollector`)."""
         self.registry.register(JobQueueCollector(store))
+        self.registry.register(LedgerChargeCollector(store))
 
     def render(self) -> bytes:
         """Blocking when jobs are tracked (store reads): call it off the event loop."""
@@ -88,3 +90,33 @@ class JobQueueCollector(Collector):
         for (kind, status), n in sorted(finished.items()):
             done.add_metric([kind, status], n)
         yield from (depth, age, done)
+
+
+class LedgerChargeCollector(Collector):
+    """USD charged to runs by service, summed from the ledger at scrape time. ``rsigym_spend_usd``
+    counts what this replica settled for the calls it forwarded; training steps, sandbox slices
+    and evaluation work are settled by the services and workers themselves, so only the ledger —
+    which they all write — has every service's spend, once, whichever replica is scraped."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        from sqlalchemy import func, select
+
+        from services.core.money import nusd_to_usd
+        from services.core.tables import LedgerEntry
+
+        try:
+            with self.store.transaction() as s:
+                rows = s.execute(select(LedgerEntry.service, func.sum(LedgerEntry.actual_nusd))
+                                 .where(LedgerEntry.actual_nusd.is_not(None)).group_by(LedgerEntry.service)).all()
+        except StoreUnavailable:
+            log.warning("/metrics: ledger charges skipped, the store cannot be reached")
+            return
+        charged = CounterMetricFamily("rsigym_ledger_charged_usd",
+                                      "USD charged to runs, by service, from the ledger (every service and worker)",
+                                      labels=["service"])
+        for service, nusd in sorted(rows):
+            charged.add_metric([service], nusd_to_usd(int(nusd or 0)))
+        yield charged
