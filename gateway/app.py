@@ -12,6 +12,7 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.access_log import AccessLogMiddleware
 from gateway import admin, agent_model, agent_routes
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
@@ -68,6 +69,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     health = StoreHealth(gw.store)  # its own thread and connection: never queued behind calls
     install_body_limits(app, gw)  # bodies bounded in size, time and shape while they stream in
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(AccessLogMiddleware, fmt=gw.config.logging.access)  # outermost: every answer, once
     install_error_handlers(app, on_error=lambda err: gw.metrics.refusals.labels(err.type).inc())
 
     @app.get("/healthz", include_in_schema=False)

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from gateway.access_log import note_key
 from gateway.context import Gateway, gateway_of
 from services.core.deadlines import check_deadline
 from services.core.errors import AuthenticationFailed
@@ -58,7 +59,9 @@ async def _cached(gw: Gateway, cache_key: str, load: Callable[[], Principal]) ->
 
 
 async def current_principal(request: Request) -> Principal:
-    return await authenticate(gateway_of(request), presented_key(request))
+    principal = await authenticate(gateway_of(request), presented_key(request))
+    note_key(request, principal.key_id)
+    return principal
 
 
 async def require_admin(request: Request) -> None:

@@ -19,6 +19,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
+from gateway.access_log import note_key
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from services.core import rate_limits
@@ -191,6 +192,7 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
         raise NotFound(f"no route {request.method} /{service}{sub_path}")
     started = time.perf_counter()
     principal = await _authenticate(gw, request, op)
+    note_key(request, principal.key_id)
     try:
         payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:

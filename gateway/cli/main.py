@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gateway.access_log import show_access_log
 from gateway.cli import gyms
 from gateway.cli.admin_client import AdminClient, AdminError
 from gateway.cli.progress import build_progress
@@ -116,6 +117,7 @@ def up(
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it
     # found: make that handler an exit, so the note is taken back (the default one kills outright).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    show_access_log(gym.gateway.config.logging.access)
     try:
         uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False,
                     **server_options(gym.gateway.config))
@@ -174,6 +176,7 @@ def serve(
     if part == "gateway":
         urls = dict(item.split("=", 1) for item in service or [])
         asgi = build_gateway(settings, StoreSettings(), urls).app
+        show_access_log(load_config(settings.config).logging.access)
     else:
         asgi = build_service(part, settings)
     uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False,

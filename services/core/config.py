@@ -236,6 +236,13 @@ class StorageConfig(_Strict):
     limit; past it a write is refused with 413 ``payload_too_large``."""
 
 
+class LoggingConfig(_Strict):
+    access: Literal["off", "text", "json"] = "text"
+    """The gateway's access log (logger ``rsigym.access``; ``rsigym up`` / ``serve gateway`` print it
+    to stderr): one line per request — request id, key id, method, path, status, cost, latency —
+    as ``key=value`` text or one JSON object per line (gateway/access_log.py)."""
+
+
 class HttpConfig(_Strict):
     """Bounds on what one HTTP request may make the gateway or a service hold
     (services/core/body_limits.py): enforced while the body streams in, before any policy work."""
@@ -265,6 +272,7 @@ class HttpConfig(_Strict):
 class GymConfig(_Strict):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     models: list[BaseModel_] = Field(default_factory=_default_models)
