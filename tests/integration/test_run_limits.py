@@ -264,10 +264,13 @@ def test_a_child_cannot_raise_its_token_limit_and_both_limits_apply(make_gym: An
     per_call = estimate_chat_tokens(CHAT, gym.gateway.context)
     run = client.post("/admin/v1/keys", headers=admin_headers(), json={
         "policy": {"services": {"rollout": {"tokens_per_minute": 10 * per_call}}}, "budget_usd": 1.0}).json()
-    for wider in ({"tokens_per_minute": 100 * per_call}, {}):
-        r = client.post("/v1/keys", headers=bearer(run["key"]), json={"policy": {"services": {"rollout": wider}}})
-        assert r.status_code == 403, r.text
-        assert r.json()["error"]["param"] == "services.rollout.tokens_per_minute"
+    wider = {"tokens_per_minute": 100 * per_call}
+    r = client.post("/v1/keys", headers=bearer(run["key"]), json={"policy": {"services": {"rollout": wider}}})
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["param"] == "services.rollout.tokens_per_minute"
+    # a child that leaves the limit out gets its parent's (it cannot shed it)
+    r = client.post("/v1/keys", headers=bearer(run["key"]), json={"policy": {"services": {"rollout": {}}}})
+    assert r.status_code == 201 and r.json()["policy"]["services"]["rollout"]["tokens_per_minute"] == 10 * per_call
     child = client.post("/v1/keys", headers=bearer(run["key"]),
                         json={"policy": {"services": {"rollout": {"tokens_per_minute": per_call}}}})
     assert child.status_code == 201, child.text
