@@ -290,13 +290,15 @@ def fill_left_out(policies: list[Policy], service: str, body: dict[str, Any],
     allowed number nearest to it, else the first allowed value), so ``max_tokens`` left out under
     ``allowed = [256, 512]`` runs with 512, not the service's 1024. A field whose default cannot be
     told is refused: the agent must give it. (``fixed`` rules fill their own value.)"""
-    out = copy.deepcopy(body)
     rules_by_path: dict[str, list[FieldRule]] = {}
     for policy in policies:
         granted = policy.services.get(service)
         for path, rule in (granted.fields.items() if granted else ()):
             if rule.kind in ("range", "allowed"):
                 rules_by_path.setdefault(path, []).append(rule)
+    if not rules_by_path:
+        return body  # the hot path: no rule to judge a left-out field by, nothing to copy
+    out = copy.deepcopy(body)
     for path, rules in rules_by_path.items():
         *parents, leaf = path.split(".")
         container: Any = out
