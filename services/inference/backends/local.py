@@ -15,9 +15,11 @@ rows are merged into the batch's. A row that finishes (an end token, a stop sequ
 dropped, and padding that no remaining row needs is trimmed away.
 
 Adapters are never mixed within one forward pass: a batch serves one adapter, or the bare base.
-Requests are admitted in arrival order; once the oldest waiting request names another adapter,
-the batch admits no one else and drains, then the next batch serves that adapter — a busy
-adapter cannot starve another.
+A new batch serves the oldest waiting request's adapter and takes every waiting request on it
+(in arrival order, up to the batch size), so requests on a few adapters that arrive interleaved
+still share passes. A running batch admits newcomers only while the oldest waiting request names
+its adapter; once it names another, the batch admits no one else and drains, then the next batch
+serves that adapter — a busy adapter cannot starve another.
 
 Each row samples with its own parameters and its own seeded generator, as a request served
 alone does: a greedy row takes the argmax of its own logits, so its completion is the one it
@@ -261,18 +263,33 @@ class LocalEngine:
             raise
 
     def _admit(self, loaded: _Loaded, batch: _Batch) -> list[_Row]:
-        """Waiting requests that join now (under ``loaded.lock``): in arrival order, while they
-        name the batch's adapter and there is room."""
-        if batch.rows and _kv(batch.cache) is None:
-            return []  # a cache whose rows cannot be merged: newcomers start the next batch
+        """Waiting requests that join now (under ``loaded.lock``), in arrival order. A new batch
+        takes the oldest request's adapter and every waiting request on it; a running one takes
+        newcomers only while the oldest waiting request names its adapter (so it drains, and the
+        oldest is served next, once another adapter waits)."""
+        if not loaded.waiting:
+            return []
+        if batch.rows:
+            if _kv(batch.cache) is None:
+                return []  # a cache whose rows cannot be merged: newcomers start the next batch
+            key, skip = batch.adapter_key, False
+        else:
+            key, skip = loaded.waiting[0].adapter_key, True
+        room = self.max_batch - len(batch.rows)
         newcomers: list[_Row] = []
-        key = batch.adapter_key if batch.rows else None
-        while loaded.waiting and len(batch.rows) + len(newcomers) < self.max_batch:
-            head = loaded.waiting[0]
-            if (batch.rows or newcomers) and head.adapter_key != key:
+        kept: deque[_Row] = deque()
+        while loaded.waiting and len(newcomers) < room:
+            row = loaded.waiting.popleft()
+            if row.adapter_key == key:
+                newcomers.append(row)
+            elif skip:
+                kept.append(row)
+            else:
+                loaded.waiting.appendleft(row)
                 break
-            key = head.adapter_key
-            newcomers.append(loaded.waiting.popleft())
+        kept.extend(loaded.waiting)
+        loaded.waiting.clear()
+        loaded.waiting.extend(kept)
         return newcomers
 
     def _reset(self, batch: _Batch) -> None:
