@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from gateway import timeline
+from gateway.admin_lists import DEFAULT_LIMIT, KINDS, list_rows
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
@@ -150,6 +151,26 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
                                    request_id_of(request))
     return Response(upstream.content, status_code=upstream.status_code,
                     media_type=upstream.headers.get("content-type", "application/json"))
+
+
+# -- what runs made, across runs (datasets, jobs, checkpoints, sandboxes, submissions) --
+
+
+def _list_route(kind: str) -> Any:
+    async def list_kind(request: Request, run_id: str | None = None, key_id: str | None = None,
+                        status: str | None = None, limit: int = DEFAULT_LIMIT, cursor: str | None = None) -> dict[str, Any]:
+        gw = gateway_of(request)
+        return await gw.store.call(partial(list_rows, gw.store, kind, run_id=run_id, key_id=key_id, status=status,
+                                           limit=limit, cursor=cursor))
+
+    list_kind.__doc__ = (f"Every run's {kind}, newest first: ``?run_id=``, ``?key_id=``, ``?status=``, "
+                         "``?limit=`` (≤ 500) and ``?cursor=`` (the page's ``next_cursor``).")
+    list_kind.__name__ = f"list_{kind.replace('-', '_')}"
+    return list_kind
+
+
+for _kind, _spec in KINDS.items():
+    router.add_api_route(_spec.path, _list_route(_kind), methods=["GET"])
 
 
 # -- evaluation: benchmarks, scoring (forwarded to the evaluation service as the operator) --
