@@ -6,6 +6,7 @@ a model names the *environment variable* that holds its provider key (``api_key_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,12 @@ class RolloutModel(_Strict):
     litellm_model: str
     api_base: str | None = None
     api_key_env: str | None = None
+    served_by: Literal["provider", "standin"] = "provider"
+    """``provider``: LiteLLM calls the provider at ``api_base`` (or the model's default) with the
+    key in ``api_key_env``. ``standin``: the offline stand-in provider (services/rollout/standin.py:
+    deterministic arithmetic, a fixed passage, a literal-signs judge) runs inside the rollout
+    service and LiteLLM reaches it over its OpenAI path in-process — no key, no network. It lets a
+    gym run offline; it is no frontier model (and no real judge)."""
     input_usd_per_mtok: float = Field(ge=0)
     output_usd_per_mtok: float = Field(ge=0)
     max_output_tokens: int | None = Field(default=None, gt=0)
@@ -33,6 +40,17 @@ class RolloutModel(_Strict):
     whatever its size). The default covers GPT-4o/4.1 (≤ ~2.5k), Claude (≤ ~1.6k) and Gemini
     (258 per tile, ≤ 16 tiles); raise it for models that bill images as more tokens, e.g.
     gpt-4o-mini (up to ~48k). A provider bill above the reservation is recorded as an overrun."""
+
+    @model_validator(mode="after")
+    def _standin_needs_no_provider(self) -> RolloutModel:
+        if self.served_by == "standin":
+            if not self.litellm_model.startswith("openai/"):
+                raise ValueError(f"{self.name}: a stand-in model is reached over LiteLLM's OpenAI path; "
+                                 f"litellm_model must start with 'openai/' (got {self.litellm_model!r})")
+            if self.api_base is not None or self.api_key_env is not None:
+                raise ValueError(f"{self.name}: a stand-in model runs in the rollout service; drop api_base "
+                                 "and api_key_env (or set served_by = \"provider\")")
+        return self
 
 
 class RolloutConfig(_Strict):
@@ -332,9 +350,24 @@ class GymConfig(_Strict):
         return envs
 
 
+OFFLINE_CONFIG = Path(__file__).with_name("offline_gym.toml")
+"""The config of a gym started without one: everything local, the rollout catalogue's teacher
+and judge served by the stand-in provider (so ``rsigym up`` works with no key and no network)."""
+
+
 def load_config(path: Path | str | None) -> GymConfig:
-    """The gym config at ``path`` (defaults without one); a mistake in the file is a
-    :class:`~services.core.file_errors.FileError` naming the file, the key and what is allowed."""
-    if path is None:
-        return GymConfig()
-    return read_model(path, GymConfig, what="gym config")
+    """The gym config at ``path`` (without one: :data:`OFFLINE_CONFIG`); a mistake in the file is
+    a :class:`~services.core.file_errors.FileError` naming the file, the key and what is allowed."""
+    return read_model(OFFLINE_CONFIG if path is None else path, GymConfig, what="gym config")
+
+
+def missing_provider_keys(config: GymConfig, environ: Mapping[str, str]) -> list[str]:
+    """One line per catalogue or agent model whose provider key variable is unset or empty: what
+    the operator sees when the gym starts (calls to such a model fail unbilled)."""
+    lines = []
+    for kind, models in (("rollout model", config.rollout.models), ("agent model", config.agent_models)):
+        for m in models:
+            if m.served_by == "provider" and m.api_key_env and not environ.get(m.api_key_env):
+                lines.append(f"{kind} {m.name!r} ({m.litellm_model}): {m.api_key_env} is not set; "
+                             "calls to it will fail (unbilled) until it is")
+    return lines

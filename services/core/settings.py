@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -176,6 +177,11 @@ class ProviderSecrets:
 
     def __init__(self, environ: dict[str, str] | None = None):
         self._environ = environ if environ is not None else os.environ
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """Where the keys are read from (the platform's environment, or a test's mapping)."""
+        return self._environ
 
     def get(self, env_name: str | None) -> str | None:
         if not env_name:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI
+
+from services.core.config import missing_provider_keys
 
 from services.core.service_app import create_service_app
 from services.core.spec import ServiceContext
@@ -16,7 +20,12 @@ from services.rollout.spec import SPEC
 __all__ = ["SPEC", "create_app"]
 
 
+log = logging.getLogger("rsigym.rollout")
+
+
 def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None) -> FastAPI:
+    for line in missing_provider_keys(context.config, context.secrets.environ):
+        log.warning(line)
     backend = backend or ROLLOUT_BACKENDS.get(context.config.rollout.backend)(context)
     return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router, agent.router],
                               config=context.config,

@@ -64,8 +64,16 @@ def _charged(identity: Identity, cost_nusd: int) -> int:
 
 
 def _billed(err: GymError, cost_nusd: int) -> GymError:
-    """The error keeps its shape but carries the call's cost, so the gateway settles it."""
+    """The error keeps its shape but carries the call's cost, so the gateway settles it, and says
+    so: the provider had the request and may have billed it."""
     err.headers = {**err.headers, COST_HEADER: str(cost_nusd)}
+    err.message += (f" Billed ${nusd_to_usd(cost_nusd):.6f}, the call's reservation: the provider had the request "
+                    "and may have generated.")
+    return err
+
+
+def _unbilled(err: GymError) -> GymError:
+    err.message += " Not billed."
     return err
 
 
@@ -104,6 +112,8 @@ class RolloutService:
             raw = await self.backend.complete(model, request, max_tokens)
         except _BILLED_FAILURES as err:
             raise _billed(err, identity.estimate_nusd) from None
+        except GymError as err:  # refused before or by the provider: nothing generated
+            raise _unbilled(err) from None
         reported = _reported(raw.get("usage"))
         if reported is None:
             log.warning("%s: the provider reported no usage; billing the reservation", identity.request_id)
@@ -130,6 +140,8 @@ class RolloutService:
             chunks = await self.backend.stream(model, request, max_tokens)
         except _BILLED_FAILURES as err:
             raise _billed(err, identity.estimate_nusd) from None
+        except GymError as err:  # refused before or by the provider: nothing generated
+            raise _unbilled(err) from None
         return self._relay(identity, request, model, chunks)
 
     async def _relay(self, identity: Identity, request: ChatRequest, model: RolloutModel,
@@ -156,7 +168,9 @@ class RolloutService:
             prompt, completion = reported
             cost = call_cost_nusd(model, prompt, completion)
         if error is not None:
-            yield sse({"error": {"type": error.type, "message": error.message, "param": error.param}})
+            message = (f"{error.message} Billed ${nusd_to_usd(_charged(identity, cost)):.6f}, the call's reservation: "
+                       "the stream broke off, so what the provider generated is not known.")
+            yield sse({"error": {"type": error.type, "message": message, "param": error.param}})
         elif want_usage:
             yield sse({"object": "chat.completion.chunk", "model": model.name, "choices": [],
                        "usage": _usage(prompt, completion, _charged(identity, cost))})

@@ -8,6 +8,7 @@ started with. Played with the real ``rsigym up`` and the real CLI, each a proces
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,19 @@ def test_the_cli_names_the_data_dir_its_gym_was_started_with(gym_up: tuple[str, 
     # pointed at the gym's data dir, as the hint says: it works
     done = _cli({**elsewhere, "RSIGYM_DATA_DIR": str(data)}, "keys", "list", "--json")
     assert done.returncode == 0, done.stderr
+
+
+def test_a_gym_started_without_a_config_works_offline(gym_up: tuple[str, Path, dict[str, str]], tmp_path: Path) -> None:
+    """The README's `rsigym up` line (no --config): a run key, then the catalogue's teacher answers
+    with no provider key and no network, and the gym warned about no missing key."""
+    url, data, env = gym_up
+    here = {**env, "RSIGYM_URL": url, "RSIGYM_DATA_DIR": str(data)}
+    done = _cli(here, "keys", "create", "--track", "joint", "--budget", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    key = json.loads(done.stdout)["key"]
+    answered = httpx.post(f"{url}/rollout/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": "teacher", "messages": [{"role": "user", "content": "What is 20 + 22?"}]})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["choices"][0]["message"]["content"] == "42"
+    log = (tmp_path / "gym.log").read_text()
+    assert "is not set" not in log and "Traceback" not in log, log[-2000:]

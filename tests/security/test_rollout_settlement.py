@@ -229,6 +229,8 @@ def test_provider_timeout_is_billed_its_reservation(faulty_gym: Any, stream: boo
     assert r.status_code == 504, r.text
     error = r.json()
     assert error["type"] == "error" and error["error"]["type"] == "upstream_timeout"
+    message = error["error"]["message"]  # which model, and what it cost
+    assert "'teacher'" in message and f"Billed ${estimate / 1e9:.6f}" in message, message
     assert "x-rsigym-internal-cost-nusd" not in r.headers  # the service's report stays inside the gym
     assert float(r.headers["X-RSIGym-Cost-USD"]) == pytest.approx(estimate / 1e9)
     assert provider.received == 1  # the call was not retried behind the reservation's back
@@ -243,6 +245,7 @@ def test_stream_broken_off_by_the_provider_is_billed_its_reservation(faulty_gym:
     with client.stream("POST", "/rollout/v1/chat/completions", json=body, headers=bearer(key["key"])) as r:
         text = r.read().decode()
     assert '"upstream_error"' in text and "rsigym-cost" not in text
+    assert "'teacher'" in text and f"Billed ${estimate / 1e9:.6f}" in text, text
     _assert_billed_its_reservation(client, key, estimate)
 
 

@@ -7,8 +7,12 @@ are mapped to gym errors with scrubbed messages.
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
+
+import httpx
 
 from services.core.config import RolloutConfig, RolloutModel
 from services.core.errors import GymError, Unprocessable, UpstreamError, UpstreamRateLimited, UpstreamTimeout
@@ -25,25 +29,58 @@ def _litellm() -> Any:
     return litellm
 
 
-def map_provider_error(err: Exception) -> GymError:
+log = logging.getLogger("rsigym.rollout")
+
+
+def map_provider_error(err: Exception, model: RolloutModel | None = None) -> GymError:
+    """The gym error an agent gets for a provider failure (naming the model), and a log line for the
+    operator with what the agent is not shown: provider, status and the (redacted) detail."""
     status = getattr(err, "status_code", None)
     text = redact(str(err))[:400]
     name = type(err).__name__
+    if model is not None:
+        log.warning("rollout model %r (%s): the provider failed: %s, status %s: %s", model.name, model.litellm_model,
+                    name, status, text)
+    which = f"model {model.name!r}: " if model is not None else ""
     if "Timeout" in name:
-        return UpstreamTimeout("the provider did not answer in time")
+        return UpstreamTimeout(f"{which}the provider did not answer in time")
     if status in (400, 413, 422):
-        return Unprocessable(f"the provider refused the request: {text}")
+        return Unprocessable(f"{which}the provider refused the request: {text}")
     if status == 429:
-        return UpstreamRateLimited("the provider is rate limiting; retry later", headers={"Retry-After": "5"})
+        return UpstreamRateLimited(f"{which}the provider is rate limiting; retry later", headers={"Retry-After": "5"})
     if status in (401, 403):
-        return UpstreamError("the provider refused the platform's credentials; tell the gym operator")
-    return UpstreamError(f"the provider failed ({name}, status {status})")
+        return UpstreamError(f"{which}the provider refused the platform's credentials; tell the gym operator")
+    return UpstreamError(f"{which}the provider failed ({name}, status {status})")
+
+
+class _StandinClient:
+    """The offline stand-in provider (``served_by = "standin"``) inside this process: an OpenAI
+    client whose transport is the stand-in's ASGI app, handed to LiteLLM per call, so a stand-in
+    model goes through the same LiteLLM path (request mapping, streaming, usage) as a real one."""
+
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def get(self) -> Any:
+        if self._client is None:
+            import openai
+
+            from services.rollout.standin import create_standin_app
+
+            key = secrets.token_urlsafe(24)
+            transport = httpx.ASGITransport(app=create_standin_app(key))
+            # openai >= 3 is typed against its httpx fork but takes an httpx client (checked by the tests)
+            http = httpx.AsyncClient(transport=transport, trust_env=False)
+            self._client = openai.AsyncOpenAI(api_key=key, base_url="http://standin.internal/v1", max_retries=0,
+                                              http_client=http)  # type: ignore[arg-type]
+        return self._client
 
 
 class LiteLLMBackend:
     def __init__(self, config: RolloutConfig, secrets: ProviderSecrets):
         self.config = config
         self.secrets = secrets
+        self._standin = _StandinClient()
 
     def _kwargs(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -57,18 +94,26 @@ class LiteLLMBackend:
             "max_retries": 0,
             **request.sampling_params(),
         }
+        if model.served_by == "standin":
+            kwargs["client"] = self._standin.get()
+            return kwargs
         if model.api_base:
             kwargs["api_base"] = model.api_base
         secret = self.secrets.get(model.api_key_env)
+        if model.api_key_env and not secret:
+            log.warning("rollout model %r (%s): %s is not set; refused without calling the provider",
+                        model.name, model.litellm_model, model.api_key_env)
+            raise UpstreamError(f"model {model.name!r} has no provider key configured; tell the gym operator")
         if secret:
             kwargs["api_key"] = secret
         return kwargs
 
     async def complete(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> dict[str, Any]:
+        kwargs = self._kwargs(model, request, max_tokens)
         try:
-            response = await _litellm().acompletion(**self._kwargs(model, request, max_tokens))
+            response = await _litellm().acompletion(**kwargs)
         except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
-            raise map_provider_error(err) from None
+            raise map_provider_error(err, model) from None
         return response.model_dump()
 
     async def stream(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> AsyncIterator[dict[str, Any]]:
@@ -77,15 +122,15 @@ class LiteLLMBackend:
         try:
             upstream = await _litellm().acompletion(**kwargs)
         except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
-            raise map_provider_error(err) from None
-        return self._chunks(upstream)
+            raise map_provider_error(err, model) from None
+        return self._chunks(upstream, model)
 
     @staticmethod
-    async def _chunks(upstream: Any) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(upstream: Any, model: RolloutModel) -> AsyncIterator[dict[str, Any]]:
         try:
             async for chunk in upstream:
                 yield chunk.model_dump(exclude_none=True)
         except GymError:
             raise
         except Exception as err:  # noqa: BLE001 - litellm raises many types; each maps to a gym error
-            raise map_provider_error(err) from None
+            raise map_provider_error(err, model) from None
