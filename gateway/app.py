@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.access_log import AccessLogMiddleware
-from gateway import admin, agent_model, agent_routes
+from gateway import admin, agent_model, agent_routes, openai_routes
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
 from gateway.context import Gateway
@@ -86,6 +86,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     app.include_router(admin.router)
     app.include_router(agent_routes.router)
     app.include_router(agent_model.router)  # /agent/v1/…: before the proxy's catch-all route
+    app.include_router(openai_routes.router)  # /openai/v1/…: one base URL for every model, before the catch-all
     mount_dashboard(app, gw)  # /admin/ui: before the proxy's catch-all route
 
     @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)

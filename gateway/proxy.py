@@ -99,7 +99,7 @@ async def limit_tokens(gw: Gateway, principal: Principal, service: str, tokens: 
         await gw.store.call(partial(rate_limits.reserve_tokens, gw.store, limits, tokens))
 
 
-def _check_grant(principal: Principal, service: str) -> None:
+def check_grant(principal: Principal, service: str) -> None:
     # apply_chain on an empty body refuses a service that is not granted anywhere in the chain.
     apply_chain(list(principal.policies), service, {}, model_field=None)
 
@@ -200,7 +200,7 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
             body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config, list(payer.policies),
                                                        service, op, limiter=gw.body_work)
         else:
-            _check_grant(payer, service)
+            check_grant(payer, service)
             body, raw = {}, await request.body()
         estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, payer) if op.estimate else 0
 

@@ -325,6 +325,14 @@ class GymConfig(_Strict):
                 raise ValueError(f"tracks: teacher {name!r} is not a rollout model")
         return self
 
+    @model_validator(mode="after")
+    def _one_meaning_per_model_name(self) -> GymConfig:
+        """A model name means one model: ``/openai/v1`` routes a chat by its name alone."""
+        both = sorted({m.name for m in self.rollout.models} & {m.name for m in self.models})
+        if both:
+            raise ValueError(f"{both} named both a rollout model and a base model; rename one")
+        return self
+
     @field_validator("agent_models")
     @classmethod
     def _unique_agent_models(cls, models: list[RolloutModel]) -> list[RolloutModel]:
