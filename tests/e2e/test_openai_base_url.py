@@ -23,7 +23,7 @@ from tests.conftest import MODELS_DIR, admin_headers, bearer, create_key
 from tests.fakes.servers import serve_gym
 from tests.fakes.tiny_lora import random_lora
 
-QUESTION = [{"role": "user", "content": "What is 20 + 22?"}]
+QUESTION: list[Any] = [{"role": "user", "content": "What is 20 + 22?"}]
 
 
 @pytest.fixture
@@ -73,7 +73,8 @@ def test_one_client_reaches_teachers_bases_and_checkpoints(gym: tuple[str, Any],
     assert taught.parse().choices[0].message.content == "42"
     based = client.chat.completions.with_raw_response.create(model="tiny", messages=QUESTION, max_tokens=4)
     tuned = client.chat.completions.create(model=mine, messages=QUESTION, max_tokens=4)
-    assert based.parse().usage.completion_tokens >= 1 and tuned.usage.completion_tokens >= 1
+    for usage in (based.parse().usage, tuned.usage):
+        assert usage is not None and usage.completion_tokens >= 1
     streamed = list(client.chat.completions.create(model="teacher", messages=QUESTION, max_tokens=8, stream=True,
                                                    stream_options={"include_usage": True}))
     assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == "42"
