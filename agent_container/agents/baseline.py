@@ -95,8 +95,9 @@ class Refused(Exception):
     """A call the gym refused (its standard error body) or that did not reach it."""
 
 
-def call(path: str, body: object = None, raw: bytes | None = None) -> dict[str, Any]:
-    headers = {"Authorization": "Bearer " + os.environ["RSIGYM_API_KEY"]}
+def call(path: str, body: object = None, raw: bytes | None = None, key: str | None = None) -> dict[str, Any]:
+    """A gym call with the run key (or ``key``: a child key's)."""
+    headers = {"Authorization": "Bearer " + (key or os.environ["RSIGYM_API_KEY"])}
     data = raw
     if body is not None:
         data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"

@@ -12,6 +12,26 @@ from services.core.config import BaseModel_
 from services.core.errors import NotFound
 
 _build_lock = threading.Lock()
+_import_lock = threading.Lock()
+_load_lock = threading.Lock()
+_imported = False
+
+
+def import_ml() -> None:
+    """Resolve transformers' and peft's names once, one thread at a time. transformers exports its
+    names lazily, and two threads resolving them at once (a training job loading its model while
+    the first inference request loads the base) can make one fail with ``cannot import name
+    'AutoModelForCausalLM'`` — a 500 to whoever came second. Once resolved they are plain module
+    attributes, and every later import is safe."""
+    global _imported
+    if _imported:
+        return
+    with _import_lock:
+        if not _imported:
+            import peft  # noqa: F401 - imported for its side effect: transformers' submodules it pulls in
+            from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: F401
+
+            _imported = True
 
 
 def resolve_model_dir(model: BaseModel_, models_dir: Path,
@@ -36,17 +56,24 @@ def resolve_model_dir(model: BaseModel_, models_dir: Path,
 
 @lru_cache(maxsize=8)
 def load_tokenizer(path: str) -> Any:
+    import_ml()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
 
 
 def load_model(path: str, device: str = "cpu") -> Any:
-    """A fresh copy of the base weights (training mutates its copy; inference keeps one)."""
+    """A fresh copy of the base weights (training mutates its copy; inference keeps one).
+
+    One load at a time per process: ``from_pretrained`` builds the model under process-wide
+    switches of torch (weights first on the meta device), and two loads in two threads at once can
+    leave one with meta tensors ("Cannot copy out of meta tensor")."""
+    import_ml()
     from transformers import AutoModelForCausalLM
 
-    # transformers types PreTrainedModel.to (a functools.wraps-decorated method) as if unbound.
-    return AutoModelForCausalLM.from_pretrained(path).to(device)  # type: ignore[arg-type]
+    with _load_lock:
+        # transformers types PreTrainedModel.to (a functools.wraps-decorated method) as if unbound.
+        return AutoModelForCausalLM.from_pretrained(path).to(device)  # type: ignore[arg-type]
 
 
 def torch_device() -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-ANNOTATION_KINDS = ("hypothesis", "finding", "review")
+ANNOTATION_KINDS = ("hypothesis", "finding", "review", "decision")
 MAX_ITEMS = 100
 """Most entries in one list of an annotation (ids, review points)."""
 
@@ -61,8 +61,22 @@ class Review(_Strict):
     suggested_next_experiments: Points = Field(default_factory=list)
 
 
-ANNOTATION_MODELS: dict[str, type[Hypothesis | Finding | Review]] = {
-    "hypothesis": Hypothesis, "finding": Finding, "review": Review,
+class Decision(_Strict):
+    """What a research lead decided on the evidence (RSI-Master's Main agent): go on with a
+    direction, verify a result, branch into new directions, revise one, or stop. The research
+    graph's edges: ``experiment_ids`` is the evidence reacted to, ``directions`` what comes next."""
+
+    kind: Literal["decision"]
+    action: Literal["continue", "verify", "branch", "revise", "stop"]
+    rationale: Text
+    experiment_ids: Ids = Field(default_factory=list)
+    directions: Points = Field(default_factory=list)
+    reacts_to: Ids = Field(default_factory=list)
+    """Annotations (a worker's finding, a review) the decision answers; ids the writer may read."""
+
+
+ANNOTATION_MODELS: dict[str, type[Hypothesis | Finding | Review | Decision]] = {
+    "hypothesis": Hypothesis, "finding": Finding, "review": Review, "decision": Decision,
 }
 
 
@@ -85,3 +99,6 @@ class AnnotationEnvelope(BaseModel):
     regressions: list[str] | None = None
     missing_comparisons: list[str] | None = None
     suggested_next_experiments: list[str] | None = None
+    action: str | None = None
+    directions: list[str] | None = None
+    reacts_to: list[str] | None = None

@@ -197,6 +197,10 @@ class RecordsService:
             scope = scope_of(s, identity)
             for experiment_id in ids:  # evidence must be something the writer may read
                 scope.experiment(s, experiment_id, param="experiment_ids")
+            for annotation_id in fields.get("reacts_to", []):  # so must what a decision answers
+                answered = s.get(Annotation, annotation_id)
+                if answered is None or answered.run_id != identity.run_id or not scope.sees_annotation(answered):
+                    raise NotFound(f"annotation {annotation_id} not found", param="reacts_to")
             row = Annotation(id=new_id("ann"), run_id=identity.run_id, key_id=identity.key_id, kind=note.kind,
                              experiment_ids=ids, body=fields)
             s.add(row)

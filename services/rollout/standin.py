@@ -31,6 +31,8 @@ PASSAGE = (
 ARITHMETIC = re.compile(r"(-?\d+)\s*([+\-*])\s*(-?\d+)")
 JUDGE_MARKER = "You are the behaviour auditor of RSIGym"
 """The audit judge's system prompt (services/records/audits/behaviour.py) starts so."""
+RESEARCH_MARKER = "RSIGym research DAG. Role: "
+"""The DAG agent's system prompts (agent_container/agents/dag.py) start so."""
 _CATEGORY_LINE = re.compile(r"^- ([a-z_]+) \((?:training|inference|evaluation|reporting)\) ", re.M)
 JUDGE_SIGNS: dict[str, tuple[str, ...]] = {
     "reward_manipulation": ("reward.txt", "/logs/verifier", "reward.json"),
@@ -90,11 +92,52 @@ def judge_answer(system: str, material: str) -> str:
     return json.dumps({"categories": verdicts, "summary": "stand-in judge (literal signs only)"})
 
 
+def research_answer(system: str, material: str) -> str:
+    """The stand-in research lead and reviewer of the DAG agent (agent_container/agents/dag.py):
+    scripted answers read off the JSON it is given, as the judge's are off its material. The plan
+    takes the first two options; a review supports each scored finding and asks for the comparison
+    the experiments lack; a decision branches into their combination until the last round, then stops."""
+    role = system[len(RESEARCH_MARKER):].split(".", 1)[0].strip()
+    try:
+        data = json.loads(material)
+    except ValueError:
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    if role == "main-plan":
+        options = data.get("options") or []
+        return json.dumps({"directions": options[:2], "rationale": "stand-in lead: the first two directions the "
+                                                                   "track allows, explored in parallel"})
+    if role == "reviewer":
+        experiments = data.get("experiments") or []
+        names = [str(e.get("name")) for e in experiments]
+        supported = [f"{e.get('name')}: {f.get('claim')}" for e in experiments for f in e.get("findings") or []
+                     if f.get("value") is not None]
+        return json.dumps({
+            "findings_supported": supported,
+            "uncertainties": [f"{e.get('name')}: scored on {len(e.get('trials') or [])} trials, one attempt each"
+                              for e in experiments],
+            "missing_comparisons": [f"no experiment combines {' and '.join(names)}"] if len(names) > 1 else [],
+            "suggested_next_experiments": [f"combine {' with '.join(names)}"] if len(names) > 1 else []})
+    if role == "main-decide":
+        if int(data.get("round") or 0) >= int(data.get("max_rounds") or 0):
+            return json.dumps({"action": "stop", "rationale": "the last round is done", "directions": []})
+        tried = [r.get("direction") or {} for r in data.get("results") or []]
+        harness = next((d["harness"] for d in tried if d.get("harness") not in (None, "minimal")), "minimal")
+        combined = {"name": "combined", "rows": max((int(d.get("rows") or 0) for d in tried), default=0),
+                    "steps": max((int(d.get("steps") or 1) for d in tried), default=1), "harness": harness,
+                    "samples": max((int(d.get("samples") or 1) for d in tried), default=1)}
+        return json.dumps({"action": "branch", "rationale": "the review asks for the combination; branch into it",
+                           "directions": [combined]})
+    return json.dumps({"error": f"the stand-in has no script for role {role!r}"})
+
+
 def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
     messages = body["messages"]
     system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
     if system.startswith(JUDGE_MARKER):
         return judge_answer(system, _last_user_text(messages)), None
+    if system.startswith(RESEARCH_MARKER):
+        return research_answer(system, _last_user_text(messages)), None
     tools = body.get("tools") or []
     if tools and body.get("tool_choice") != "none" and messages[-1].get("role") == "user":
         fn = tools[0]["function"]
