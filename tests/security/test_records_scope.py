@@ -251,3 +251,24 @@ def test_operator_reads_any_run_and_nothing_else_does(gym: Gym, team: Team) -> N
     assert chain["ok"] is True and chain["events"] == len(events["data"])
     assert asyncio.run(call(f"/v1/operator/runs/{team.workers[0]['id']}/events")).status_code == 404  # not a run
     assert asyncio.run(call("/v1/operator/audits")).json()["data"] == []
+
+
+def test_a_decision_reacts_only_to_what_its_writer_may_read(team: Team) -> None:
+    """A decision's edges (``reacts_to``: findings, reviews) obey the same scope as its evidence:
+    a worker cannot pin its decision on a sibling's finding, and a hidden one answers like none."""
+    w0, mine, sibling = team.workers[0], team.notes[0], team.notes[1]
+    before = team.seen(team.root)
+    decision = {"kind": "decision", "action": "branch", "rationale": "r", "experiment_ids": [team.exps[0]]}
+    not_found_alike(team.post(w0, "/records/v1/annotations", {**decision, "reacts_to": [sibling]}),
+                    team.post(w0, "/records/v1/annotations", {**decision, "reacts_to": ["ann_x"]}))
+    assert team.seen(team.root) == before  # nothing written
+    bad = team.post(w0, "/records/v1/annotations", {**decision, "action": "celebrate"})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "action"
+    made = team.post(w0, "/records/v1/annotations", {**decision, "reacts_to": [mine], "directions": ["more seeds"]})
+    assert made.status_code == 201, made.text
+    assert made.json()["reacts_to"] == [mine] and made.json()["directions"] == ["more seeds"]
+    # the run key (the lead) reacts to anything of its run, and its decision is in the graph
+    lead = team.post(team.root, "/records/v1/annotations", {**decision, "reacts_to": [mine, sibling]})
+    assert lead.status_code == 201, lead.text
+    decisions = team.get(team.root, "/records/v1/annotations", kind="decision").json()["data"]
+    assert {d["id"] for d in decisions} == {made.json()["id"], lead.json()["id"]}

@@ -92,6 +92,14 @@ def review_body(experiment_ids: list[str], points: dict[str, list[str] | None]) 
             **{name: list(value) for name, value in points.items() if value is not None}}
 
 
+def decision_body(action: str, rationale: str, experiment_ids: list[str] | None, directions: list[str] | None,
+                  reacts_to: list[str] | None) -> dict[str, Any]:
+    return drop_none({"kind": "decision", "action": action, "rationale": rationale,
+                      "experiment_ids": list(experiment_ids) if experiment_ids is not None else None,
+                      "directions": list(directions) if directions is not None else None,
+                      "reacts_to": list(reacts_to) if reacts_to is not None else None})
+
+
 # ---- resources ----------------------------------------------------------------------------
 
 
@@ -131,6 +139,14 @@ class Annotations(SyncResource):
                   "suspected_protocol_violations": suspected_protocol_violations, "regressions": regressions,
                   "missing_comparisons": missing_comparisons, "suggested_next_experiments": suggested_next_experiments}
         return self._client._request(annotate_call(review_body(experiment_ids, points)))
+
+    def decision(self, action: str, rationale: str, *, experiment_ids: list[str] | None = None,
+                 directions: list[str] | None = None, reacts_to: list[str] | None = None) -> Annotation:
+        """A research lead's decision (``continue | verify | branch | revise | stop``) on the evidence
+        in ``experiment_ids`` and the annotations in ``reacts_to`` (a finding, a review), opening
+        ``directions``: the edges of the research graph."""
+        return self._client._request(annotate_call(decision_body(action, rationale, experiment_ids, directions,
+                                                                 reacts_to)))
 
     def create(self, body: dict[str, Any]) -> Annotation:
         """Any annotation as a JSON object with its ``kind`` (what ``gym records annotate`` sends)."""
@@ -198,6 +214,11 @@ class AsyncAnnotations(AsyncResource):
                   "suspected_protocol_violations": suspected_protocol_violations, "regressions": regressions,
                   "missing_comparisons": missing_comparisons, "suggested_next_experiments": suggested_next_experiments}
         return await self._client._request(annotate_call(review_body(experiment_ids, points)))
+
+    async def decision(self, action: str, rationale: str, *, experiment_ids: list[str] | None = None,
+                       directions: list[str] | None = None, reacts_to: list[str] | None = None) -> Annotation:
+        return await self._client._request(annotate_call(decision_body(action, rationale, experiment_ids, directions,
+                                                                       reacts_to)))
 
     async def create(self, body: dict[str, Any]) -> Annotation:
         return await self._client._request(annotate_call(dict(body)))
