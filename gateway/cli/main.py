@@ -773,8 +773,16 @@ def demo(
     tasks_per_split: Annotated[int | None, typer.Option(
         "--tasks-per-split", min=2, help="Shorten the demo: the arithmetic benchmark cut to its first N tasks "
         "of each split (validation, evaluation and scoring run fewer trials).")] = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="baseline | dag: launch a Joint run of this research "
+                                              "agent instead, watch it, audit, score (avg@3) and report.")] = None,
 ) -> None:
     """Start a throw-away embedded gym and run the main job against it end to end."""
+    if agent is not None:
+        from gateway.demo_agent import AGENT_ARGS, run_agent_demo
+
+        if agent not in AGENT_ARGS:
+            raise typer.BadParameter(f"--agent is one of {', '.join(AGENT_ARGS)}")
+        raise typer.Exit(run_agent_demo(agent, data_dir=data_dir, port=port, tasks_per_split=tasks_per_split))
     from gateway.demo import run_demo
 
     if model not in ("tiny", "smollm2"):

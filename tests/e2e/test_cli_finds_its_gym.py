@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import MODELS_DIR
-from tests.fakes.servers import free_port
+from tests.fakes.servers import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,15 +35,7 @@ def gym_up(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
         proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "up", "--data-dir", str(data),
                                  "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "gym.log").read_text()[-2000:]
-            time.sleep(0.3)
+        wait_healthy(proc, url, tmp_path / "gym.log")
         yield url, data, env
     finally:
         proc.terminate()

@@ -16,7 +16,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ from gateway.tasks import find_task, key_body, render_instruction
 from services.core.config import GymConfig
 from services.core.settings import GymSettings, ProviderSecrets
 from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, TEACHER_ENV, admin_headers, bearer, gym_config
-from tests.fakes.live_gym import mini_benchmark
+from tests.fakes.live_gym import LiveGym, mini_benchmark
 from tests.fakes.servers import serve_gym
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,13 +66,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teac
     gym = build_embedded(settings, config=_config(standin[0]), run_reaper=False,
                          provider_secrets=ProviderSecrets({TEACHER_ENV: teacher_secret}))
     with serve_gym(gym) as url, httpx.Client(base_url=url, headers=admin_headers(), timeout=60) as admin:
-        assert admin.post("/admin/v1/benchmarks", json={"path": str(bench)}).status_code == 201
-        for _ in range(600):
-            status = {b["name"]: b for b in admin.get("/admin/v1/benchmarks").json()["data"]}["arithmetic"]["status"]
-            if status != "validating":
-                break
-            time.sleep(0.5)
-        assert status == "ready", status
+        assert LiveGym(url, gym).register(bench)["status"] == "ready"
         task = find_task(TASK)
         key = admin.post("/admin/v1/keys", json=key_body(task, gym.gateway.config)).json()
         instruction = root / "instruction.md"

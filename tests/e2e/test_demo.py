@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from gateway.demo import run_demo
+from gateway.demo_agent import run_agent_demo
 from tests.fakes.servers import free_port
 
 
@@ -22,5 +23,16 @@ def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
     before = _children()
     assert run_demo(data_dir=tmp_path / "demo", port=free_port(), tasks_per_split=12) == 0
     assert (tmp_path / "demo" / "admin-token").stat().st_mode & 0o077 == 0
+    leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
+    assert not leftover
+
+
+def test_the_dag_agent_demo_runs_a_joint_track_and_cleans_up(tmp_path: Path) -> None:
+    """`make demo AGENT=dag`, shortened: a Joint run of the DAG agent launched, watched, audited
+    (accepted), scored avg@3 and reported with a positive RSI-Index (run_agent_demo's pass rule)."""
+    before = _children()
+    assert run_agent_demo("dag", data_dir=tmp_path / "dag", port=free_port(), tasks_per_split=4) == 0
+    report = (tmp_path / "dag" / "report" / "report.json").read_text()
+    assert '"rsi_index"' in report
     leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
     assert not leftover

@@ -22,16 +22,14 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import MODELS_DIR
-from tests.fakes.servers import free_port
+from tests.fakes.servers import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -92,15 +90,7 @@ def gym(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         proc = subprocess.Popen(["bash", "-c", line], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_healthy(proc, url, log_path, timeout_s=240)
         env["RSIGYM_URL"] = url
         created = subprocess.run(["rsigym", "keys", "create", "--track", "joint", "--budget", "5", "--name", "docs",
                                   "--json"], env=env, capture_output=True, text=True, timeout=120, cwd=home)

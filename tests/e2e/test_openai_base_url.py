@@ -15,8 +15,7 @@ import pytest
 
 from services.core.checkpoints import Checkpoint
 from services.core.ids import new_id
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from services.core.store import Store
 from services.models.loading import resolve_model_dir
 from services.training.tables import TrainingJob
 from tests.conftest import MODELS_DIR, admin_headers, bearer, create_key
@@ -27,11 +26,8 @@ QUESTION: list[Any] = [{"role": "user", "content": "What is 20 + 22?"}]
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
-    s.migrate()
-    yield s
-    s.dispose()
+def store(sqlite_store: Store) -> Store:
+    return sqlite_store
 
 
 @pytest.fixture

@@ -46,3 +46,20 @@ def serve_gym(gym: Any) -> Iterator[str]:
     gym.listening_at(f"http://127.0.0.1:{port}")
     with serve(gym.app, port=port) as url:
         yield url
+
+
+def wait_healthy(proc: Any, url: str, log: Any, timeout_s: float = 180) -> None:
+    """Wait for a gym process's ``/healthz``; fail with the tail of its log if it exits or is late."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)

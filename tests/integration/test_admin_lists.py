@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,8 +17,7 @@ from gateway.admin_lists import KINDS
 from gateway.cli.main import app as operator_cli
 from services.core.checkpoints import Checkpoint
 from services.core.ids import new_id
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from services.core.store import Store
 from services.evaluation.tables import EvaluationJob, SubmissionRow
 from services.sandbox.tables import SandboxRow
 from services.training.tables import Dataset, TrainingJob
@@ -27,14 +25,6 @@ from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, create_key
 from tests.fakes.servers import serve_gym
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
-    s.migrate()
-    yield s
-    s.dispose()
 
 
 @pytest.fixture
