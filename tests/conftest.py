@@ -4,6 +4,7 @@ loopback, and embedded gyms built exactly as ``rsigym up`` builds them."""
 from __future__ import annotations
 
 import os
+import shutil
 
 # torch's OpenMP threads busy-wait when the 2 cores are shared with the servers under test;
 # one thread is many times faster here. Set before anything imports torch.
@@ -26,6 +27,15 @@ from tests.fakes.servers import serve
 
 PG_URL = os.environ.get("RSIGYM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_bwrap() -> None:
+    """Tests that run sandboxes or launched agents need bubblewrap: a CI host without it fails,
+    a developer's machine without it skips."""
+    if shutil.which("bwrap") is None:
+        if IN_CI:
+            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
+        pytest.skip("bubblewrap (bwrap) is not installed")
 TEACHER_ENV = "RSIGYM_TEST_TEACHER_KEY"
 MODELS_DIR = Path(os.environ.get("RSIGYM_MODELS_DIR") or default_models_dir())
 """Built base models are shared with every gym of this machine (the build is keyed by its recipe)."""

@@ -10,7 +10,6 @@ Both runs go at once against one gym (a module fixture); the tests read what eac
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +21,7 @@ from typer.testing import CliRunner
 from gateway.builder import build_embedded
 from gateway.cli.main import app as operator_cli
 from services.core.settings import GymSettings, ProviderSecrets
-from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.e2e.test_launcher import report
 from tests.fakes.live_gym import mini_benchmark
 from tests.fakes.servers import serve_gym
@@ -41,10 +40,7 @@ def _rsigym(*args: str) -> Any:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teacher_secret: str) -> Iterator[dict[str, Any]]:
     """Launch the baseline agent on the harness and joint tracks at once; wait for both to exit."""
-    if shutil.which("bwrap") is None:
-        if IN_CI:
-            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     root = tmp_path_factory.mktemp("baseline")
     bench = mini_benchmark(root / "bench", name="arithmetic", per_split=2)  # the tasks' benchmark, 2 tasks a split
     data_dir = root / "runs"

@@ -13,7 +13,6 @@ per-trial results."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from gateway.builder import build_embedded
 from gateway.tasks import find_task, key_body, render_instruction
 from services.core.config import GymConfig
 from services.core.settings import GymSettings, ProviderSecrets
-from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, TEACHER_ENV, admin_headers, bearer, gym_config
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, bearer, gym_config, require_bwrap
 from tests.fakes.live_gym import LiveGym, mini_benchmark
 from tests.fakes.servers import serve_gym
 
@@ -56,10 +55,7 @@ def _lines(out: str, name: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teacher_secret: str) -> Iterator[dict[str, Any]]:
-    if shutil.which("bwrap") is None:
-        if IN_CI:
-            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     root = tmp_path_factory.mktemp("dag")
     bench = mini_benchmark(root / "bench", name="arithmetic", per_split=2)
     settings = GymSettings(data_dir=root / "gym", admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR)

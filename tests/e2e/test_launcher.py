@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from gateway.cli.main import app as operator_cli
 from gateway.tasks import TASKS
 from services.training.tables import TrainingJob
-from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for
+from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for, require_bwrap
 from tests.e2e.test_agent_route import agent_config
 from tests.fakes.servers import serve_gym
 
@@ -33,10 +33,7 @@ EXPECTED_ENV = sorted(["RSIGYM_URL", "RSIGYM_API_KEY", "OPENAI_BASE_URL", "OPENA
 
 @pytest.fixture
 def live(make_gym: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     gym = make_gym()
@@ -146,10 +143,7 @@ def _quick_task(root: Path, name: str, wall_clock: str, allow: list[str]) -> Pat
 @pytest.fixture
 def live_agent_model(make_gym: Callable[..., Any], standin: Any, tmp_path: Path,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path, Any]]:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap (bwrap) is missing on a CI host")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+    require_bwrap()
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     gym = make_gym(config=agent_config(standin[0]))
