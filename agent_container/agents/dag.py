@@ -72,6 +72,13 @@ def _json_object(text: str) -> dict[str, Any]:
     return found
 
 
+def _row(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return line[:500]
+
+
 def _direction(raw: Any) -> dict[str, Any]:
     """A direction as the Workers run it (unknown keys dropped, sizes bounded)."""
     d = raw if isinstance(raw, dict) else {}
@@ -325,6 +332,13 @@ class Dag:
             model = self.model_of(exp)
             if model and model.startswith("ckpt_"):
                 item["lineage"] = read(f"/records/v1/checkpoints/{model}/lineage")
+            for action in (a for a in exp.get("action") or [] if a.get("kind") == "training"):
+                job = read(f"/training/v1/jobs/{action['job_id']}")  # the settings it trained with
+                item.setdefault("training", []).append({"job": job["id"], "config": job.get("config"),
+                                                        "status": job.get("status")})
+                for dataset in action.get("datasets") or []:  # a sample of the data, read as it is
+                    rows = self.sample(reviewer["key"], dataset["id"])
+                    item.setdefault("data_samples", []).append({"dataset": dataset["id"], "rows": rows})
             if r.get("job"):
                 results_page = read(f"/evaluation/v1/jobs/{r['job']}/results")
                 item["trials"] = [{"task": t.get("task_id"), "reward": t.get("reward"), "error": t.get("error")}
@@ -338,6 +352,20 @@ class Dag:
                         key=reviewer["key"])
         say("review", {"id": review["id"], "reviewer": reviewer["id"], "experiments": experiments})
         return review
+
+    @staticmethod
+    def sample(key: str, dataset_id: str, rows: int = 3) -> list[Any]:
+        """The first rows of a dataset (JSONL), as a reviewer reads them."""
+        import urllib.request
+
+        request = urllib.request.Request(f"{os.environ['RSIGYM_URL']}/training/v1/datasets/{dataset_id}/content",
+                                         headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                lines = response.read(64 * 1024).decode(errors="replace").splitlines()[:rows]
+        except OSError as err:
+            return [f"unreadable: {type(err).__name__}"]
+        return [_row(line) for line in lines]
 
     # -- the loop ----------------------------------------------------------------------------
 

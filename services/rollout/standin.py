@@ -112,6 +112,13 @@ def research_answer(system: str, material: str) -> str:
         names = [str(e.get("name")) for e in experiments]
         supported = [f"{e.get('name')}: {f.get('claim')}" for e in experiments for f in e.get("findings") or []
                      if f.get("value") is not None]
+        for e in experiments:  # what it read of the data, quoted
+            for sample in e.get("data_samples") or []:
+                first = next(iter(sample.get("rows") or []), None)
+                messages = first.get("messages") if isinstance(first, dict) else None
+                if messages:
+                    supported.append(f"{e.get('name')}: dataset {sample.get('dataset')} rows read as intended, "
+                                     f"e.g. {json.dumps(messages[:2])[:300]}")
         return json.dumps({
             "findings_supported": supported,
             "uncertainties": [f"{e.get('name')}: scored on {len(e.get('trials') or [])} trials, one attempt each"

@@ -102,6 +102,8 @@ def test_a_round_runs_two_workers_in_parallel_a_review_across_both_and_a_branchi
     [review] = [r for r in _by_kind(run, "review") if set(r["experiment_ids"]) == {e["id"] for e in round1}]
     assert review["key_id"] not in {e["owner_key_id"] for e in round1} | {run["key"]["id"]}
     assert review["findings_supported"] and review["missing_comparisons"]
+    # the Reviewer read the data itself: a row of the teacher-data Worker's dataset is quoted
+    assert any("rows read as intended" in p and "What is" in p for p in review["findings_supported"]), review
     reviewer = run["keys"][review["key_id"]]
     assert sorted(reviewer["policy"]["services"]["records"]["owners"]) == sorted(e["owner_key_id"] for e in round1)
     # the Main agent's decision reacts to the review and both findings, and branches
