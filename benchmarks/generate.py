@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
 import shutil
 import sys
@@ -21,8 +22,12 @@ from pathlib import Path
 
 SEED = 20250611
 PER_SPLIT = 60
+POOL_ROWS = 2000
+"""Questions in ``arithmetic``'s training pool: drawn from the pairs no task uses (about half of them,
+so the pool does not spell out the hidden split as the complement of what it lists)."""
 SPLITS: tuple[tuple[str, bool], ...] = (("dev", False), ("official", True))
 ORG = "rsigym"
+POOL_FILE = "train.jsonl"
 
 # --------------------------------------------------------------------------- task model
 
@@ -128,10 +133,12 @@ def render_task(benchmark: str, task_id: str, spec: TaskSpec) -> dict[str, str]:
     return files
 
 
-def benchmark_toml(name: str, description: str, version: str) -> str:
+def benchmark_toml(name: str, description: str, version: str, *, pool: bool = False) -> str:
     text = f'name = "{name}"\ndescription = "{description}"\nversion = "{version}"\n'
     for split, hidden in SPLITS:
         text += f"\n[splits.{split}]\nhidden = {'true' if hidden else 'false'}\n"
+    if pool:
+        text += f'\n[training]\npool = "{POOL_FILE}"\n'
     return text
 
 
@@ -160,9 +167,11 @@ def lines_check(path: str, expected: list[str]) -> str:
 # --------------------------------------------------------------------------- arithmetic
 
 
+ARITHMETIC_PAIRS = [(a, b) for a in range(10, 100) for b in range(10, a)]
+
+
 def arithmetic_tasks(rng: random.Random) -> Iterator[tuple[str, TaskSpec]]:
-    pairs = [(a, b) for a in range(10, 100) for b in range(10, a)]
-    for n, (a, b) in enumerate(rng.sample(pairs, PER_SPLIT * len(SPLITS)), start=1):
+    for n, (a, b) in enumerate(rng.sample(ARITHMETIC_PAIRS, PER_SPLIT * len(SPLITS)), start=1):
         answer = str(a - b)
         yield f"sub-{n:04d}", TaskSpec(
             instruction=f"What is {a} - {b}?\n",
@@ -171,6 +180,13 @@ def arithmetic_tasks(rng: random.Random) -> Iterator[tuple[str, TaskSpec]]:
             summary=f"{a} - {b} = {answer}",
             metadata={"kind": "qa", "answer_file": "/app/answer.txt"},
         )
+
+
+def arithmetic_pool(rng: random.Random, tasks: list[tuple[str, TaskSpec]]) -> list[str]:
+    """``POOL_ROWS`` questions of the benchmark's form that no task of any split asks."""
+    asked = {spec.instruction.strip() for _, spec in tasks}
+    free = [q for q in (f"What is {a} - {b}?" for a, b in ARITHMETIC_PAIRS) if q not in asked]
+    return rng.sample(free, POOL_ROWS)
 
 
 # --------------------------------------------------------------------------- shell
@@ -422,6 +438,10 @@ def shell_tasks(rng: random.Random) -> Iterator[tuple[str, TaskSpec]]:
 
 # --------------------------------------------------------------------------- writing
 
+POOLS: dict[str, Callable[[random.Random, list[tuple[str, TaskSpec]]], list[str]]] = {"arithmetic": arithmetic_pool}
+"""Benchmarks that ship a training pool (``train.jsonl``, declared as ``[training] pool``): questions of
+the benchmark's form, disjoint from every task, for agents to build training data from."""
+
 BENCHMARKS: dict[str, tuple[str, Callable[[random.Random], Iterator[tuple[str, TaskSpec]]]]] = {
     "arithmetic": ("Two-digit subtraction questions (a - b with a > b); answer in /app/answer.txt.",
                    arithmetic_tasks),
@@ -437,7 +457,9 @@ def build(name: str) -> dict[str, str]:
     tasks = list(make_tasks(rng))
     keys = Counter(spec.question_key() for _, spec in tasks)
     assert max(keys.values()) == 1, f"{name}: generated a repeated question"
-    files = {"benchmark.toml": benchmark_toml(name, description, "1.0.0")}
+    files = {"benchmark.toml": benchmark_toml(name, description, "1.0.0", pool=name in POOLS)}
+    if name in POOLS:  # drawn after the tasks, from the same generator: the tasks do not move
+        files[POOL_FILE] = "".join(json.dumps({"question": question}) + "\n" for question in POOLS[name](rng, tasks))
     for index, (task_id, spec) in enumerate(tasks):
         split = SPLITS[index // PER_SPLIT][0]
         for rel, text in render_task(name, task_id, spec).items():

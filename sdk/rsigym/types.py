@@ -338,6 +338,8 @@ class Benchmark(HasRequestMeta, _WithMeta):
     splits: dict[str, BenchmarkSplit] = Field(default_factory=dict)
     status: str | None = None
     validation: dict[str, Any] | None = None
+    training_pool: dict[str, Any] | None = None
+    """``{"rows", "sha256"}`` of the benchmark's training pool (``evaluation.training_pool(name)``), if it has one."""
 
     @property
     def ready(self) -> bool:

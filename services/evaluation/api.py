@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
 
 from services.core.http import json_object
 from services.core.service_app import CurrentIdentity
@@ -32,6 +33,13 @@ def _list(data: list[dict[str, Any]]) -> dict[str, Any]:
 @router.get("/benchmarks")
 async def benchmarks(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     return _list(await _run(_svc(request).list_benchmarks, identity))
+
+
+@router.get("/benchmarks/{name}/training-pool")
+async def training_pool(name: str, request: Request, identity: CurrentIdentity) -> FileResponse:
+    """The benchmark's training pool as JSONL, one ``{"question": …}`` per line."""
+    path = await _run(_svc(request).training_pool, identity, name)
+    return FileResponse(path, media_type="application/jsonl", filename=f"{name}-training-pool.jsonl")
 
 
 @router.post("/harnesses", status_code=201)

@@ -2,13 +2,23 @@
 
 A benchmark is a directory, or a ``.tar.gz`` holding one (at the top or in a single folder)::
 
-    benchmark.toml                 name, description, version, [splits.<split>] hidden = bool
+    benchmark.toml                 name, description, version, [splits.<split>] hidden = bool,
+                                   optionally [training] pool = "train.jsonl"
     <split>/<task-id>/             one Harbor task per folder, ids unique across splits:
         task.toml                  Harbor's TaskConfig; [metadata] kind ("qa" also answer_file)
         instruction.md
         environment/Dockerfile     (+ optional environment/app/: input files copied to /app)
         tests/test.sh              writes 0 or 1 to /logs/verifier/reward.txt
         solution/solve.sh
+    train.jsonl                    optional training pool: {"question": …} per line
+
+A **training pool** is the benchmark's train split, in the sense of GSM8K's: questions of the
+benchmark's own form that no task of any split asks, published to agents (``GET
+/evaluation/v1/benchmarks/{name}/training-pool``) so that they can build training data (answers from
+a teacher, say) that the contamination audit will not flag. When a task space is small (the
+arithmetic benchmark's has 4,005 questions) any data drawn from the space itself hits hidden tasks by
+chance; a pool is the honest way out. Registration refuses a pool row that the audit's own scanner
+matches to any task (services/evaluation/registry.py).
 
 :func:`load_benchmark` reads leniently, so that :func:`validate_structure` can name every
 problem at once. Nothing here runs a task; the oracle run belongs to the sandbox.
@@ -16,12 +26,13 @@ problem at once. Nothing here runs a task; the oracle run belongs to the sandbox
 
 from __future__ import annotations
 
+import json
 import tarfile
 import tempfile
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harbor.models.task.config import TaskConfig
@@ -31,6 +42,9 @@ from pydantic import ValidationError
 REQUIRED_SPLITS = ("dev", "official")
 REQUIRED_FILES = ("instruction.md", "tests/test.sh", "solution/solve.sh")
 TARBALL_SUFFIXES = (".tar.gz", ".tgz")
+POOL_MAX_ROWS = 200_000
+POOL_MAX_BYTES = 32 * 1024 * 1024
+POOL_MAX_QUESTION_CHARS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,8 @@ class Benchmark:
     version: str
     root: Path
     splits: dict[str, Split]
+    training_pool: str | None = None
+    """The training pool's path relative to ``root`` (``[training] pool``), if it declares one."""
 
     def tasks(self) -> Iterator[tuple[Split, TaskRef]]:
         for split in self.splits.values():
@@ -83,7 +99,8 @@ def load_benchmark(source: Path | str, *, extract_to: Path | None = None) -> Ben
         name: Split(name, hidden, [_task_ref(p) for p in _task_dirs(root / name)])
         for name, hidden in header["splits"].items()
     }
-    return Benchmark(header["name"], header["description"], header["version"], root.resolve(), splits)
+    return Benchmark(header["name"], header["description"], header["version"], root.resolve(), splits,
+                     header["pool"])
 
 
 def validate_structure(benchmark: Benchmark) -> None:
@@ -106,11 +123,52 @@ def validate_structure(benchmark: Benchmark) -> None:
         first_seen.setdefault(task.id, split.name)
         problems.extend(f"{split.name}/{task.id}: {p}" for p in _task_problems(task.path))
 
+    if benchmark.training_pool is not None:
+        try:
+            pool_questions(benchmark)
+        except ValueError as err:
+            problems.append(str(err))
+
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise ValueError(
             f"benchmark {benchmark.name!r} at {benchmark.root} has {len(problems)} problem(s):\n{listing}"
         )
+
+
+def pool_questions(benchmark: Benchmark) -> list[str]:
+    """The training pool's questions, in file order ([] without a pool); ``ValueError`` naming the
+    first bad line when a line is not ``{"question": "<text>"}`` or the pool is too large."""
+    if benchmark.training_pool is None:
+        return []
+    path = benchmark.root / benchmark.training_pool
+    where = f"training pool {benchmark.training_pool}"
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise ValueError(f"{where}: not a regular file in the benchmark")
+        if path.stat().st_size > POOL_MAX_BYTES:
+            raise ValueError(f"{where}: larger than {POOL_MAX_BYTES} bytes")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: cannot read: {exc}") from exc
+    questions: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} line {number}: not JSON ({exc.msg})") from exc
+        question = row.get("question") if isinstance(row, dict) else None
+        if not isinstance(question, str) or not question.strip() or len(question) > POOL_MAX_QUESTION_CHARS:
+            raise ValueError(f"{where} line {number}: expected {{\"question\": \"<text>\"}} "
+                             f"(a non-empty string of at most {POOL_MAX_QUESTION_CHARS} characters)")
+        questions.append(question)
+        if len(questions) > POOL_MAX_ROWS:
+            raise ValueError(f"{where}: more than {POOL_MAX_ROWS} rows")
+    if not questions:
+        raise ValueError(f"{where}: no rows")
+    return questions
 
 
 # --------------------------------------------------------------------------- helpers
@@ -152,9 +210,20 @@ def _read_header(path: Path) -> dict[str, Any]:
                 errors.append(f"[splits.{name}] hidden must be true or false")
             else:
                 splits[name] = hidden
+    pool: str | None = None
+    training = data.get("training", {})
+    if not isinstance(training, dict):
+        errors.append("[training] must be a table")
+    elif "pool" in training:
+        raw = training["pool"]
+        parts = PurePosixPath(raw).parts if isinstance(raw, str) else ()
+        if not parts or raw.startswith("/") or ".." in parts or "\\" in raw:
+            errors.append("[training] pool must be a relative path inside the benchmark (no '..')")
+        else:
+            pool = PurePosixPath(raw).as_posix()
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))
-    return {**data, "splits": splits}
+    return {**data, "splits": splits, "pool": pool}
 
 
 def _task_dirs(split_dir: Path) -> list[Path]:

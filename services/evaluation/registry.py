@@ -5,10 +5,16 @@ Registration checks the layout at once (every task parses with Harbor's own Task
 keeps its own copy under the data dir (a tarball is unpacked there), and queues a
 validation job; the benchmark becomes ``ready`` only when every oracle solution scored 1
 and every empty answer scored 0, and ``refused`` (with the failing tasks) otherwise.
+
+A benchmark's training pool (services/evaluation/benchmarks.py) is checked at registration with the
+contamination audit's own scanner and settings: a pool row that the audit would match to any task
+of the benchmark refuses the registration, naming the rows, so an agent that trains on the pool is
+never flagged for it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import threading
@@ -19,20 +25,51 @@ from sqlalchemy import select
 
 from services.core.errors import Conflict, NotFound, Unprocessable
 from services.core.store import Store
-from services.evaluation.benchmarks import Benchmark, load_benchmark, validate_structure
+from services.core.config import AuditConfig
+from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
 from services.evaluation.tables import BenchmarkRow, TrialResultRow
 
 
 def benchmark_view(row: BenchmarkRow, *, operator: bool) -> dict[str, Any]:
     splits = {name: info for name, info in row.splits.items() if operator or not info.get("hidden")}
+    pool = row.training_pool
     return {"name": row.name, "object": "benchmark", "version": row.version, "description": row.description,
             "splits": splits, "status": row.validation.get("status"),
+            "training_pool": {"rows": pool["rows"], "sha256": pool["sha256"]} if pool else None,
             **({"validation": row.validation} if operator else {})}
 
 
+def check_pool_disjoint(bench: Benchmark, audit: AuditConfig) -> int:
+    """Rows in the pool; ``ValueError`` naming the rows the contamination scanner (with the gym's
+    audit settings) matches to a task of ``bench``."""
+    from services.records.audits.contamination import scan, task_items
+
+    questions = pool_questions(bench)
+    if not questions:
+        return 0
+    report = scan((("pool", n, q) for n, q in enumerate(questions, start=1)), task_items(bench), audit.ngram,
+                  audit.contamination_threshold, min_item_words=audit.min_item_words)
+    hit = report.contaminated
+    if hit:
+        quoted = "; ".join(f"row {m.row} \"{m.training_excerpt}\" ~ {m.task} ({m.split})"
+                           for t in hit[:5] for m in report.matches_of(t)[:1])
+        raise ValueError(f"training pool {bench.training_pool}: {len(hit)} task(s) would be flagged as contaminated "
+                         f"by training on it: {quoted}")
+    return len(questions)
+
+
+def _pool_info(bench: Benchmark) -> dict[str, Any] | None:
+    if bench.training_pool is None:
+        return None
+    path = bench.root / bench.training_pool
+    return {"path": bench.training_pool, "rows": len(pool_questions(bench)),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 class BenchmarkRegistry:
-    def __init__(self, store: Store, root: Path):
+    def __init__(self, store: Store, root: Path, audit: AuditConfig | None = None):
         self.store, self.root = store, root
+        self.audit = audit or AuditConfig()
         self.root.mkdir(parents=True, exist_ok=True)
         self._cache: dict[str, Benchmark] = {}
         self._lock = threading.Lock()
@@ -47,6 +84,7 @@ class BenchmarkRegistry:
             try:
                 bench = load_benchmark(source, extract_to=staging / "unpacked")
                 validate_structure(bench)
+                check_pool_disjoint(bench, self.audit)
             except ValueError as err:
                 raise Unprocessable(f"benchmark refused: {err}", param="path") from err
             dest = self.root / f"{bench.name}-{bench.version}"
@@ -64,12 +102,19 @@ class BenchmarkRegistry:
         row = BenchmarkRow(
             name=bench.name, version=bench.version, description=bench.description, path=str(dest),
             splits={n: {"hidden": sp.hidden, "tasks": len(sp.tasks)} for n, sp in bench.splits.items()},
-            validation={"status": "validating"})
+            validation={"status": "validating"}, training_pool=_pool_info(bench))
         with self.store.transaction() as s:
             s.merge(row)
         with self._lock:
             self._cache.pop(bench.name, None)
         return row, bench
+
+    def pool_path(self, name: str) -> Path:
+        """The registered copy of ``name``'s training pool; NotFound when it has none."""
+        row = self.get(name)
+        if not row.training_pool:
+            raise NotFound(f"benchmark {name!r} has no training pool", param="benchmark")
+        return Path(row.path) / row.training_pool["path"]
 
     def set_validation_job(self, name: str, job_id: str) -> None:
         with self.store.transaction() as s:

@@ -9,6 +9,7 @@ register benchmarks, score runs under the operator's own key, and read every sco
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Literal
 
 from collections.abc import Callable
@@ -80,7 +81,7 @@ class EvaluationService:
         data = context.data_dir / "evaluation"
         self.events = EventLog(self.store, context.internal_secret)
         self.experiments = ExperimentRegistry(self.events)
-        self.registry = BenchmarkRegistry(self.store, data / "benchmarks")
+        self.registry = BenchmarkRegistry(self.store, data / "benchmarks", audit=self.config.audit)
         self.harnesses = HarnessStore(self.store, data / "harnesses", events=self.events,
                                       quota=StorageQuota.of(context))
         self.keys = KeyRegistry(self.store)
@@ -96,6 +97,10 @@ class EvaluationService:
 
     def list_benchmarks(self, identity: Identity) -> list[dict[str, Any]]:
         return [benchmark_view(r, operator=identity.operator) for r in self.registry.list()]
+
+    def training_pool(self, identity: Identity, name: str) -> Path:
+        """The registered copy of a benchmark's training pool (public: it is disjoint from every task)."""
+        return self.registry.pool_path(name)
 
     def register_benchmark(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         self._operator(identity)

@@ -12,6 +12,7 @@ SPEC = ServiceSpec(
     name="evaluation",
     operations=(
         Operation("GET", "/v1/benchmarks", "benchmarks.list"),
+        Operation("GET", "/v1/benchmarks/{name}/training-pool", "benchmarks.training_pool"),
         Operation("POST", "/v1/harnesses", "harnesses.upload", body_limit="upload"),
         Operation("GET", "/v1/harnesses", "harnesses.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.

@@ -29,6 +29,8 @@ class BenchmarkRow(Base):
     """split → {"hidden": bool, "tasks": int}"""
     validation: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    training_pool: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    """{"path": relative to ``path``, "rows": int, "sha256": hex} when the benchmark ships a pool."""
 
 
 class HarnessRow(Base):

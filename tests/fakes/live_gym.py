@@ -26,7 +26,8 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 def mini_benchmark(dest: Path, *, name: str = "mini", per_split: int = 2, shared_verifier: bool = False) -> Path:
-    """The first ``per_split`` arithmetic tasks of each split as a benchmark of its own.
+    """The first ``per_split`` arithmetic tasks of each split as a benchmark of its own (with the
+    arithmetic training pool).
 
     ``shared_verifier``: drop the tasks' ``environment_mode = "separate"``, so they ask Harbor for
     its default (the verifier in the agent's own environment) — to prove the gym does not
@@ -36,6 +37,7 @@ def mini_benchmark(dest: Path, *, name: str = "mini", per_split: int = 2, shared
     root.mkdir(parents=True)
     header = (source / "benchmark.toml").read_text().replace('name = "arithmetic"', f'name = "{name}"')
     (root / "benchmark.toml").write_text(header)
+    shutil.copy2(source / "train.jsonl", root / "train.jsonl")  # the training pool: disjoint from every task
     for split in ("dev", "official"):
         for task in sorted((source / split).iterdir())[:per_split]:
             shutil.copytree(task, root / split / task.name)

@@ -24,6 +24,7 @@ import asyncio
 import gzip
 import inspect
 import io
+import json
 import os
 import stat
 import tarfile
@@ -33,6 +34,8 @@ import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from .._base_client import APICall
 from .._response import ObjectList, parse_list, parse_object
@@ -150,6 +153,14 @@ def benchmarks_call() -> APICall[ObjectList[Benchmark]]:
     return APICall("GET", "/evaluation/v1/benchmarks", parse_list(Benchmark))
 
 
+def _pool_rows(response: httpx.Response) -> list[str]:
+    return [json.loads(line)["question"] for line in response.text.splitlines() if line.strip()]
+
+
+def training_pool_call(benchmark: str) -> APICall[list[str]]:
+    return APICall("GET", f"/evaluation/v1/benchmarks/{path_id(benchmark)}/training-pool", _pool_rows)
+
+
 def upload_harness_call(source: HarnessSource) -> APICall[Harness]:
     return APICall("POST", "/evaluation/v1/harnesses", parse_object(Harness), content=_archive(source),
                    content_type=ARCHIVE_CONTENT_TYPE)
@@ -226,6 +237,12 @@ class Evaluation(SyncResource):
         """Registered benchmarks and their splits (hidden splits, such as ``official``, left out)."""
         return self._client._request(benchmarks_call())
 
+    def training_pool(self, benchmark: str) -> list[str]:
+        """The benchmark's training pool: questions of its form that no task of any split asks
+        (its ``training_pool`` is not ``None``). Data built from them is never flagged as
+        contamination. :class:`~rsigym.NotFoundError` when the benchmark has none."""
+        return self._client._request(training_pool_call(benchmark))
+
     def upload_harness(self, source: HarnessSource) -> Harness:
         """Upload a harness: a directory (archived with :func:`build_harness_archive`), a ``.tar.gz``
         path, or the archive's bytes. A refused archive (paths outside the tree, no ``harness.toml``,
@@ -284,6 +301,9 @@ class Evaluation(SyncResource):
 class AsyncEvaluation(AsyncResource):
     async def benchmarks(self) -> ObjectList[Benchmark]:
         return await self._client._request(benchmarks_call())
+
+    async def training_pool(self, benchmark: str) -> list[str]:
+        return await self._client._request(training_pool_call(benchmark))
 
     async def upload_harness(self, source: HarnessSource) -> Harness:
         return await self._client._request(upload_harness_call(source))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import io
 import json
 import shutil
@@ -32,7 +33,9 @@ from rsigym.resources.evaluation import harness_archive_bytes
 
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
+from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import BenchmarkRow
+from tests.fakes.live_gym import mini_benchmark
 from tests.conftest import admin_headers, create_key
 from tests.fakes.servers import serve_gym
 
@@ -145,6 +148,30 @@ def test_benchmarks_hide_hidden_splits_from_agents(served: str, store: Store, ne
     assert bench.validation is None  # validation details are for operators
     operator = httpx.get(f"{served}/admin/v1/benchmarks", headers=admin_headers()).json()["data"]
     assert set(operator[0]["splits"]) == {"dev", "official"} and operator[0]["validation"]["status"] == "ready"
+
+
+def test_agents_read_the_training_pool_and_nothing_else(served: str, store: Store,
+                                                       new_key: Callable[..., dict[str, Any]], tmp_path: Path) -> None:
+    """The pool comes through the gateway as the registered copy holds it; a benchmark without one,
+    and a name that tries to walk out of the registry, get the standard 404."""
+    registry = BenchmarkRegistry(store, tmp_path / "registry")
+    registry.register(mini_benchmark(tmp_path / "src", name="arithmetic"))
+    register_directly(store, name="bare")  # path: the bundled arithmetic, but no pool on its row
+    pool = (ARITHMETIC / "train.jsonl").read_text()
+    key = new_key(track="data")
+    with client(served, key) as gym:
+        listed = {b.name: b for b in gym.evaluation.benchmarks()}
+        assert listed["arithmetic"].training_pool == {"rows": 2000, "sha256": hashlib.sha256(pool.encode()).hexdigest()}
+        assert listed["bare"].training_pool is None
+        questions = gym.evaluation.training_pool("arithmetic")
+        assert questions == [json.loads(line)["question"] for line in pool.splitlines()]
+        with pytest.raises(NotFoundError) as none:
+            gym.evaluation.training_pool("bare")
+        assert none.value.param == "benchmark" and "no training pool" in none.value.message
+        for name in ("nope", "..%2F..%2Fsecrets", "arithmetic%2F..%2Fbare"):
+            r = httpx.get(f"{served}/evaluation/v1/benchmarks/{name}/training-pool",
+                          headers={"Authorization": f"Bearer {key['key']}"})
+            assert r.status_code == 404 and r.json()["error"]["type"] and "question" not in r.text
 
 
 def test_jobs_on_missing_hidden_or_unready_benchmarks_are_refused(
