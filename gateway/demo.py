@@ -1,4 +1,4 @@
-"""``rsigym demo``: start a throw-away embedded gym and run the main job end to end.
+"""``rsigym demo --walkthrough``: start a throw-away embedded gym and walk one client through every service.
 
 Operator and agent do what they would in a real run, through the real interfaces:
 the operator creates a run key with the `rsigym` CLI; the agent checks its balance, calls a
@@ -154,7 +154,8 @@ def _trimmed_benchmark(dest: Path, per_split: int) -> Path:
     root = dest / "arithmetic"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    shutil.copy2(source / "benchmark.toml", root / "benchmark.toml")
+    for name in ("benchmark.toml", "train.jsonl"):  # the training pool stays whole: still disjoint from every task
+        shutil.copy2(source / name, root / name)
     for split in ("dev", "official"):
         for task in sorted((source / split).iterdir())[:per_split]:
             shutil.copytree(task, root / split / task.name)

@@ -1,4 +1,4 @@
-"""``rsigym demo --agent baseline|dag``: a whole track, as an operator runs one.
+"""``rsigym demo [--agent baseline|dag]`` (``make demo``): a whole track, as an operator runs one.
 
 A throw-away embedded gym, offline (the stand-in serves the teacher, the judge and — for the DAG
 agent — the agent-route model inside the gym); the bundled arithmetic benchmark registered and

@@ -7,7 +7,8 @@ renders it from the run key's effective policy: track, granted and revoked servi
 fixed settings, submission artifacts, budget, wall clock) and calls nothing else. Then:
 
 1. measures the initial system (the base / instruct model with the minimal harness) on ``dev``;
-2. rollout granted with a teacher: generates two-digit subtraction rows with the teacher;
+2. rollout granted with a teacher: asks the teacher to answer questions of the benchmark's training
+   pool (never questions it makes up: in a small task space those hit hidden tasks);
 3. training granted: trains (its own small settings, minus every setting the track fixes) and
    evaluates the checkpoint;
 4. harness free (evaluation granted, harness not fixed): builds variants of the minimal harness
@@ -97,6 +98,11 @@ class Refused(Exception):
 
 def call(path: str, body: object = None, raw: bytes | None = None, key: str | None = None) -> dict[str, Any]:
     """A gym call with the run key (or ``key``: a child key's)."""
+    return json.loads(call_bytes(path, body, raw, key))
+
+
+def call_bytes(path: str, body: object = None, raw: bytes | None = None, key: str | None = None) -> bytes:
+    """:func:`call`'s response body, unparsed (JSONL downloads)."""
     headers = {"Authorization": "Bearer " + (key or os.environ["RSIGYM_API_KEY"])}
     data = raw
     if body is not None:
@@ -105,7 +111,7 @@ def call(path: str, body: object = None, raw: bytes | None = None, key: str | No
     for attempt in range(5):
         try:
             with urllib.request.urlopen(request, timeout=120) as response:
-                return json.loads(response.read())
+                return bytes(response.read())
         except urllib.error.HTTPError as err:
             text = err.read().decode(errors="replace")[:500]
             if err.code == 429 and attempt < 4:  # a rate or concurrency limit: wait as told
@@ -222,13 +228,25 @@ class Baseline:
         listed = [m for m in call("/rollout/v1/models")["data"] if named is None or m["id"] in named]
         return next((m for m in listed if m["id"] == "teacher"), listed[0] if listed else None)
 
+    def pool(self) -> list[str]:
+        """The benchmark's training pool: questions of its form that no task asks. Questions drawn
+        from the task space itself would hit hidden tasks by chance (the arithmetic benchmark has
+        4,005 possible questions), and the audit rightly flags training on them."""
+        try:
+            text = call_bytes(f"/evaluation/v1/benchmarks/{self.benchmark}/training-pool").decode()
+        except Refused as err:
+            say("skipped", {"step": "teacher data", "reason": f"no training pool to draw questions from: {err}"})
+            return []
+        return [json.loads(line)["question"] for line in text.splitlines() if line.strip()]
+
     def generate(self, teacher: str) -> list[dict[str, Any]]:
-        """Two-digit subtraction questions in the benchmark's form, answered by the teacher."""
+        """Questions from the benchmark's training pool, answered by the teacher."""
         rng = random.Random(self.args.seed)
-        draws = ((rng.randint(10, 99), rng.randint(10, 99)) for _ in range(self.args.rows * 3))
-        pairs = sorted({(max(a, b), min(a, b)) for a, b in draws if a != b})
-        rng.shuffle(pairs)
-        prompts = [f"What is {a} - {b}?" for a, b in pairs[: self.args.rows]]
+        prompts = self.pool()
+        rng.shuffle(prompts)
+        prompts = prompts[: self.args.rows]
+        if not prompts:
+            return []
 
         def ask(prompt: str) -> dict[str, Any] | None:
             try:
@@ -300,8 +318,8 @@ class Baseline:
         price = teacher["pricing"] if teacher else {}
         rollout_usd = self.args.rows * (64 * price.get("input_usd_per_mtok", 0) + 8 * price.get("output_usd_per_mtok", 0)) / 1e6
         if teacher and self.can_afford("rollout", rollout_usd):
-            exp = self.experiment("teacher data", [root], f"training {base} on {self.args.rows} subtraction rows "
-                                  f"from {teacher['id']} lifts dev accuracy")
+            exp = self.experiment("teacher data", [root], f"training {base} on {self.args.rows} training-pool questions answered "
+                                  f"by {teacher['id']} lifts dev accuracy")
             rows = self.generate(teacher["id"])
             checkpoint = self.train(rows, exp, base) if rows else None
             if checkpoint:

@@ -10,7 +10,8 @@ evidence straight from the records and write reviews the Main agent then decides
   the agent-model route (``/agent/v1``), billed on the run's agent-model meter.
 * **Workers** get a child key each: their own records only (a sibling's experiments are 404) and
   aggregate evaluation detail (scores, never per-trial output). A Worker creates its experiment
-  (continuing the ones the decision reacted to), states its hypothesis, generates teacher data and
+  (continuing the ones the decision reacted to), states its hypothesis, generates teacher data (the
+  teacher's answers to questions of the benchmark's training pool) and
   trains when its direction says so and the track allows it, builds a harness variant when asked,
   evaluates on ``dev`` and writes its finding.
 * **Reviewers** get a child key whose records ``owners`` are the Workers they review: they read
@@ -128,7 +129,15 @@ class Worker:
         return result
 
     def generate(self, n: int) -> list[dict[str, Any]]:
-        prompts = [f"What is {a} - {b}?" for a, b in ((40 + i % 59, 10 + (i * 7) % 30) for i in range(n))]
+        """``n`` questions of the benchmark's training pool (disjoint from every task, so the audit
+        does not flag the data), answered by the teacher."""
+        try:
+            pool = B.call_bytes(f"/evaluation/v1/benchmarks/{self.dag.benchmark}/training-pool",
+                                key=self.key["key"]).decode()
+        except B.Refused as err:
+            say("skipped", {"worker": self.key["id"], "step": "teacher data", "reason": str(err)})
+            return []
+        prompts = [json.loads(line)["question"] for line in pool.splitlines() if line.strip()][:n]
 
         def ask(prompt: str) -> dict[str, Any] | None:
             reply = self.call("/rollout/v1/chat/completions", {"model": self.dag.teacher, "max_tokens": 8,

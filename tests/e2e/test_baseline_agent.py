@@ -23,7 +23,7 @@ from gateway.cli.main import app as operator_cli
 from services.core.settings import GymSettings, ProviderSecrets
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.e2e.test_launcher import report
-from tests.fakes.live_gym import mini_benchmark
+from tests.fakes.live_gym import BENCHMARKS, mini_benchmark
 from tests.fakes.servers import serve_gym
 
 AGENT_ARGS = ["--limit", "2", "--rows", "24", "--steps", "4", "--votes", "2", "--poll", "0.5"]
@@ -70,7 +70,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], tea
         for track, s in started.items():
             run = s["run"]
             log = _rsigym("run", "logs", run)
-            out[track] = {"run": run, "shown": shown[track], "log": log, "seen": report(log),
+            out[track] = {"run": run, "shown": shown[track], "log": log, "seen": report(log), "gym_dir": root / "gym",
                           "ledger": admin.get(f"/admin/v1/keys/{run}/ledger").json()["data"],
                           "events": admin.get(f"/admin/v1/runs/{run}/events", params={"limit": 1000}).json()["data"],
                           "experiments": admin.get(f"/admin/v1/runs/{run}/experiments").json()["data"],
@@ -115,6 +115,12 @@ def test_on_the_joint_track_it_trains_evaluates_records_and_submits_the_best_acc
     assert r["shown"]["status"] == "exited" and r["shown"]["exit_code"] == 0, r["log"]
     seen = r["seen"]
     assert seen["generated"]["rows"] == 24  # the stand-in teacher answered every question with an integer
+    # It asked only the benchmark's training pool (never questions it made up in the benchmark's form).
+    pool = {json.loads(line)["question"] for line in (BENCHMARKS / "arithmetic" / "train.jsonl").read_text().splitlines()}
+    [dataset] = [e["data"] for e in r["events"] if e["kind"] == "dataset.registered"]
+    blob = r["gym_dir"] / "datasets" / f"{dataset['sha256']}.jsonl"
+    asked = [json.loads(line)["messages"][0]["content"] for line in blob.read_text().splitlines()]
+    assert len(asked) == 24 and set(asked) <= pool, asked
     assert seen["trained"]["status"] == "succeeded" and seen["trained"]["checkpoints"], seen["trained"]
     checkpoint = seen["trained"]["checkpoints"][-1]
     services = {row["service"] for row in r["ledger"]}

@@ -1,10 +1,11 @@
 """`make demo` runs `rsigym demo`: it must pass on a fresh data dir and leave no process behind.
 
-The suite runs the shortened demo (``rsigym demo --tasks-per-split 12``): every step of the real
-one, on the arithmetic benchmark cut to its first 12 tasks per split."""
+The suite runs each demo shortened (``--tasks-per-split N``): every step of the real one, on the
+arithmetic benchmark cut to its first N tasks per split (its training pool kept whole)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -19,9 +20,22 @@ def _children() -> set[int]:
     return {int(p) for p in out.stdout.split()}
 
 
-def test_demo_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
+def test_the_demo_runs_a_joint_track_of_the_baseline_agent_and_cleans_up(tmp_path: Path) -> None:
+    """`make demo`, shortened: a Joint run of the scripted baseline agent launched, watched, audited
+    (accepted: its teacher data is the training pool's), scored avg@3 and reported with a positive
+    RSI-Index (run_agent_demo's pass rule)."""
     before = _children()
-    assert run_demo(data_dir=tmp_path / "demo", port=free_port(), tasks_per_split=12) == 0
+    assert run_agent_demo("baseline", data_dir=tmp_path / "baseline", port=free_port(), tasks_per_split=4) == 0
+    audit = json.loads(next((tmp_path / "baseline" / "audit").glob("*.json")).read_text())
+    assert audit["status"] == "accepted", audit
+    leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
+    assert not leftover
+
+
+def test_the_walkthrough_runs_end_to_end_and_cleans_up(tmp_path: Path) -> None:
+    """`make demo WALKTHROUGH=1`: one scripted client through every service."""
+    before = _children()
+    assert run_demo(data_dir=tmp_path / "demo", port=free_port(), tasks_per_split=4) == 0
     assert (tmp_path / "demo" / "admin-token").stat().st_mode & 0o077 == 0
     leftover = {pid for pid in _children() - before if Path(f"/proc/{pid}").exists()}
     assert not leftover
