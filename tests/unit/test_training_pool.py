@@ -2,7 +2,8 @@
 
 Registration scans the pool with the contamination audit's own scanner: a pool that would let an
 agent train on a task's question (hidden or not) is refused and nothing is registered. The bundled
-arithmetic pool, answered and trained on whole, is never flagged by the audit."""
+arithmetic pool, answered and trained on whole, is never flagged by the audit. Registry tests run on
+SQLite and PostgreSQL (the ``store`` fixture)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +18,7 @@ from sqlalchemy import select
 
 from services.core.config import AuditConfig
 from services.core.errors import Unprocessable
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from services.core.store import Store
 from services.evaluation.benchmarks import load_benchmark, pool_questions
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import BenchmarkRow
@@ -27,14 +26,6 @@ from services.records.audits.contamination import row_text, scan, task_items
 from tests.fakes.live_gym import mini_benchmark
 
 ARITHMETIC = Path(__file__).resolve().parents[2] / "benchmarks" / "arithmetic"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
-    s.migrate()
-    yield s
-    s.dispose()
 
 
 def _registered(store: Store, root: Path) -> tuple[list[str], list[str]]:
