@@ -15,57 +15,20 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-from rich.console import Console
 
+from gateway.demo_common import BENCHMARKS, background_process, console, rsigym_cli, trimmed_benchmarks
 from services.core.settings import default_models_dir
 
 if TYPE_CHECKING:
     from rsigym import Gym
 
-console = Console()
 DEMO_KEY_ENV = "RSIGYM_DEMO_TEACHER_KEY"
-
-
-@contextmanager
-def _process(args: list[str], env: dict[str, str], ready_url: str, log: Path,
-             start_timeout: float = 90) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + start_timeout  # the first start builds the base model
-        while True:
-            try:
-                if httpx.get(ready_url, timeout=2).status_code < 500:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{args[2:4]} did not start; see {log}")
-            time.sleep(0.3)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _rsigym(*args: str, env: dict[str, str], ok_codes: tuple[int, ...] = (0,)) -> str:
-    done = subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], env={**env, "COLUMNS": "200"}, capture_output=True, text=True, check=False)
-    if done.returncode not in ok_codes:
-        raise SystemExit(f"rsigym {' '.join(args)} failed: {done.stderr or done.stdout}")
-    return done.stdout
 
 
 # tiny: 800 steps at 6e-3, the recipe that learns held-out subtraction on every build of the base model
@@ -74,7 +37,6 @@ TRAIN: dict[str, dict[str, Any]] = {"tiny": {"steps": 800, "learning_rate": 6e-3
          "smollm2": {"steps": 120, "learning_rate": 1e-3, "batch_size": 16}}
 
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
                  for n in ("bash", "read_file", "write_file", "finish")]
 """The minimal harness's tools: training in the prompt shape the harness will ask in."""
@@ -143,23 +105,6 @@ def _sandbox(url: str, key: str) -> None:
                       f"files {[e.name for e in sbx.files.list('/home/user')]}")
     finally:
         sbx.kill()
-
-
-def _trimmed_benchmark(dest: Path, per_split: int) -> Path:
-    """The bundled arithmetic benchmark cut to its first ``per_split`` tasks of each split (same
-    name): what the shortened demo registers, validates, evaluates and scores."""
-    import shutil
-
-    source = BENCHMARKS / "arithmetic"
-    root = dest / "arithmetic"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    for name in ("benchmark.toml", "train.jsonl"):  # the training pool stays whole: still disjoint from every task
-        shutil.copy2(source / name, root / name)
-    for split in ("dev", "official"):
-        for task in sorted((source / split).iterdir())[:per_split]:
-            shutil.copytree(task, root / split / task.name)
-    return root
 
 
 def _evaluate(gym: Gym, base: str, checkpoint: str, tasks: int = 30) -> tuple[float, float]:
@@ -245,18 +190,18 @@ max_context = 2048
 
     console.rule("[bold]RSIGym demo")
     console.print(f"data dir {data}")
-    with _process([python, "-m", "gateway.cli.main", "standin", "--port", str(provider_port), "--api-key-env", DEMO_KEY_ENV],
+    with background_process([python, "-m", "gateway.cli.main", "standin", "--port", str(provider_port), "--api-key-env", DEMO_KEY_ENV],
                   platform_env, f"http://127.0.0.1:{provider_port}/v1/models", data / "standin.log"), \
-         _process([python, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data), "--port", str(port)],
+         background_process([python, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data), "--port", str(port)],
                   platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
         console.print(f"[green]gym up[/green] at {url} (gateway + services, one process); admin token in {data / 'admin-token'}")
 
         console.rule("operator")
-        created = json.loads(_rsigym("keys", "create", "--track", "joint", "--budget", "2", "--json", env=operator_env))
+        created = json.loads(rsigym_cli("keys", "create", "--track", "joint", "--budget", "2", "--json", env=operator_env))
         console.print(f"rsigym keys create --track joint --budget 2 --json → id {created['id']}")
-        arithmetic = BENCHMARKS / "arithmetic" if tasks_per_split is None else _trimmed_benchmark(
-            data / "benchmarks", tasks_per_split)
-        _rsigym("benchmarks", "register", str(arithmetic), env=operator_env)
+        arithmetic = BENCHMARKS / "arithmetic" if tasks_per_split is None else trimmed_benchmarks(
+            data / "benchmarks", tasks_per_split, ("arithmetic",))[0]
+        rsigym_cli("benchmarks", "register", str(arithmetic), env=operator_env)
         console.print(f"rsigym benchmarks register {arithmetic} → validating (oracle and empty runs, async)"
                       + ("" if tasks_per_split is None else f"; shortened: {tasks_per_split} tasks per split"))
 
@@ -299,12 +244,12 @@ max_context = 2048
                       f"${balance.spent_usd:.6f} of ${balance.budget_usd:.2f}, reserved ${balance.reserved_usd:.6f}")
 
         console.rule("operator")
-        _rsigym("keys", "revoke", reviewer.id, env=operator_env)
+        rsigym_cli("keys", "revoke", reviewer.id, env=operator_env)
         try:
             child.balance()
         except Exception as err:  # noqa: BLE001
             console.print(f"revoked child key → {type(err).__name__} ({getattr(err, 'status_code', '')})")
-        ledger = _rsigym("ledger", created["id"], "--json", env=operator_env)
+        ledger = rsigym_cli("ledger", created["id"], "--json", env=operator_env)
         rows = json.loads(ledger)["data"] if ledger.strip().startswith("{") else json.loads(ledger)
         by_service: dict[str, float] = {}
         for row in rows:
@@ -312,14 +257,14 @@ max_context = 2048
         console.print(f"rsigym ledger {created['id']}: {len(rows)} rows; charged by service "
                       + ", ".join(f"{k} ${v:.6f}" for k, v in sorted(by_service.items())))
         spent_before_scoring = gym.balance().spent_usd
-        audited = json.loads(_rsigym("audit", created["id"], "--json", "--out", str(data / "audit"), env=operator_env,
+        audited = json.loads(rsigym_cli("audit", created["id"], "--json", "--out", str(data / "audit"), env=operator_env,
                                      ok_codes=(0, 2)))
         shown = [f"{c['name']} {c['verdict']}" for c in audited["checks"]]
         console.print(f"rsigym audit RUN: {audited['status']} (hacking rate {audited['hacking_rate']}); "
                       + ", ".join(shown) + f"; report {data / 'audit' / 'audit.md'}")
         console.print("rsigym score RUN --attempts 1 (the demo's shortcut; the official score is avg@3) …")
-        _rsigym("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
-        console.print(_rsigym("report", "--out", str(data / "report"), "--split", "official", env=operator_env))
+        rsigym_cli("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
+        console.print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env))
         charts = sorted(p.name for p in (data / "report").glob("*.png"))
         console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
                       f"${gym.balance().spent_usd - spent_before_scoring:.6f}")

@@ -1,8 +1,8 @@
 """``rsigym demo [--agent baseline|dag]`` (``make demo``): a whole track, as an operator runs one.
 
 A throw-away embedded gym, offline (the stand-in serves the teacher, the judge and — for the DAG
-agent — the agent-route model inside the gym); the bundled arithmetic benchmark registered and
-validated; a Joint run launched with ``rsigym run start --task joint-arithmetic --agent A``, its
+agent — the agent-route model inside the gym); the bundled benchmarks (arithmetic, shell) registered
+and validated; a Joint run launched with ``rsigym run start --task joint-arithmetic --agent A``, its
 progress shown with ``rsigym watch RUN --once`` while it runs; then the operator's side: the run
 audited, its submission scored (avg@3 on the official split, on the operator's budget) and the
 RSI-Index report written. It passes when the agent exited 0, the audit accepted the run and the
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.demo import BENCHMARKS, _process, _rsigym, _trimmed_benchmark, console
+from gateway.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
 from services.core.settings import default_models_dir
 
 TASK = "joint-arithmetic"
@@ -79,43 +79,47 @@ def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, t
 
     console.rule(f"[bold]RSIGym demo: a Joint run of the {agent} agent")
     console.print(f"data dir {data}")
-    with _process([sys.executable, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data),
+    with background_process([sys.executable, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data),
                    "--port", str(port)], platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
         console.print(f"[green]gym up[/green] at {url}, offline (stand-in teacher, judge and agent model)")
-        arithmetic = BENCHMARKS / "arithmetic" if tasks_per_split is None else _trimmed_benchmark(
-            data / "benchmarks", tasks_per_split)
-        _rsigym("benchmarks", "register", str(arithmetic), "--wait", env=operator_env)
-        console.print(f"rsigym benchmarks register {arithmetic} --wait → ready (every oracle 1, every empty answer 0)")
+        benchmarks = ([BENCHMARKS / name for name in BUNDLED] if tasks_per_split is None
+                      else trimmed_benchmarks(data / "benchmarks", tasks_per_split))
+        for path in benchmarks:  # the audit checks the run's data against every registered benchmark
+            registered = json.loads(rsigym_cli("benchmarks", "register", str(path), "--wait", "--json", env=operator_env))
+            if registered["status"] != "ready":
+                raise SystemExit(f"benchmark {path} was not validated: {registered.get('validation')}")
+            console.print(f"rsigym benchmarks register {path} --wait → ready "
+                          f"({registered['validation']['tasks']} tasks: every oracle 1, every empty answer 0)")
 
         args = (AGENT_ARGS if tasks_per_split is None else SHORT_ARGS)[agent]
-        started = json.loads(_rsigym("run", "start", "--task", TASK, "--agent", agent, "--config", str(config),
+        started = json.loads(rsigym_cli("run", "start", "--task", TASK, "--agent", agent, "--config", str(config),
                                      "--json", "--", *args, env=operator_env))
         run = started["run"]
         console.print(f"rsigym run start --task {TASK} --agent {agent} → run {run} ({' '.join(args)})")
         shown: dict[str, Any] = {}
         last_frame = 0.0
         while True:
-            shown = json.loads(_rsigym("run", "show", run, "--json", env=operator_env))
+            shown = json.loads(rsigym_cli("run", "show", run, "--json", env=operator_env))
             if shown["status"] != "running":
                 break
             if time.monotonic() - last_frame >= watch_every_s:
-                print(_rsigym("watch", run, "--once", env=operator_env), flush=True)  # rendered at 200 columns
+                print(rsigym_cli("watch", run, "--once", env=operator_env), flush=True)  # rendered at 200 columns
                 last_frame = time.monotonic()
             time.sleep(2)
-        print(_rsigym("watch", run, "--once", env=operator_env), flush=True)
-        log = _rsigym("run", "logs", run, env=operator_env)
+        print(rsigym_cli("watch", run, "--once", env=operator_env), flush=True)
+        log = rsigym_cli("run", "logs", run, env=operator_env)
         submitted = [line for line in log.splitlines() if line.startswith("submitted: ")]
         console.print(f"the agent {shown['status']} with code {shown.get('exit_code')}; "
                       + (submitted[-1] if submitted else "it submitted nothing"))
 
         console.rule("operator")
-        audited = json.loads(_rsigym("audit", run, "--json", "--out", str(data / "audit"), env=operator_env,
+        audited = json.loads(rsigym_cli("audit", run, "--json", "--out", str(data / "audit"), env=operator_env,
                                      ok_codes=(0, 2)))
         console.print(f"rsigym audit {run}: {audited['status']} (hacking rate {audited['hacking_rate']}); "
                       + ", ".join(f"{c['name']} {c['verdict']}" for c in audited["checks"]))
         console.print(f"rsigym score {run} --attempts 3 --wait …")
-        _rsigym("score", run, "--attempts", "3", "--benchmark", "arithmetic", "--wait", env=operator_env)
-        print(_rsigym("report", "--out", str(data / "report"), "--split", "official", env=operator_env), flush=True)
+        rsigym_cli("score", run, "--attempts", "3", "--benchmark", "arithmetic", "--wait", env=operator_env)
+        print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env), flush=True)
         report = json.loads((data / "report" / "report.json").read_text())
         index = _index_of(report, run)
         console.print(f"report: {data / 'report' / 'report.md'} and its charts; RSI-Index of run {run}: {index}")

@@ -419,12 +419,13 @@ def _score_text(value: float | None) -> str:
 
 
 def _benchmark_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("name", "version", "status", "splits (tasks)", "validation")
+    table = Table("name", "version", "status", "splits (tasks)", "training pool", "validation")
     for b in rows:
         splits = ", ".join(f"{n}{' (hidden)' if i.get('hidden') else ''}: {i.get('tasks', '?')}"
                            for n, i in (b.get("splits") or {}).items())
+        pool = b.get("training_pool")
         table.add_row(b["name"], str(b.get("version") or ""), b.get("status") or "-", splits,
-                      _validation_text(b.get("validation") or {}))
+                      f"{pool['rows']} questions" if pool else "-", _validation_text(b.get("validation") or {}))
     return table
 
 
