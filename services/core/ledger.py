@@ -202,6 +202,10 @@ CLOSE = {(all_, expired): _close_statement(all_, expired) for all_ in (False, Tr
 estimate, only if expired before ``now``); ``charge`` is the real cost when not the estimate."""
 
 
+REFUSALS: tuple[type[BaseException], ...] = (NotFound, KeyRevoked, KeyPaused, BudgetExhausted)
+"""What a reservation raises by design, having written nothing (see Store.batched)."""
+
+
 class Ledger:
     """Used by the gateway and by long-running workers alike."""
 
@@ -231,13 +235,18 @@ class Ledger:
         if estimate_nusd < 0:
             raise ValueError("estimate must be >= 0")
         ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
-        with self.store.begin() as work:
+
+        def hold(work: Work) -> Reservation:
             ids = list(chain_ids) if chain_ids else chain_ids_of(work, key_id)
             now = utcnow()
             figures: list[Figures] = []
-            for kid in ids:  # root first: one lock order for every caller
+            for i, kid in enumerate(ids):  # root first: one lock order for every caller
                 held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
                 if held is None:
+                    # Give back the holds already taken on the ancestors: a refusal leaves no
+                    # write behind, so the group commit can go on with the rest of its batch.
+                    for taken in ids[:i]:
+                        work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
                     self._refuse(work, kid, estimate_nusd)
                 figures.append(held)  # type: ignore[arg-type]
             entry_id = new_id("res")
@@ -260,7 +269,9 @@ class Ledger:
                     "settled_at": None,
                 },
             )
-        return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
+            return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
+
+        return self.store.batched(hold, clean=REFUSALS)
 
     @staticmethod
     def _refuse(work: Work, key_id: str, estimate_nusd: int) -> None:
@@ -309,22 +320,28 @@ class Ledger:
         params: dict[str, Any] = {"rid": reservation_id, "closing": status, "now": utcnow()}
         if actual_nusd is not None:
             params["charge"] = max(0, actual_nusd)
-        with self.store.begin() as work:
+
+        def close(work: Work) -> tuple[tuple[Any, ...], list[Figures]] | None:
             closed = work.first(CLOSE[actual_nusd is None, expired_only], params)
             if closed is None:
                 return None
-            key_id, run_id, estimate, charged, overrun, service, operation = closed
-            if overrun:
-                log.warning(
-                    "overrun: %s %s of run %s (%s) cost %s USD over its reservation of %s USD; "
-                    "the run was charged the reservation", service, operation, run_id, reservation_id,
-                    format_usd(overrun), format_usd(estimate),
-                )
+            key_id, run_id, estimate, charged = closed[:4]
             ids = [key_id] if key_id == run_id else chain_ids_of(work, key_id)
             move = {"held": estimate, "charged": charged, "now": params["now"]}
-            figures = [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
-            assert charged is not None  # actual_nusd was set, to a non-NULL expression, just above
-            return charged, balance_from(figures)
+            return closed, [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
+
+        done = self.store.batched(close)
+        if done is None:
+            return None
+        (_key_id, run_id, estimate, charged, overrun, service, operation), figures = done
+        if overrun:
+            log.warning(
+                "overrun: %s %s of run %s (%s) cost %s USD over its reservation of %s USD; "
+                "the run was charged the reservation", service, operation, run_id, reservation_id,
+                format_usd(overrun), format_usd(estimate),
+            )
+        assert charged is not None  # actual_nusd was set, to a non-NULL expression, just above
+        return charged, balance_from(figures)
 
     def extend(self, reservation_id: str, ttl_s: float | None = None) -> bool:
         """A live holder renews its lease so the reaper leaves it alone."""

@@ -91,6 +91,9 @@ class StoreSettings(BaseSettings):
     pool_timeout_s: float = 10.0
     connect_timeout_s: int = 5
     sqlite_busy_timeout_ms: int = 60_000
+    group_commit_max: int = Field(default=256, ge=1)
+    """The most ledger operations that share one transaction and one commit (group commit,
+    services/core/group_commit.py). 1 = every operation commits on its own."""
     statement_timeout_ms: int = Field(default=30_000, ge=0)
     """PostgreSQL: a statement that waits longer (a row locked by a stuck session, an overloaded
     server) is cancelled and the call refused with 503 ``store_unavailable`` instead of hanging; its

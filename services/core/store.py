@@ -23,6 +23,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 from services.core.errors import StoreUnavailable
 from services.core.fanout import KeyEvents
+from services.core.group_commit import GroupCommit
 from services.core.settings import StoreSettings
 
 T = TypeVar("T")
@@ -188,6 +189,12 @@ class Store:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._prepared: dict[ClauseElement, Prepared] = {}
         self._limiter = anyio.CapacityLimiter(self.settings.pool_size + self.settings.max_overflow)
+        self._held = threading.local()
+        self.group = GroupCommit(
+            self,
+            max_batch=self.settings.group_commit_max,
+            wait_s=max(self.settings.pool_timeout_s, self.settings.sqlite_busy_timeout_ms / 1000),
+        )
 
     @property
     def dialect(self) -> str:
@@ -198,6 +205,16 @@ class Store:
         """One unit of work: committed on success, rolled back on any error."""
         with self.guard(), self._turn(), self._sessions() as session, session.begin():
             yield session
+
+    def batched(self, fn: Callable[[Work], T], *, clean: tuple[type[BaseException], ...] = ()) -> T:
+        """``fn(work)`` in a transaction that concurrent callers' work may share, with one commit
+        for all (:mod:`services.core.group_commit`: the contract ``fn`` keeps, what fails how).
+        For short, hot writes: the ledger's reservations and settlements."""
+        return self.group.run(fn, clean)
+
+    def in_transaction(self) -> bool:
+        """Whether this thread is inside a transaction of this store."""
+        return getattr(self._held, "depth", 0) > 0
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[Work]:
@@ -254,16 +271,21 @@ class Store:
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
         """SQLite: wait for this process's writer turn (see :func:`_sqlite_writer`), at most
-        the busy timeout, then refuse as a locked database would."""
-        if self._writer is None:
-            yield
-            return
-        if not self._writer.acquire(timeout=self.settings.sqlite_busy_timeout_ms / 1000):
-            raise StoreUnavailable("the gym's store is busy; the call was refused")
+        the busy timeout, then refuse as a locked database would. Counts this thread's open
+        transactions (:meth:`in_transaction`)."""
+        self._held.depth = getattr(self._held, "depth", 0) + 1
         try:
-            yield
+            if self._writer is None:
+                yield
+                return
+            if not self._writer.acquire(timeout=self.settings.sqlite_busy_timeout_ms / 1000):
+                raise StoreUnavailable("the gym's store is busy; the call was refused")
+            try:
+                yield
+            finally:
+                self._writer.release()
         finally:
-            self._writer.release()
+            self._held.depth -= 1
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
