@@ -65,6 +65,9 @@ STREAM_SEND_TIMEOUT_S = 120.0
 """A streamed response (SSE, a sandbox command's output) whose client accepts no data for this
 long is cut. Until then the relay holds only a few chunks: a reader that does not read holds
 its producer back (backpressure), so memory stays flat while it waits."""
+INLINE_BODY_BYTES = 16 * 1024
+"""A JSON body up to this size is parsed and policed on the event loop (tens of microseconds: less
+than the trip to a worker thread and back); a larger one in a worker (``Gateway.body_work``)."""
 COST_RESPONSE = "X-RSIGym-Cost-USD"
 REMAINING_RESPONSE = "X-RSIGym-Remaining-USD"
 
@@ -73,11 +76,19 @@ def _policy_body(raw: bytes, config: GymConfig, policies: list[Policy], service:
                  op: Operation) -> tuple[dict[str, Any], bytes]:
     """Parse (within the JSON limits), one spelling per field, the effective value of every field
     a rule constrains and the body leaves out, policy, re-serialise: CPU work on a body, run off
-    the event loop (``Gateway.body_work``) so no body stalls other calls."""
+    the event loop (``Gateway.body_work``) when the body is large enough to stall other calls
+    (``INLINE_BODY_BYTES``)."""
     body = canonical_body(parse_json_object(raw, config.http), op.spellings)
     body = fill_left_out(policies, service, body, lambda path: op.default_of(path, body, config))
     body = apply_chain(policies, service, body, model_field=op.model_field)
     return body, json.dumps(body, separators=(",", ":")).encode()
+
+
+def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Principal) -> tuple[int, int | None]:
+    """The call's worst-case cost and tokens (its operation's hooks), in one trip off the event
+    loop: a hook may read the store (a checkpoint's base model, say)."""
+    estimate = op.estimate(body, context, payer) if op.estimate is not None else 0
+    return estimate, op.tokens(body, context, payer) if op.tokens is not None else None
 
 
 async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
@@ -132,8 +143,9 @@ class _Call:
 
     async def open(self, estimate: int) -> None:
         gw = self.gw
-        if self.op.concurrency:
-            self.lease = await gw.store.call(gw.slots.acquire, self.principal.max_concurrency(self.service), self.service)
+        caps = self.principal.max_concurrency(self.service) if self.op.concurrency else []
+        if caps:  # no cap anywhere on the chain: no slot to take, no trip to the store
+            self.lease = await gw.store.call(gw.slots.acquire, caps, self.service)
         if self.op.metered:
             try:
                 self.reservation = await gw.store.call(
@@ -197,15 +209,24 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
         payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:
             raw_in = await request.body()  # bounded while it streamed in (services/core/body_limits.py)
-            body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config, list(payer.policies),
-                                                       service, op, limiter=gw.body_work)
+            policed = (list(payer.policies), service, op)
+            inline = len(raw_in) <= INLINE_BODY_BYTES
+            if inline:
+                body, raw = _policy_body(raw_in, gw.config, *policed)
+            else:
+                body, raw = await anyio.to_thread.run_sync(_policy_body, raw_in, gw.config, *policed,
+                                                           limiter=gw.body_work)
         else:
             check_grant(payer, service)
-            body, raw = {}, await request.body()
-        estimate = await anyio.to_thread.run_sync(op.estimate, body, gw.context, payer) if op.estimate else 0
+            inline, body, raw = True, {}, await request.body()
+        estimate, tokens = 0, None
+        if op.pure_estimates and inline:
+            estimate, tokens = _estimates(op, body, gw.context, payer)
+        elif op.estimate is not None or op.tokens is not None:
+            estimate, tokens = await anyio.to_thread.run_sync(_estimates, op, body, gw.context, payer)
 
-        if op.tokens is not None:  # before the reservation: a rate-limited call leaves no ledger row
-            await limit_tokens(gw, principal, service, await anyio.to_thread.run_sync(op.tokens, body, gw.context, payer))
+        if tokens is not None:  # before the reservation: a rate-limited call leaves no ledger row
+            await limit_tokens(gw, principal, service, tokens)
 
         call = _Call(gw, service, op, payer, request_id, caller=principal if route is not None else None)
         await call.open(estimate)

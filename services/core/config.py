@@ -20,17 +20,18 @@ class _Strict(BaseModel):
 
 
 class RolloutModel(_Strict):
-    """One entry of the rollout catalogue: a public name routed through LiteLLM."""
+    """One entry of the rollout catalogue: a public name routed to a provider (``openai/…`` ids
+    by a direct pass-through, the others through LiteLLM: ``RolloutConfig.openai_passthrough``)."""
 
     name: str
     litellm_model: str
     api_base: str | None = None
     api_key_env: str | None = None
     served_by: Literal["provider", "standin"] = "provider"
-    """``provider``: LiteLLM calls the provider at ``api_base`` (or the model's default) with the
+    """``provider``: the gym calls the provider at ``api_base`` (or the model's default) with the
     key in ``api_key_env``. ``standin``: the offline stand-in provider (services/rollout/standin.py:
     deterministic arithmetic, a fixed passage, a literal-signs judge) runs inside the rollout
-    service and LiteLLM reaches it over its OpenAI path in-process — no key, no network. It lets a
+    service and is reached over the OpenAI API in-process — no key, no network. It lets a
     gym run offline; it is no frontier model (and no real judge)."""
     input_usd_per_mtok: float = Field(ge=0)
     output_usd_per_mtok: float = Field(ge=0)
@@ -45,7 +46,7 @@ class RolloutModel(_Strict):
     def _standin_needs_no_provider(self) -> RolloutModel:
         if self.served_by == "standin":
             if not self.litellm_model.startswith("openai/"):
-                raise ValueError(f"{self.name}: a stand-in model is reached over LiteLLM's OpenAI path; "
+                raise ValueError(f"{self.name}: a stand-in model is reached over the OpenAI API; "
                                  f"litellm_model must start with 'openai/' (got {self.litellm_model!r})")
             if self.api_base is not None or self.api_key_env is not None:
                 raise ValueError(f"{self.name}: a stand-in model runs in the rollout service; drop api_base "
@@ -55,7 +56,12 @@ class RolloutModel(_Strict):
 
 class RolloutConfig(_Strict):
     backend: Literal["litellm"] = "litellm"
-    """services/rollout/backends: every provider goes through LiteLLM."""
+    """services/rollout/backends: providers go through LiteLLM (but see ``openai_passthrough``)."""
+    openai_passthrough: bool = True
+    """Models routed ``openai/…`` (OpenAI and every OpenAI-compatible server: vLLM, the stand-in)
+    are called directly with httpx, their requests and streams passed through unchanged
+    (services/rollout/backends/openai_compatible.py): LiteLLM has nothing to translate for them and
+    cost ~10 ms a call. ``false``: every model through LiteLLM."""
     models: list[RolloutModel] = Field(default_factory=list)
     default_max_tokens: int = Field(default=1024, gt=0)
     max_tokens_cap: int = Field(default=8192, gt=0)

@@ -52,6 +52,9 @@ class Operation:
     tokens: Estimator | None = None
     """Worst-case tokens of one call (prompt bound + max_tokens, per choice), counted against
     the key's ``tokens_per_minute`` (services/core/rate_limits.py); None = not token-limited."""
+    pure_estimates: bool = False
+    """``estimate`` and ``tokens`` only compute on the body and the config (no store, no I/O): the
+    gateway runs them on the event loop for a small body instead of sending them to a thread."""
     json_body: bool = False
     """The body is a JSON object checked against the key's policy fields."""
     model_field: str | None = None

@@ -1,6 +1,6 @@
 """A gym started without a config works offline, and a provider that cannot answer is told
 plainly (issue 16, item 1): the default catalogue's teacher and judge are the stand-in provider,
-served inside the rollout service through LiteLLM's OpenAI path; a model whose key variable is unset
+served inside the rollout service over the OpenAI API; a model whose key variable is unset
 is warned about at start, one line each, and refused unbilled; an upstream failure is logged for the
 operator (model, provider, status, redacted detail) and the agent's error names the model and says
 whether it was billed."""

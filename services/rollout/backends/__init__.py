@@ -1,5 +1,6 @@
-"""Rollout backends, chosen by ``[rollout] backend`` through one registry (LiteLLM today:
-every frontier provider goes through it)."""
+"""Rollout backends, chosen by ``[rollout] backend`` through one registry. ``litellm``: every
+provider through LiteLLM, except OpenAI-compatible upstreams (``openai/…``), which go by a direct
+httpx pass-through unless ``[rollout] openai_passthrough = false``."""
 
 from __future__ import annotations
 
@@ -19,5 +20,10 @@ ROLLOUT_BACKENDS: Registry[RolloutFactory] = Registry("rollout")
 @ROLLOUT_BACKENDS.register("litellm")
 def make_litellm(context: ServiceContext) -> RolloutBackend:
     from services.rollout.backends.litellm_backend import LiteLLMBackend
+    from services.rollout.backends.openai_compatible import OpenAICompatibleBackend, RoutedBackend
 
-    return LiteLLMBackend(context.config.rollout, context.secrets)
+    config = context.config.rollout
+    litellm = LiteLLMBackend(config, context.secrets)
+    if not config.openai_passthrough:
+        return litellm
+    return RoutedBackend(OpenAICompatibleBackend(config, context.secrets), litellm)
