@@ -248,6 +248,21 @@ class Store:
             finally:
                 conn.close()
 
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Work]:
+        """:meth:`begin` for reads only: no ``BEGIN IMMEDIATE`` and no writer's turn on SQLite
+        (in WAL mode a read waits for no writer), each statement its own snapshot; whatever a
+        caller wrote by mistake is rolled back when the connection goes back to the pool."""
+        with self.guard():
+            try:
+                conn = self.engine.raw_connection()
+            except self.dbapi_error as err:
+                raise self.wrapped(err, None, None) from err
+            try:
+                yield Work(self, conn)
+            finally:
+                conn.close()
+
     @property
     def dbapi_error(self) -> type[Exception]:
         return cast(type[Exception], self.engine.dialect.loaded_dbapi.Error)

@@ -86,7 +86,7 @@ async def set_timeout(sandbox_id: str, request: Request, identity: CurrentIdenti
 
 @router.put("/sandboxes/{sandbox_id}/network")
 async def update_network(sandbox_id: str, request: Request, identity: CurrentIdentity) -> Response:
-    await _run(_svc(request).owned, identity, sandbox_id)
+    await _run(_svc(request).check_owned, identity, sandbox_id)
     raise PermissionDenied("a sandbox's network is set by the key's policy, not by the sandbox's owner")
 
 
@@ -113,7 +113,7 @@ def _sandbox_of(request: Request, identity: Identity) -> str:
     sandbox_id = request.headers.get(SANDBOX_HEADER)
     if not sandbox_id:
         raise InvalidRequest("the E2b-Sandbox-Id header is required")
-    _svc(request).owned(identity, sandbox_id)
+    _svc(request).check_owned(identity, sandbox_id)
     return sandbox_id
 
 

@@ -51,7 +51,7 @@ class _Envd:
         if not sandbox_id:
             raise ConnectError(Code.INVALID_ARGUMENT, "the E2b-Sandbox-Id header is required")
         try:
-            self.service.owned(CURRENT_IDENTITY.get(), sandbox_id)
+            self.service.check_owned(CURRENT_IDENTITY.get(), sandbox_id)
         except GymError as err:
             raise _connect_error(err) from err
         return sandbox_id

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+import json
+
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from services.core.concurrency import ConcurrencySlots
@@ -54,7 +56,23 @@ SLOT_SERVICE = "sandbox.live"
 TICK_S = 0.25
 
 
-def reachable(row: SandboxRow, identity: Identity) -> bool:
+_REACH = select(SandboxRow.run_id, SandboxRow.key_id, SandboxRow.owner_only, SandboxRow.chain_ids,
+                SandboxRow.state, SandboxRow.end_reason).where(SandboxRow.id == bindparam("sid"))
+"""What :meth:`SandboxService.owned` reads of a sandbox (a prepared statement: every envd call
+asks it)."""
+
+
+@dataclass(frozen=True)
+class _Reach:
+    run_id: str
+    key_id: str
+    owner_only: bool
+    chain_ids: list[str] | None
+    state: str
+    end_reason: str | None
+
+
+def reachable(row: SandboxRow | _Reach, identity: Identity) -> bool:
     """A sandbox belongs to the key that created it and that key's ancestors — not to sibling
     keys of the same run (a worker cannot exec into a reviewer's sandbox). A sandbox with a model
     door (an evaluation trial's, made with a platform-minted key) belongs to its creator alone."""
@@ -176,7 +194,7 @@ class SandboxService:
             raise PermissionDenied("the door key must be an active key of this run", param="rsigymDoor.key")
 
     def kill(self, identity: Identity, sandbox_id: str) -> None:
-        self.owned(identity, sandbox_id)
+        self.check_owned(identity, sandbox_id)
         self.end(sandbox_id, "killed", "killed by its owner")
 
     def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
@@ -196,7 +214,7 @@ class SandboxService:
     def set_timeout(self, identity: Identity, sandbox_id: str, timeout: int) -> None:
         if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= self.config.max_timeout_s:
             raise Unprocessable(f"timeout must be 1 … {self.config.max_timeout_s} seconds", param="timeout")
-        self.owned(identity, sandbox_id)
+        self.check_owned(identity, sandbox_id)
         with self._lock:
             live = self._live.get(sandbox_id)
             if live is None:
@@ -302,14 +320,29 @@ class SandboxService:
     def owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> SandboxRow:
         """A sandbox the caller may reach, or 404 — a key never learns of sandboxes that are
         not its own (another run's, a sibling key's, an evaluation trial's)."""
+        self.check_owned(identity, sandbox_id, running=running)
         with self.store.transaction() as s:
             row = s.get(SandboxRow, sandbox_id)
-            if row is None or not reachable(row, identity) or (running and row.state != "running"):
-                raise NotFound(f"sandbox {sandbox_id} not found" + (
-                    f" (it ended: {row.state}, {row.end_reason})"
-                    if row is not None and reachable(row, identity) and row.state != "running" else ""))
+            if row is None:  # deleted in between (sandbox rows never are)
+                raise NotFound(f"sandbox {sandbox_id} not found")
             s.expunge(row)
             return row
+
+    def check_owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> None:
+        """:meth:`owned` when the row itself is not needed — every envd call asks it: one prepared
+        read, no write transaction (no writer's turn on SQLite)."""
+        with self.store.read() as work:
+            found = work.first(_REACH, {"sid": sandbox_id})
+        row = None
+        if found is not None:
+            run_id, key_id, owner_only, chain_ids, state, end_reason = found
+            if isinstance(chain_ids, str):  # SQLite hands JSON back as text
+                chain_ids = json.loads(chain_ids)
+            row = _Reach(run_id, key_id, bool(owner_only), chain_ids, state, end_reason)
+        if row is None or not reachable(row, identity) or (running and row.state != "running"):
+            raise NotFound(f"sandbox {sandbox_id} not found" + (
+                f" (it ended: {row.state}, {row.end_reason})"
+                if row is not None and reachable(row, identity) and row.state != "running" else ""))
 
     def list(self, identity: Identity, *, running_only: bool = True, metadata: dict[str, str] | None = None,
              limit: int = 1000) -> list[SandboxRow]:
