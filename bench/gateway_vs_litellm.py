@@ -2,9 +2,9 @@
 
 Starts the stand-in provider in its own process, the LiteLLM proxy in its own process (from the
 bench's own environment, ``--litellm-python``; no database, one model ``teacher`` routed to the
-stand-in as an OpenAI-compatible upstream, a master key so it checks auth) and, in this process, the
-embedded gym with the same ``teacher`` (as bench/gateway_overhead.py builds it: auth, policy,
-reserve/settle on SQLite). Then interleaves identical chat completions direct / LiteLLM / gym (the
+stand-in as an OpenAI-compatible upstream, a master key so it checks auth) and the gym in its own
+process (``rsigym up`` with the same ``teacher``: auth, policy, reserve/settle on SQLite, the
+OpenAI pass-through; bench/_common.py:gym_process), so no target shares the client's GIL. Then interleaves identical chat completions direct / LiteLLM / gym (the
 order rotates each round) with one sequential keep-alive httpx client per target, first plain, then
 ``"stream": true``. Prints p50 / p99 of each target, what LiteLLM and the gym add over direct (paired
 per round) and the ratio gym-added / LiteLLM-added; for streams the same for time to first body byte
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, TEACHER_KEY_ENV, embedded_gym, free_port, pct, standin_process, summary
+from _common import ROOT, TEACHER_KEY_ENV, free_port, gym_process, pct, standin_process, summary, teacher_config
 
 import httpx
 
@@ -186,7 +186,7 @@ def main() -> None:
     master_key = "sk-master-" + secrets.token_hex(8)
     with standin_process(provider_key) as provider, \
             litellm_proxy(python, provider, provider_key, master_key) as proxy, \
-            embedded_gym(provider, provider_key) as gym, \
+            gym_process(teacher_config(provider), {TEACHER_KEY_ENV: provider_key}) as gym, \
             httpx.Client(timeout=60) as c_direct, httpx.Client(timeout=60) as c_proxy, httpx.Client(timeout=60) as c_gym:
         proxy.wait_ready()  # it started while the gym was built
         targets = {

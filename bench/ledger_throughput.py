@@ -7,6 +7,9 @@ callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
 * ``ledger``: ``Ledger.reserve`` then ``Ledger.settle_with_balance`` (services/core/ledger.py),
   called as the gateway calls them (``chain_ids`` given, a request id, a ``LedgerEntry`` row per
   pair), on a :class:`Store` with its default pool (20 + 20 connections);
+* ``solo``: the same ledger with group commit off (``[store] group_commit_max = 1``: every
+  reservation and settlement its own transaction and commit), on a second :class:`Store` on the
+  same database: the in-run before/after of services/core/group_commit.py;
 * ``raw``, the baseline in the same run on the same database: the bare conditional
   ``UPDATE api_keys SET reserved_nusd = reserved_nusd + x WHERE id = k AND status = 'active'
   AND budget_nusd - spent_nusd - reserved_nusd >= x`` then the settle ``UPDATE`` (reserved - x,
@@ -211,7 +214,7 @@ def make_keys(store: Store, n: int) -> Keys:
     return Keys(hot=ids[0], spread=ids[1:])
 
 
-def check(store: Store, ledger_keys: Keys, raw_keys: Keys) -> list[str]:
+def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys) -> list[str]:
     """The 0-overspend check; returns the findings (empty: OK)."""
     findings: list[str] = []
     with store.transaction() as s:
@@ -223,7 +226,7 @@ def check(store: Store, ledger_keys: Keys, raw_keys: Keys) -> list[str]:
             .where(LedgerEntry.status == "settled").group_by(LedgerEntry.key_id))}
     if open_rows:
         findings.append(f"{open_rows} reservations left open")
-    for keys, kind in ((ledger_keys, "ledger"), (raw_keys, "raw")):
+    for keys, kind in ((ledger_keys, "ledger"), (solo_keys, "solo"), (raw_keys, "raw")):
         for kid in [keys.hot, *keys.spread]:
             budget, spent, reserved = rows[kid]
             pairs = keys.pairs[kid]
@@ -233,8 +236,8 @@ def check(store: Store, ledger_keys: Keys, raw_keys: Keys) -> list[str]:
                 findings.append(f"{kind} key {kid}: {reserved} still reserved")
             if spent != pairs * ACTUAL:
                 findings.append(f"{kind} key {kid}: spent {spent} != {pairs} pairs x {ACTUAL}")
-            if kind == "ledger" and settled.get(kid, (0, 0)) != (pairs, spent):
-                findings.append(f"ledger key {kid}: settled rows (count, sum) {settled.get(kid, (0, 0))} "
+            if kind != "raw" and settled.get(kid, (0, 0)) != (pairs, spent):
+                findings.append(f"{kind} key {kid}: settled rows (count, sum) {settled.get(kid, (0, 0))} "
                                 f"!= ({pairs}, {spent})")
     return findings
 
@@ -306,9 +309,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="rsigym-bench-") as tmp, \
                 open_store(kind, args.pg_url, Path(tmp)) as (store, connect):
             t0 = time.perf_counter()
-            ledger_keys, raw_keys = make_keys(store, args.keys), make_keys(store, args.keys)
-            print(f"[{kind}] {2 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
+            ledger_keys, raw_keys, solo_keys = (make_keys(store, args.keys) for _ in range(3))
+            print(f"[{kind}] {3 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
             ledger = Ledger(store)
+            # The same ledger with group commit off (every operation its own commit), on the same
+            # database: the in-run before/after of services/core/group_commit.py.
+            solo_store = Store(store.url, store.settings.model_copy(update={"group_commit_max": 1}), schema=store.schema)
+            solo = Ledger(solo_store)
             pool_max = store.settings.pool_size + store.settings.max_overflow
             warm = RawPool(connect, 8, "?" if kind == "sqlite" else "%s")
             for n in (1, 8):  # warm up pools, statement caches and the page cache
@@ -321,28 +328,33 @@ def main() -> None:
                 for n in callers:
                     cell = run_cell(Cell(kind, pattern, n, "ledger"), ledger_keys, ledger_pair(ledger), args.seconds)
                     cells.append(cell)
+                    cells.append(run_cell(Cell(kind, pattern, n, "solo"), solo_keys, ledger_pair(solo), args.seconds))
                     raw = RawPool(connect, min(n, pool_max), "?" if kind == "sqlite" else "%s")
                     try:
                         cells.append(run_cell(Cell(kind, pattern, n, "raw"), raw_keys, raw.pair, args.seconds))
                     finally:
                         raw.close()
                     print(f"[{kind}] {pattern:6} {n:5} callers: ledger {cell.rate:9,.0f}/s  "
-                          f"raw {cells[-1].rate:9,.0f}/s", flush=True)
-            checks[kind] = check(store, ledger_keys, raw_keys)
+                          f"solo {cells[-2].rate:9,.0f}/s  raw {cells[-1].rate:9,.0f}/s", flush=True)
+            solo_store.dispose()
+            checks[kind] = check(store, ledger_keys, raw_keys, solo_keys)
 
     print()
     print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
           f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys; "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"{'store':9}{'keys':8}{'callers':>8}{'ledger/s':>12}{'raw/s':>12}{'ledger/raw':>12}  errors (ledger | raw)")
+    print(f"{'store':9}{'keys':8}{'callers':>8}{'ledger/s':>12}{'solo/s':>10}{'raw/s':>12}{'ledger/solo':>12}"
+          f"{'ledger/raw':>12}  errors (ledger | solo | raw)")
     by = {(c.store, c.pattern, c.callers, c.kind): c for c in cells}
     for kind in stores:
         for pattern in ("hot", "spread"):
             for n in callers:
-                led, raw_cell = by[(kind, pattern, n, "ledger")], by[(kind, pattern, n, "raw")]
+                led, solo_cell, raw_cell = (by[(kind, pattern, n, k)] for k in ("ledger", "solo", "raw"))
                 ratio = led.rate / raw_cell.rate if raw_cell.rate else float("nan")
-                errs = f"{dict(led.errors) or 0} | {dict(raw_cell.errors) or 0}"
-                print(f"{kind:9}{pattern:8}{n:8}{led.rate:12,.0f}{raw_cell.rate:12,.0f}{ratio:12.3f}  {errs}")
+                gain = led.rate / solo_cell.rate if solo_cell.rate else float("nan")
+                errs = f"{dict(led.errors) or 0} | {dict(solo_cell.errors) or 0} | {dict(raw_cell.errors) or 0}"
+                print(f"{kind:9}{pattern:8}{n:8}{led.rate:12,.0f}{solo_cell.rate:10,.0f}{raw_cell.rate:12,.0f}"
+                      f"{gain:12.2f}{ratio:12.3f}  {errs}")
     goals = {"sqlite": 10_000, "postgres": 3_000}
     print()
     for kind in stores:

@@ -1,6 +1,8 @@
 """Sandbox create → first command's exit: what an agent waits for before its code runs.
 
-Three ways, N sandboxes each, measured in the same run on loopback:
+Three ways, N sandboxes each, measured in the same run on loopback, the gym in a process of its
+own (``rsigym up`` with its defaults, as an operator runs it: bench/_common.py:gym_process), so the
+SDK here does not share the gym's GIL, as no agent does:
   * the unmodified ``e2b`` SDK through the gateway (create, ``commands.run("echo ok")``, kill);
   * the same with plain httpx (control-plane POST + one Connect stream), to see what the SDK adds;
   * the local backend alone (bubblewrap + in-sandbox agent, no gateway, no ledger) — the baseline.
@@ -15,18 +17,14 @@ import argparse
 import asyncio
 import json
 import struct
-import tempfile
 import time
-from pathlib import Path
 
-from _common import ROOT, serve, summary
+from _common import ROOT, gym_process, summary
 
 import httpx
 from e2b import Sandbox
 
-from gateway.builder import build_embedded
 from services.core.config import SandboxTemplate
-from services.core.settings import GymSettings, ProviderSecrets
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 
@@ -73,21 +71,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sandboxes", type=int, default=50)
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-    gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin"), provider_secrets=ProviderSecrets({}),
-                         run_reaper=False)
     backend = LocalBackend(None, 230_000)
     sdk, raw, base = [], [], []
-    with serve(gym.app) as url, httpx.Client(base_url=url, timeout=60) as http:
-        key = http.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 100},
-                        headers={"Authorization": "Bearer bench-admin"}).json()["key"]
+    with gym_process("", key_request={"track": "joint", "budget_usd": 100}) as gym, \
+            httpx.Client(base_url=gym.url, timeout=60) as http:
+        url, key = gym.url, gym.key
         via_sdk(url, key), via_http(http, key), via_backend(backend, -1)  # warm up
         for i in range(args.sandboxes):  # interleaved, so load on the box hits all three alike
             sdk.append(via_sdk(url, key))
             raw.append(via_http(http, key))
             base.append(via_backend(backend, i))
     backend.close()
-    gym.service_apps["sandbox"].state.close()
     print(f"sandbox create → first command exit, {args.sandboxes} sandboxes each (2 shared cores, loopback)")
     print(f"  e2b SDK via gateway : {summary(sdk)}")
     print(f"  httpx via gateway   : {summary(raw)}")
