@@ -94,13 +94,13 @@ def embedded_gym(provider_url: str, provider_key: str, store: Store | None = Non
 
 
 @dataclass
-class GymProcess:
-    """``rsigym up`` in a process of its own, as an operator runs it: the bench's client (an
-    agent's SDK, say) does not share its GIL, as no agent does."""
+class BenchGymProcess:
+    """``rsigym up``'s server in a process of its own (tests/fakes/gym_process.py), as an operator
+    runs it: the bench's client (an agent's SDK, say) does not share its GIL, as no agent does."""
 
     url: str
     key: str
-    """A run key allowed the rollout service, with budget to spare."""
+    """A run key made with the bench's ``key_request``, with budget to spare."""
     pid: int
 
 
@@ -114,44 +114,27 @@ def teacher_config(provider_url: str) -> str:
 
 @contextlib.contextmanager
 def gym_process(config_toml: str, env: dict[str, str] | None = None,
-                key_request: dict[str, object] | None = None) -> Iterator[GymProcess]:
-    """Start ``rsigym up`` on ``config_toml`` and make a run key (``POST /admin/v1/keys`` with
-    ``key_request``; default: the rollout service only, $1,000)."""
-    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-    config = data / "gym.toml"
-    config.write_text(config_toml)
-    port = free_port()
-    env = {**os.environ, **(env or {}), "RSIGYM_ADMIN_TOKEN": BENCH_ADMIN_TOKEN}
-    log = (data / "gym.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "up", "--config", str(config), "--data-dir", str(data / "gym"),
-         "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+                key_request: dict[str, object] | None = None) -> Iterator[BenchGymProcess]:
+    """Start the gym on ``config_toml`` (``env`` added to its environment) and make a run key
+    (``POST /admin/v1/keys`` with ``key_request``; default: the rollout service only, $1,000)."""
+    from tests.fakes.gym_process import ADMIN_TOKEN
+    from tests.fakes.gym_process import gym_process as start
+
+    saved = {name: os.environ.get(name) for name in env or {}}
+    os.environ.update(env or {})  # the child inherits it; put back below
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"the gym did not start; see {data / 'gym.log'}")
-            time.sleep(0.2)
-        r = httpx.post(f"{url}/admin/v1/keys",
-                       json=key_request or {"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
-                       headers={"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}, timeout=60)
-        r.raise_for_status()
-        yield GymProcess(url=url, key=r.json()["key"], pid=proc.pid)
+        with start(Path(tempfile.mkdtemp(prefix="rsigym-bench-")), config_toml) as gym:
+            r = httpx.post(f"{gym.url}/admin/v1/keys",
+                           json=key_request or {"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
+                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+            r.raise_for_status()
+            yield BenchGymProcess(url=gym.url, key=r.json()["key"], pid=gym.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,5 +146,5 @@ def summary(values: list[float]) -> str:
     return f"p50 {pct(values, 50) * 1000:7.2f} ms  p99 {pct(values, 99) * 1000:7.2f} ms  mean {statistics.mean(values) * 1000:7.2f} ms"
 
 
-__all__ = ["BENCH_ADMIN_TOKEN", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "GymProcess", "embedded_gym", "free_port",
+__all__ = ["BENCH_ADMIN_TOKEN", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "embedded_gym", "free_port",
            "gym_process", "pct", "serve", "standin_process", "summary", "teacher_config"]

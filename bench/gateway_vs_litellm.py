@@ -3,9 +3,9 @@
 Starts the stand-in provider in its own process, the LiteLLM proxy in its own process (from the
 bench's own environment, ``--litellm-python``; no database, one model ``teacher`` routed to the
 stand-in as an OpenAI-compatible upstream, a master key so it checks auth) and the gym in its own
-process (``rsigym up`` with the same ``teacher``: auth, policy, reserve/settle on SQLite, the
-OpenAI pass-through; bench/_common.py:gym_process), so no target shares the client's GIL. Then interleaves identical chat completions direct / LiteLLM / gym (the
-order rotates each round) with one sequential keep-alive httpx client per target, first plain, then
+process (served as ``rsigym up`` serves it, with the same ``teacher``: auth, policy, reserve/settle
+on SQLite, the OpenAI pass-through; bench/_common.py:gym_process), so no target shares the client's
+GIL. Then interleaves identical chat completions direct / LiteLLM / gym (the order rotates each round) with one sequential keep-alive httpx client per target, first plain, then
 ``"stream": true``. Prints p50 / p99 of each target, what LiteLLM and the gym add over direct (paired
 per round) and the ratio gym-added / LiteLLM-added; for streams the same for time to first body byte
 (TTFB) and to the end of the stream (TTLB).

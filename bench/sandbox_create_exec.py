@@ -1,7 +1,7 @@
 """Sandbox create → first command's exit: what an agent waits for before its code runs.
 
 Three ways, N sandboxes each, measured in the same run on loopback, the gym in a process of its
-own (``rsigym up`` with its defaults, as an operator runs it: bench/_common.py:gym_process), so the
+own (served as ``rsigym up`` serves it, with its defaults: bench/_common.py:gym_process), so the
 SDK here does not share the gym's GIL, as no agent does:
   * the unmodified ``e2b`` SDK through the gateway (create, ``commands.run("echo ok")``, kill);
   * the same with plain httpx (control-plane POST + one Connect stream), to see what the SDK adds;
