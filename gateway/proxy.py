@@ -85,8 +85,9 @@ def _policy_body(raw: bytes, config: GymConfig, policies: list[Policy], service:
 
 
 def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Principal) -> tuple[int, int | None]:
-    """The call's worst-case cost and tokens (its operation's hooks), in one trip off the event
-    loop: a hook may read the store (a checkpoint's base model, say)."""
+    """The call's worst-case cost and tokens (its operation's hooks). Run in one trip to a worker
+    thread unless the operation declares them pure: a hook may read the store (a checkpoint's
+    base model, say)."""
     estimate = op.estimate(body, context, payer) if op.estimate is not None else 0
     return estimate, op.tokens(body, context, payer) if op.tokens is not None else None
 

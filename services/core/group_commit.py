@@ -39,15 +39,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-_PENDING, _TAKEN, _DONE = range(3)
-
-
 class _Unit(Generic[T]):
-    __slots__ = ("fn", "clean", "state", "lead", "result", "error", "wake")
+    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake")
 
     def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...]):
         self.fn, self.clean = fn, clean
-        self.state = _PENDING
+        self.taken = False
+        """Set (under the queue lock) when a leader took the unit into a batch."""
         self.lead = False
         """Set (under the queue lock) when leadership passes to this unit's caller."""
         self.result: T | None = None
@@ -101,7 +99,7 @@ class GroupCommit:
         """Wait until the unit is done (False) or this caller is to lead (True)."""
         if not unit.wake.wait(self.wait_s):
             with self._lock:
-                if unit.state == _PENDING and not unit.lead:
+                if not unit.taken and not unit.lead:
                     self._queue.remove(unit)
                     raise StoreUnavailable("the gym's store is busy; the call was refused")
             unit.wake.wait()  # started (or handed the lead) just as the wait ran out
@@ -111,7 +109,7 @@ class GroupCommit:
         with self._lock:
             batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
             for unit in batch:
-                unit.state = _TAKEN
+                unit.taken = True
         try:
             self._execute(batch)
         finally:
@@ -122,7 +120,6 @@ class GroupCommit:
                 else:
                     self._leading = False
             for unit in batch:
-                unit.state = _DONE
                 unit.wake.set()
             if successor is not None:
                 successor.wake.set()

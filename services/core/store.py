@@ -224,10 +224,7 @@ class Store:
         SQLAlchemy's (so :meth:`guard` refuses with 503 ``store_unavailable``), a connection
         lost mid-call invalidated, not pooled again."""
         with self.guard(), self._turn():
-            try:
-                conn = self.engine.raw_connection()
-            except self.dbapi_error as err:
-                raise self.wrapped(err, None, None) from err
+            conn = self._connection()
             try:
                 try:
                     if self._writer is not None:
@@ -254,14 +251,18 @@ class Store:
         (in WAL mode a read waits for no writer), each statement its own snapshot; whatever a
         caller wrote by mistake is rolled back when the connection goes back to the pool."""
         with self.guard():
-            try:
-                conn = self.engine.raw_connection()
-            except self.dbapi_error as err:
-                raise self.wrapped(err, None, None) from err
+            conn = self._connection()
             try:
                 yield Work(self, conn)
             finally:
                 conn.close()
+
+    def _connection(self) -> PoolProxiedConnection:
+        """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`)."""
+        try:
+            return self.engine.raw_connection()
+        except self.dbapi_error as err:
+            raise self.wrapped(err, None, None) from err
 
     @property
     def dbapi_error(self) -> type[Exception]:

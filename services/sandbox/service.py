@@ -83,6 +83,16 @@ def reachable(row: SandboxRow | _Reach, identity: Identity) -> bool:
     return identity.key_id in (row.chain_ids or [row.key_id])
 
 
+def _refuse_unless_reachable(row: SandboxRow | _Reach | None, identity: Identity, sandbox_id: str,
+                             running: bool) -> None:
+    """404 for a sandbox the caller may not reach (or, with ``running``, one that has ended: the
+    message says so only to a caller who may reach it)."""
+    if row is None or not reachable(row, identity) or (running and row.state != "running"):
+        raise NotFound(f"sandbox {sandbox_id} not found" + (
+            f" (it ended: {row.state}, {row.end_reason})"
+            if row is not None and reachable(row, identity) and row.state != "running" else ""))
+
+
 @dataclass
 class _Live:
     meter: SliceMeter
@@ -320,11 +330,10 @@ class SandboxService:
     def owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> SandboxRow:
         """A sandbox the caller may reach, or 404 — a key never learns of sandboxes that are
         not its own (another run's, a sibling key's, an evaluation trial's)."""
-        self.check_owned(identity, sandbox_id, running=running)
         with self.store.transaction() as s:
             row = s.get(SandboxRow, sandbox_id)
-            if row is None:  # deleted in between (sandbox rows never are)
-                raise NotFound(f"sandbox {sandbox_id} not found")
+            _refuse_unless_reachable(row, identity, sandbox_id, running)
+            assert row is not None  # refused above
             s.expunge(row)
             return row
 
@@ -339,10 +348,7 @@ class SandboxService:
             if isinstance(chain_ids, str):  # SQLite hands JSON back as text
                 chain_ids = json.loads(chain_ids)
             row = _Reach(run_id, key_id, bool(owner_only), chain_ids, state, end_reason)
-        if row is None or not reachable(row, identity) or (running and row.state != "running"):
-            raise NotFound(f"sandbox {sandbox_id} not found" + (
-                f" (it ended: {row.state}, {row.end_reason})"
-                if row is not None and reachable(row, identity) and row.state != "running" else ""))
+        _refuse_unless_reachable(row, identity, sandbox_id, running)
 
     def list(self, identity: Identity, *, running_only: bool = True, metadata: dict[str, str] | None = None,
              limit: int = 1000) -> list[SandboxRow]:

@@ -53,6 +53,18 @@ def map_provider_error(err: Exception, model: RolloutModel | None = None) -> Gym
     return UpstreamError(f"{which}the provider failed ({name}, status {status})")
 
 
+def provider_key(secrets: ProviderSecrets, model: RolloutModel) -> str | None:
+    """The platform's key for ``model``'s provider, read now from ``api_key_env`` (None when the
+    model names none); a model whose key variable is unset or empty is refused, unbilled, without
+    contacting the provider."""
+    secret = secrets.get(model.api_key_env)
+    if model.api_key_env and not secret:
+        log.warning("rollout model %r (%s): %s is not set; refused without calling the provider",
+                    model.name, model.litellm_model, model.api_key_env)
+        raise UpstreamError(f"model {model.name!r} has no provider key configured; tell the gym operator")
+    return secret
+
+
 class _StandinClient:
     """The offline stand-in provider (``served_by = "standin"``) inside this process: an OpenAI
     client whose transport is the stand-in's ASGI app, handed to LiteLLM per call, so a stand-in
@@ -99,11 +111,7 @@ class LiteLLMBackend:
             return kwargs
         if model.api_base:
             kwargs["api_base"] = model.api_base
-        secret = self.secrets.get(model.api_key_env)
-        if model.api_key_env and not secret:
-            log.warning("rollout model %r (%s): %s is not set; refused without calling the provider",
-                        model.name, model.litellm_model, model.api_key_env)
-            raise UpstreamError(f"model {model.name!r} has no provider key configured; tell the gym operator")
+        secret = provider_key(self.secrets, model)
         if secret:
             kwargs["api_key"] = secret
         return kwargs

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import secrets
 import weakref
 from collections.abc import AsyncIterator
@@ -29,13 +28,11 @@ from typing import Any
 import httpx
 
 from services.core.config import RolloutConfig, RolloutModel
-from services.core.errors import GymError, UpstreamError
+from services.core.errors import GymError
 from services.core.settings import ProviderSecrets
 from services.rollout.backends.base import RolloutBackend
-from services.rollout.backends.litellm_backend import map_provider_error
+from services.rollout.backends.litellm_backend import map_provider_error, provider_key
 from services.rollout.schemas import ChatRequest
-
-log = logging.getLogger("rsigym.rollout")
 
 OPENAI_PREFIX = "openai/"
 OPENAI_DEFAULT_BASE = "https://api.openai.com/v1"
@@ -117,11 +114,7 @@ class OpenAICompatibleBackend:
         if model.served_by == "standin":
             base, key = "http://standin.internal/v1", self._standin_key
         else:
-            key = self.secrets.get(model.api_key_env)
-            if model.api_key_env and not key:
-                log.warning("rollout model %r (%s): %s is not set; refused without calling the provider",
-                            model.name, model.litellm_model, model.api_key_env)
-                raise UpstreamError(f"model {model.name!r} has no provider key configured; tell the gym operator")
+            key = provider_key(self.secrets, model)
             base = model.api_base or OPENAI_DEFAULT_BASE
         headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
         if key:
