@@ -94,6 +94,9 @@ class MisbehavingProvider:
         if model in FAILURES:
             status, payload = FAILURES[model]
             return JSONResponse(payload, status_code=status)
+        if model == "echoing":  # a provider that quotes the credential it was sent back in its error
+            message = f"invalid request with {request.headers.get('authorization')}"
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=400)
         if model == "garbled":
             return Response(b"<html>gateway error</html>", status_code=200, media_type="text/html")
 
@@ -111,7 +114,7 @@ def misbehaving(make_gym: Any, teacher_secret: str) -> Iterator[tuple[httpx.Clie
     with serve(provider.app) as url:
         models = [{"name": name, "litellm_model": f"openai/{name}", "api_base": url + "/v1", "api_key_env": TEACHER_ENV,
                    "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
-                  for name in (*FAILURES, "garbled", "cutoff")]
+                  for name in (*FAILURES, "garbled", "cutoff", "echoing")]
         config = gym_config(url + "/v1").model_copy(deep=True)
         config.rollout.models = [type(config.rollout.models[0]).model_validate(m) for m in models]
         yield client_for(make_gym(config=config)), provider
@@ -143,6 +146,19 @@ def test_provider_errors_are_mapped_unbilled_and_keys_stay_where_they_belong(
         assert seen["headers"]["authorization"] == f"Bearer {teacher_secret}"
         assert run["key"] not in json.dumps(seen)
     assert [s["body"]["model"] for s in provider.seen[:len(expected)]] == list(expected)
+
+
+def test_a_provider_that_echoes_the_platform_key_shows_it_to_nobody(
+        misbehaving: tuple[httpx.Client, MisbehavingProvider], teacher_secret: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    client, provider = misbehaving
+    run = create_key(client, 1.0)
+    with caplog.at_level("INFO"):
+        r = chat(client, run["key"], "echoing")
+    assert r.status_code == 422 and "invalid request with Bearer [redacted]" in r.json()["error"]["message"]
+    assert provider.seen[-1]["headers"]["authorization"] == f"Bearer {teacher_secret}"  # it did get the key
+    assert teacher_secret not in r.text and teacher_secret not in caplog.text
+    assert "Bearer [redacted]" in caplog.text  # the operator's line has the detail, scrubbed
 
 
 def test_a_stream_cut_off_before_done_costs_its_reservation(
