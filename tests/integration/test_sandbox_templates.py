@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -83,3 +84,23 @@ def test_cpu_time_and_file_size_limits_hold(backend: LocalBackend) -> None:
         assert out.strip().splitlines()[-1] == str(1024 * 1024)  # nothing beyond the 1 MiB limit was written
     finally:
         backend.kill("sbx_tight")
+
+
+def test_a_login_shell_asks_no_id_process_and_gets_the_hosts_path(backend: LocalBackend) -> None:
+    """E2B's SDK runs every command in a login shell; the sandbox's /etc/profile answers its
+    ``id -u`` without a process, and the PATH it sets is the one the host's own file sets."""
+    original = Path("/etc/profile").read_text() if Path("/etc/profile").exists() else ""
+    if '"$(id -u)"' not in original:
+        pytest.skip("this host's /etc/profile starts no id process: nothing to rewrite")
+    backend.create(SandboxSpec("sbx_login", SandboxTemplate(name="base")))
+    try:
+        traced = run(backend, "sbx_login", "bash -l -x -c true 2>&1")
+        login_path = run(backend, "sbx_login", "bash -l -c 'echo $PATH'").strip()
+        # the host's unmodified file, run in the same sandbox by the same uid
+        host_path = run(backend, "sbx_login", f"bash --noprofile --norc -c {shlex.quote(original + '\necho $PATH')}")
+        writable = run(backend, "sbx_login", "echo x >> /etc/profile 2>/dev/null && echo writable || echo read-only")
+    finally:
+        backend.kill("sbx_login")
+    assert "id -u" not in traced and "EUID" in Path(backend.login_profile or "").read_text()
+    assert login_path == host_path.strip().splitlines()[-1] and "/usr/bin" in login_path
+    assert writable.strip() == "read-only"
