@@ -10,6 +10,11 @@ callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
 * ``solo``: the same ledger with group commit off (``[store] group_commit_max = 1``: every
   reservation and settlement its own transaction and commit), on a second :class:`Store` on the
   same database: the in-run before/after of services/core/group_commit.py;
+* ``hop`` and ``async``: the same ledger called by coroutines on one event loop (one task per
+  caller), as the gateway calls it: ``hop`` through a worker thread per call (``Store.call``, the
+  gateway's path before 2026-12-03), ``async`` by ``Ledger.reserve_async`` /
+  ``settle_with_balance_async`` (``GroupCommit.run_async``: queued without a thread each, batches
+  led by the store's writer thread) — the gateway's path now; keys of their own;
 * ``raw``, the baseline in the same run on the same database: the bare conditional
   ``UPDATE api_keys SET reserved_nusd = reserved_nusd + x WHERE id = k AND status = 'active'
   AND budget_nusd - spent_nusd - reserved_nusd >= x`` then the settle ``UPDATE`` (reserved - x,
@@ -36,6 +41,7 @@ key the settled rows' count == its pairs and their sum == its spent. Prints OK o
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import cProfile
 import io
@@ -48,9 +54,10 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +84,7 @@ RAW_SETTLE = "UPDATE api_keys SET reserved_nusd = reserved_nusd - {p}, spent_nus
 
 Pair = Callable[[str], None]
 """One reserve+settle on a key; raises on refusal or error."""
+AsyncPair = Callable[[str], Awaitable[None]]
 
 
 @dataclass
@@ -140,6 +148,55 @@ def run_cell(cell: Cell, keys: Keys, pair: Pair, seconds: float) -> Cell:
     for e in errors:
         cell.errors.update(e)
     return cell
+
+
+def run_async_cell(cell: Cell, keys: Keys, pair: AsyncPair, seconds: float) -> Cell:
+    """:func:`run_cell` with ``cell.callers`` coroutines on one event loop instead of threads
+    (the gateway's shape: every call a coroutine on the server's loop)."""
+    counts: collections.Counter[str] = collections.Counter()
+    spread = keys.spread
+
+    async def caller(i: int, end: float) -> None:
+        j = i
+        while time.perf_counter() < end:
+            key = keys.hot if cell.pattern == "hot" else spread[j % len(spread)]
+            j += 1
+            try:
+                await pair(key)
+            except Exception as err:  # noqa: BLE001 - every failure is counted by type and shown
+                cell.errors[type(err).__name__] += 1
+                continue
+            counts[key] += 1
+
+    async def run() -> None:
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(i, start + seconds) for i in range(cell.callers)))
+        cell.seconds = time.perf_counter() - start
+
+    asyncio.run(run())
+    cell.pairs = counts.total()
+    keys.pairs.update(counts)
+    return cell
+
+
+def async_pair(ledger: Ledger) -> AsyncPair:
+    """The gateway's path now: ``reserve_async`` / ``settle_with_balance_async`` (no worker thread per call)."""
+    async def pair(key: str) -> None:
+        res = await ledger.reserve_async(key, service="rollout", operation="chat.completions",
+                                         estimate_nusd=ESTIMATE, request_id="req_bench", chain_ids=(key,))
+        await ledger.settle_with_balance_async(res.id, ACTUAL)
+
+    return pair
+
+
+def hop_pair(ledger: Ledger) -> AsyncPair:
+    """The gateway's path before: the synchronous ledger through a worker thread (``Store.call``) per call."""
+    async def pair(key: str) -> None:
+        res = await ledger.store.call(partial(ledger.reserve, key, service="rollout", operation="chat.completions",
+                                              estimate_nusd=ESTIMATE, request_id="req_bench", chain_ids=(key,)))
+        await ledger.store.call(ledger.settle_with_balance, res.id, ACTUAL)
+
+    return pair
 
 
 def ledger_pair(ledger: Ledger) -> Pair:
@@ -214,7 +271,8 @@ def make_keys(store: Store, n: int) -> Keys:
     return Keys(hot=ids[0], spread=ids[1:])
 
 
-def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys) -> list[str]:
+def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys, hop_keys: Keys,
+          async_keys: Keys) -> list[str]:
     """The 0-overspend check; returns the findings (empty: OK)."""
     findings: list[str] = []
     with store.transaction() as s:
@@ -226,7 +284,8 @@ def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys) -> l
             .where(LedgerEntry.status == "settled").group_by(LedgerEntry.key_id))}
     if open_rows:
         findings.append(f"{open_rows} reservations left open")
-    for keys, kind in ((ledger_keys, "ledger"), (solo_keys, "solo"), (raw_keys, "raw")):
+    for keys, kind in ((ledger_keys, "ledger"), (solo_keys, "solo"), (raw_keys, "raw"), (hop_keys, "hop"),
+                       (async_keys, "async")):
         for kid in [keys.hot, *keys.spread]:
             budget, spent, reserved = rows[kid]
             pairs = keys.pairs[kid]
@@ -309,8 +368,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="rsigym-bench-") as tmp, \
                 open_store(kind, args.pg_url, Path(tmp)) as (store, connect):
             t0 = time.perf_counter()
-            ledger_keys, raw_keys, solo_keys = (make_keys(store, args.keys) for _ in range(3))
-            print(f"[{kind}] {3 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
+            ledger_keys, raw_keys, solo_keys, hop_keys, async_keys = (make_keys(store, args.keys) for _ in range(5))
+            print(f"[{kind}] {5 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
             ledger = Ledger(store)
             # The same ledger with group commit off (every operation its own commit), on the same
             # database: the in-run before/after of services/core/group_commit.py.
@@ -321,6 +380,7 @@ def main() -> None:
             for n in (1, 8):  # warm up pools, statement caches and the page cache
                 run_cell(Cell(kind, "hot", n, "ledger"), ledger_keys, ledger_pair(ledger), 0.3)
                 run_cell(Cell(kind, "hot", n, "raw"), raw_keys, warm.pair, 0.3)
+                run_async_cell(Cell(kind, "hot", n, "async"), async_keys, async_pair(ledger), 0.3)
             warm.close()
             if args.profile and kind == "sqlite":
                 profile = profile_one_caller(ledger, ledger_keys, args.seconds)
@@ -334,35 +394,44 @@ def main() -> None:
                         cells.append(run_cell(Cell(kind, pattern, n, "raw"), raw_keys, raw.pair, args.seconds))
                     finally:
                         raw.close()
+                    hop = run_async_cell(Cell(kind, pattern, n, "hop"), hop_keys, hop_pair(ledger), args.seconds)
+                    now = run_async_cell(Cell(kind, pattern, n, "async"), async_keys, async_pair(ledger), args.seconds)
+                    cells += [hop, now]
                     print(f"[{kind}] {pattern:6} {n:5} callers: ledger {cell.rate:9,.0f}/s  "
-                          f"solo {cells[-2].rate:9,.0f}/s  raw {cells[-1].rate:9,.0f}/s", flush=True)
+                          f"solo {cells[-4].rate:9,.0f}/s  raw {cells[-3].rate:9,.0f}/s  "
+                          f"coroutines: hop {hop.rate:9,.0f}/s  async {now.rate:9,.0f}/s", flush=True)
             solo_store.dispose()
-            checks[kind] = check(store, ledger_keys, raw_keys, solo_keys)
+            checks[kind] = check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
 
     print()
     print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
           f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys; "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print("threads: one OS thread per caller calling the synchronous ledger; coroutines: one task per caller "
+          "on one event loop, as the gateway calls it (hop: through a worker thread per call, the path before; "
+          "async: reserve_async / settle_with_balance_async)")
     print(f"{'store':9}{'keys':8}{'callers':>8}{'ledger/s':>12}{'solo/s':>10}{'raw/s':>12}{'ledger/solo':>12}"
-          f"{'ledger/raw':>12}  errors (ledger | solo | raw)")
+          f"{'ledger/raw':>12}{'hop/s':>10}{'async/s':>10}{'async/hop':>10}  errors (ledger | solo | raw | hop | async)")
     by = {(c.store, c.pattern, c.callers, c.kind): c for c in cells}
     for kind in stores:
         for pattern in ("hot", "spread"):
             for n in callers:
-                led, solo_cell, raw_cell = (by[(kind, pattern, n, k)] for k in ("ledger", "solo", "raw"))
+                led, solo_cell, raw_cell, hop, now = (by[(kind, pattern, n, k)]
+                                                       for k in ("ledger", "solo", "raw", "hop", "async"))
                 ratio = led.rate / raw_cell.rate if raw_cell.rate else float("nan")
                 gain = led.rate / solo_cell.rate if solo_cell.rate else float("nan")
-                errs = f"{dict(led.errors) or 0} | {dict(solo_cell.errors) or 0} | {dict(raw_cell.errors) or 0}"
+                speedup = now.rate / hop.rate if hop.rate else float("nan")
+                errs = " | ".join(str(dict(c.errors) or 0) for c in (led, solo_cell, raw_cell, hop, now))
                 print(f"{kind:9}{pattern:8}{n:8}{led.rate:12,.0f}{solo_cell.rate:10,.0f}{raw_cell.rate:12,.0f}"
-                      f"{gain:12.2f}{ratio:12.3f}  {errs}")
+                      f"{gain:12.2f}{ratio:12.3f}{hop.rate:10,.0f}{now.rate:10,.0f}{speedup:10.2f}  {errs}")
     goals = {"sqlite": 10_000, "postgres": 3_000}
     print()
     for kind in stores:
-        best = max((c for c in cells if c.store == kind and c.kind == "ledger"), key=lambda c: c.rate)
-        worst = min((c for c in cells if c.store == kind and c.kind == "ledger"), key=lambda c: c.rate)
+        best = max((c for c in cells if c.store == kind and c.kind in ("ledger", "async")), key=lambda c: c.rate)
+        worst = min((c for c in cells if c.store == kind and c.kind in ("ledger", "async")), key=lambda c: c.rate)
         met = "met" if worst.rate >= goals[kind] else "NOT met"
         print(f"goal {kind} >= {goals[kind]:,}/s: {met} in every cell (best {best.rate:,.0f}/s at {best.pattern} "
-              f"x{best.callers}, worst {worst.rate:,.0f}/s at {worst.pattern} x{worst.callers})")
+              f"x{best.callers} {best.kind}, worst {worst.rate:,.0f}/s at {worst.pattern} x{worst.callers} {worst.kind})")
     for kind, findings in checks.items():
         status = "OK (spent+reserved <= budget, 0 reserved, 0 open rows, ledger rows == balances == pairs counted)"
         print(f"0-overspend check {kind}: " + (status if not findings else f"{len(findings)} FINDINGS"))

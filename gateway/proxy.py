@@ -149,16 +149,13 @@ class _Call:
             self.lease = await gw.store.call(gw.slots.acquire, caps, self.service)
         if self.op.metered:
             try:
-                self.reservation = await gw.store.call(
-                    partial(
-                        gw.ledger.reserve,
-                        self.principal.key_id,
-                        service=self.service,
-                        operation=self.op.name,
-                        estimate_nusd=estimate,
-                        request_id=self.request_id,
-                        chain_ids=self.principal.chain_ids,
-                    )
+                self.reservation = await gw.ledger.reserve_async(
+                    self.principal.key_id,
+                    service=self.service,
+                    operation=self.op.name,
+                    estimate_nusd=estimate,
+                    request_id=self.request_id,
+                    chain_ids=self.principal.chain_ids,
                 )
             except BaseException:
                 await self.close(None)
@@ -178,12 +175,10 @@ class _Call:
             try:
                 if self.reservation is not None:
                     if actual_nusd is None:
-                        await gw.store.call(gw.ledger.release, self.reservation.id)
+                        await gw.ledger.release_async(self.reservation.id)
                         gw.metrics.reservations.labels(self.service, "released").inc()
                     else:
-                        charged, balance = await gw.store.call(
-                            gw.ledger.settle_with_balance, self.reservation.id, actual_nusd
-                        )
+                        charged, balance = await gw.ledger.settle_with_balance_async(self.reservation.id, actual_nusd)
                         gw.metrics.reservations.labels(self.service, "settled").inc()
                         gw.metrics.spend.labels(self.service).inc(nusd_to_usd(charged))
                         overrun = actual_nusd - self.reservation.estimate_nusd

@@ -23,11 +23,22 @@ The contract for a unit of work (``fn(work)``):
 Leadership passes, after each batch, to the oldest waiting caller, so nobody leads others'
 batches for long, and a caller that waits longer than the store's pool timeout without its work
 having started is refused (503) and its work is never run.
+
+Callers on an event loop (:meth:`GroupCommit.run_async`, the gateway's reservations and
+settlements) queue the same way without a worker thread each: their batches are led by the
+store's one *writer* thread, which wakes when the oldest waiting caller is such a coroutine, and
+each coroutine is woken on its own loop when its work is done. A thousand concurrent calls cost a
+thousand futures, not a thousand thread trips. A coroutine cancelled while its work waits
+withdraws it; one cancelled after its work was taken gets no result, and the unit's ``orphaned``
+hook (a reservation's: release it) runs on what it produced, so nothing stays held for a caller
+that went away.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -38,24 +49,46 @@ if TYPE_CHECKING:
     from services.core.store import Store, Work
 
 T = TypeVar("T")
+log = logging.getLogger("rsigym.store")
+WRITER_IDLE_S = 5.0
+"""The writer thread leaves after this long with nothing to lead (a new one starts when needed)."""
 
 class _Unit(Generic[T]):
-    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake")
+    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future")
 
-    def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...]):
+    def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
+                 loop: asyncio.AbstractEventLoop | None = None):
         self.fn, self.clean = fn, clean
         self.taken = False
         """Set (under the queue lock) when a leader took the unit into a batch."""
         self.lead = False
-        """Set (under the queue lock) when leadership passes to this unit's caller."""
+        """Set (under the queue lock) when leadership passes to this unit's caller (threads only)."""
         self.result: T | None = None
         self.error: BaseException | None = None
         self.wake = threading.Event()
+        self.loop = loop
+        """The caller's event loop (:meth:`GroupCommit.run_async`); None for a thread caller."""
+        self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+
+    def done(self) -> None:
+        """Wake the caller: its work is done."""
+        if self.loop is None or self.future is None:
+            self.wake.set()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(_resolve, self.future)
+            except RuntimeError:  # the caller's loop has closed: nobody is waiting
+                pass
 
     def outcome(self) -> T:
         if self.error is not None:
             raise self.error
         return self.result  # type: ignore[return-value]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _Abort(Exception):
@@ -75,6 +108,9 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: collections.deque[_Unit[Any]] = collections.deque()
         self._leading = False
+        self._writer_turn = threading.Event()
+        """Set when the lead passes to the writer thread (the oldest waiting caller is a coroutine)."""
+        self._writer: threading.Thread | None = None
         self.batches = 0
         """Batches committed (of more than one unit): a figure for benches and tests."""
         self.units = 0
@@ -94,6 +130,75 @@ class GroupCommit:
             return unit.outcome()
         self._lead()
         return unit.outcome()
+
+    async def run_async(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...] = (),
+                        orphaned: Callable[[T], None] | None = None) -> T:
+        """:meth:`run` for a caller on an event loop: no worker thread of its own (see the module
+        docstring). ``orphaned(result)`` runs, on the writer thread, when this coroutine was
+        cancelled after its work had been taken and the work then succeeded."""
+        if self._store.in_transaction():  # as in run(): a leader would wait for what this thread holds
+            with self._store.begin() as work:
+                return fn(work)
+        unit: _Unit[T] = _Unit(fn, clean, asyncio.get_running_loop())
+        assert unit.future is not None
+        with self._lock:
+            self._queue.append(unit)
+            starts = not self._leading
+            self._leading = True
+        if starts:
+            self._hand_to_writer()
+        try:
+            done, _ = await asyncio.wait({unit.future}, timeout=self.wait_s)
+            if not done:
+                with self._lock:
+                    if not unit.taken:
+                        self._queue.remove(unit)
+                        raise StoreUnavailable("the gym's store is busy; the call was refused")
+                await asyncio.shield(unit.future)  # started just as the wait ran out
+        except asyncio.CancelledError:
+            with self._lock:
+                withdrawn = not unit.taken
+                if withdrawn:
+                    self._queue.remove(unit)
+            if not withdrawn and orphaned is not None:
+                unit.future.add_done_callback(lambda _: self._orphan(unit, orphaned))
+            raise
+        return unit.outcome()
+
+    @staticmethod
+    def _orphan(unit: _Unit[T], orphaned: Callable[[T], None]) -> None:
+        """The work of a cancelled caller is done: undo what it produced, off the event loop."""
+        if unit.error is None:
+            threading.Thread(target=GroupCommit._undo, args=(orphaned, unit.result), daemon=True,
+                             name="rsigym-orphaned-unit").start()
+
+    @staticmethod
+    def _undo(orphaned: Callable[[T], None], result: T) -> None:
+        try:
+            orphaned(result)
+        except Exception:  # noqa: BLE001 - logged; the reaper is the backstop
+            log.exception("could not undo the work of a cancelled store call")
+
+    def _hand_to_writer(self) -> None:
+        """Give the lead to the writer thread, starting one if none is waiting. Under the queue
+        lock, so a writer that is just leaving (idle) either sees its turn or is replaced."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write, name="rsigym-store-writer", daemon=True)
+                self._writer.start()
+            self._writer_turn.set()
+
+    def _write(self) -> None:
+        """The writer thread: leads whenever handed the lead; leaves after WRITER_IDLE_S without."""
+        while True:
+            if not self._writer_turn.wait(WRITER_IDLE_S):
+                with self._lock:
+                    if not self._writer_turn.is_set():
+                        self._writer = None
+                        return
+                continue
+            self._writer_turn.clear()
+            self._lead()
 
     def _await(self, unit: _Unit[Any]) -> bool:
         """Wait until the unit is done (False) or this caller is to lead (True)."""
@@ -115,14 +220,17 @@ class GroupCommit:
         finally:
             with self._lock:
                 successor = self._queue[0] if self._queue else None
-                if successor is not None:
+                if successor is not None and successor.loop is None:
                     successor.lead = True
-                else:
+                elif successor is None:
                     self._leading = False
             for unit in batch:
-                unit.wake.set()
+                unit.done()
             if successor is not None:
-                successor.wake.set()
+                if successor.loop is None:
+                    successor.wake.set()
+                else:
+                    self._hand_to_writer()
 
     def _execute(self, batch: list[_Unit[Any]]) -> None:
         while batch:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -102,6 +102,8 @@ def chain_of(session: Session, key_id: str) -> list[ApiKey]:
 
 Figures = tuple[int | None, int, int]
 """(budget, spent, reserved) of one key."""
+Closed = tuple[tuple[Any, ...], list[Figures]]
+"""A closed reservation's row (key, run, estimate, charged, overrun, service, operation) and its chain's figures."""
 
 
 def balance_of(chain: list[ApiKey]) -> Balance:
@@ -232,6 +234,40 @@ class Ledger:
         ``chain_ids`` (root first) may be passed by a caller that has just authenticated the
         key; parent links never change, so it saves reading the chain again.
         """
+        hold = self._hold(key_id, service=service, operation=operation, estimate_nusd=estimate_nusd, ref_id=ref_id,
+                          request_id=request_id, ttl_s=ttl_s, chain_ids=chain_ids)
+        return self.store.batched(hold, clean=REFUSALS)
+
+    async def reserve_async(
+        self,
+        key_id: str,
+        *,
+        service: str,
+        operation: str,
+        estimate_nusd: int,
+        request_id: str | None = None,
+        chain_ids: tuple[str, ...] | list[str] | None = None,
+    ) -> Reservation:
+        """:meth:`reserve` from an event loop, with no worker thread of its own (the gateway's
+        path: :meth:`GroupCommit.run_async`). A caller cancelled once its hold was taken leaves
+        nothing held: the hold is released."""
+        hold = self._hold(key_id, service=service, operation=operation, estimate_nusd=estimate_nusd, ref_id=None,
+                          request_id=request_id, ttl_s=None, chain_ids=chain_ids)
+        return await self.store.batched_async(hold, clean=REFUSALS, orphaned=lambda r: self.release(r.id))
+
+    def _hold(
+        self,
+        key_id: str,
+        *,
+        service: str,
+        operation: str,
+        estimate_nusd: int,
+        ref_id: str | None,
+        request_id: str | None,
+        ttl_s: float | None,
+        chain_ids: tuple[str, ...] | list[str] | None,
+    ) -> Callable[[Work], Reservation]:
+        """The unit of work that takes a reservation (for :meth:`Store.batched`)."""
         if estimate_nusd < 0:
             raise ValueError("estimate must be >= 0")
         ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
@@ -271,7 +307,7 @@ class Ledger:
             )
             return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
-        return self.store.batched(hold, clean=REFUSALS)
+        return hold
 
     @staticmethod
     def _refuse(work: Work, key_id: str, estimate_nusd: int) -> None:
@@ -305,9 +341,20 @@ class Ledger:
         closed = self._close(reservation_id, "settled", actual_nusd)
         return (0, None) if closed is None else closed
 
+    async def settle_with_balance_async(self, reservation_id: str, actual_nusd: int) -> tuple[int, Balance | None]:
+        """:meth:`settle_with_balance` from an event loop (see :meth:`reserve_async`)."""
+        close, params = self._closing(reservation_id, "settled", actual_nusd)
+        closed = self._closed(await self.store.batched_async(close), reservation_id, params)
+        return (0, None) if closed is None else closed
+
     def release(self, reservation_id: str) -> None:
         """Give the hold back: the work did not happen."""
         self._close(reservation_id, "released", 0)
+
+    async def release_async(self, reservation_id: str) -> None:
+        """:meth:`release` from an event loop (see :meth:`reserve_async`)."""
+        close, _ = self._closing(reservation_id, "released", 0)
+        await self.store.batched_async(close)
 
     def _close(
         self, reservation_id: str, status: str, actual_nusd: int | None, *, expired_only: bool = False
@@ -317,11 +364,19 @@ class Ledger:
         ``actual_nusd`` None charges the whole estimate (an expired hold: the work may have
         happened), which is not an overrun.
         """
+        close, params = self._closing(reservation_id, status, actual_nusd, expired_only=expired_only)
+        return self._closed(self.store.batched(close), reservation_id, params)
+
+    @staticmethod
+    def _closing(
+        reservation_id: str, status: str, actual_nusd: int | None, *, expired_only: bool = False
+    ) -> tuple[Callable[[Work], Closed | None], dict[str, Any]]:
+        """The unit of work that closes a reservation (for :meth:`Store.batched`), and its parameters."""
         params: dict[str, Any] = {"rid": reservation_id, "closing": status, "now": utcnow()}
         if actual_nusd is not None:
             params["charge"] = max(0, actual_nusd)
 
-        def close(work: Work) -> tuple[tuple[Any, ...], list[Figures]] | None:
+        def close(work: Work) -> Closed | None:
             closed = work.first(CLOSE[actual_nusd is None, expired_only], params)
             if closed is None:
                 return None
@@ -330,7 +385,11 @@ class Ledger:
             move = {"held": estimate, "charged": charged, "now": params["now"]}
             return closed, [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
 
-        done = self.store.batched(close)
+        return close, params
+
+    @staticmethod
+    def _closed(done: Closed | None, reservation_id: str, params: dict[str, Any]) -> tuple[int, Balance] | None:
+        """What a close produced: (charged, balance after), the overrun logged; None when it was not open."""
         if done is None:
             return None
         (_key_id, run_id, estimate, charged, overrun, service, operation), figures = done

@@ -212,6 +212,13 @@ class Store:
         For short, hot writes: the ledger's reservations and settlements."""
         return self.group.run(fn, clean)
 
+    async def batched_async(self, fn: Callable[[Work], T], *, clean: tuple[type[BaseException], ...] = (),
+                            orphaned: Callable[[T], None] | None = None) -> T:
+        """:meth:`batched` from an event loop, without a worker-thread trip per call
+        (:meth:`GroupCommit.run_async`; ``orphaned`` undoes the work of a caller cancelled
+        after its work was taken)."""
+        return await self.group.run_async(fn, clean, orphaned)
+
     def in_transaction(self) -> bool:
         """Whether this thread is inside a transaction of this store."""
         return getattr(self._held, "depth", 0) > 0

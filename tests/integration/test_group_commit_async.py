@@ -1,0 +1,193 @@
+"""Group commit for callers on an event loop (``GroupCommit.run_async``, the gateway's
+reservations and settlements): coroutines queue with no worker thread each, the store's writer
+thread leads their batches, and money moves exactly as for thread callers (SQLite file and
+PostgreSQL). Batches are built on purpose, as in test_group_commit.py: a first caller is held
+inside its work while the others queue behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from services.core import group_commit
+from services.core.errors import BudgetExhausted, StoreUnavailable
+from services.core.ledger import Ledger, Reservation
+from services.core.store import Store, Work
+from services.core.tables import LedgerEntry
+from tests.integration.test_group_commit import Callers, held_leader, queued, wait_until
+from tests.integration.test_ledger import account, make_key
+
+
+def entries(store: Store) -> list[tuple[int, str]]:
+    with store.transaction() as s:
+        return sorted(s.execute(select(LedgerEntry.estimate_nusd, LedgerEntry.status)).tuples().all())
+
+
+class Loop:
+    """An event loop in a thread of its own, as the gateway's: coroutines are started on it and
+    their outcomes read back (or cancelled) from the test's thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def start(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+def reserve(ledger: Ledger, key: str, estimate: int) -> Any:
+    return ledger.reserve_async(key, service="rollout", operation="x", estimate_nusd=estimate)
+
+
+def test_a_thousand_concurrent_coroutines_never_overspend(store: Store) -> None:
+    """1,000 reservations at once on a key with room for 600: exactly 600 are held, in batches;
+    settling them all at once charges each once; nothing is left reserved or open."""
+    ledger = Ledger(store)
+    key = make_key(store, 600 * 1_000)
+    batches = store.group.batches
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        held = await asyncio.gather(*(reserve(ledger, key, 1_000) for _ in range(1_000)), return_exceptions=True)
+        made = [r for r in held if isinstance(r, Reservation)]
+        settled = await asyncio.gather(*(ledger.settle_with_balance_async(r.id, 700) for r in made))
+        return held, settled
+
+    held, settled = asyncio.run(run())
+    refused = [r for r in held if not isinstance(r, Reservation)]
+    assert len(held) - len(refused) == 600 and all(isinstance(r, BudgetExhausted) for r in refused)
+    assert all(charged == 700 for charged, _ in settled)
+    assert account(store, key) == (600 * 700, 0)
+    assert store.group.batches > batches  # they did share transactions
+    with store.transaction() as s:
+        assert s.scalar(select(func.count()).where(LedgerEntry.status == "reserved")) == 0
+        assert s.scalar(select(func.count()).where(LedgerEntry.status == "settled")) == 600
+
+
+def test_threads_and_coroutines_share_one_batch_and_the_lead_passes_both_ways(store: Store, loop: Loop) -> None:
+    """Behind a thread leader: a coroutine, a thread, a coroutine. The coroutine first in line is
+    led by the writer thread, which takes all three in one batch. Then behind a writer-led batch,
+    a thread first in line leads the next one itself."""
+    ledger = Ledger(store)
+    key = make_key(store, 10_000)
+    callers = Callers()
+    batches = store.group.batches
+    with held_leader(store, callers):
+        first = loop.start(reserve(ledger, key, 100))
+        wait_until(lambda: queued(store) == 1)
+        callers.start("thread", lambda: ledger.reserve(key, service="rollout", operation="x", estimate_nusd=200))
+        wait_until(lambda: queued(store) == 2)
+        last = loop.start(reserve(ledger, key, 300))
+        wait_until(lambda: queued(store) == 3)
+    callers.join()
+    assert callers.errors == {}
+    assert first.result(30).estimate_nusd == 100 and last.result(30).estimate_nusd == 300
+    assert store.group.batches == batches + 1
+
+    # a coroutine's work holds the lead (on the writer thread); a thread queues first behind it
+    entered, release = threading.Event(), threading.Event()
+
+    def block(_work: Work) -> str:
+        entered.set()
+        assert release.wait(30)
+        return "writer-led"
+
+    blocker = loop.start(store.batched_async(block))
+    assert entered.wait(30)
+    callers = Callers()
+    callers.start("thread", lambda: ledger.reserve(key, service="rollout", operation="x", estimate_nusd=400))
+    wait_until(lambda: queued(store) == 1)
+    after = loop.start(reserve(ledger, key, 500))
+    wait_until(lambda: queued(store) == 2)
+    release.set()
+    callers.join()
+    assert blocker.result(30) == "writer-led" and after.result(30).estimate_nusd == 500
+    assert callers.errors == {} and callers.results["thread"].estimate_nusd == 400
+    assert account(store, key) == (0, 1_500)
+
+
+def test_a_coroutine_cancelled_before_its_turn_writes_nothing(store: Store, loop: Loop) -> None:
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    callers = Callers()
+    with held_leader(store, callers):
+        pending = loop.start(reserve(ledger, key, 100))
+        wait_until(lambda: queued(store) == 1)
+        pending.cancel()
+        wait_until(lambda: queued(store) == 0)  # withdrawn from the queue
+    callers.join()
+    assert pending.cancelled()
+    assert account(store, key) == (0, 0) and entries(store) == []
+
+
+def test_a_coroutine_cancelled_after_its_hold_was_taken_leaves_nothing_held(store: Store, loop: Loop) -> None:
+    """The caller (a client that hung up) is cancelled while its reservation is inside a running
+    batch: the hold is made and committed with the batch, then released — no money stays held
+    for a call that will never be settled, and no ledger row stays open."""
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    callers = Callers()
+    entered, release = threading.Event(), threading.Event()
+
+    def block(_work: Work) -> str:
+        entered.set()
+        assert release.wait(30)
+        return "second"
+
+    with held_leader(store, callers):
+        callers.start("second", lambda: store.batched(block))
+        wait_until(lambda: queued(store) == 1)
+        orphan = loop.start(reserve(ledger, key, 100))
+        wait_until(lambda: queued(store) == 2)
+    assert entered.wait(30)  # "second" leads a batch that holds the reservation too
+    assert queued(store) == 0
+    orphan.cancel()
+    release.set()
+    callers.join()
+    assert orphan.cancelled()
+    wait_until(lambda: entries(store) == [(100, "released")])
+    assert account(store, key) == (0, 0)
+
+
+def test_a_coroutine_that_waits_too_long_is_refused_and_its_work_never_runs(store: Store, loop: Loop) -> None:
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    store.group.wait_s = 0.2
+    callers = Callers()
+    with held_leader(store, callers):
+        late = loop.start(reserve(ledger, key, 100))
+        with pytest.raises(StoreUnavailable):
+            late.result(30)
+        assert queued(store) == 0
+    callers.join()
+    assert account(store, key) == (0, 0) and entries(store) == []
+    assert loop.start(reserve(ledger, key, 100)).result(30).estimate_nusd == 100  # the store goes on
+
+
+def test_the_writer_thread_leaves_when_idle_and_a_new_one_serves(
+    store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group_commit, "WRITER_IDLE_S", 0.05)
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    assert loop.start(reserve(ledger, key, 100)).result(30).estimate_nusd == 100
+    wait_until(lambda: store.group._writer is None)  # noqa: SLF001 - the thread it starts and ends
+    assert loop.start(reserve(ledger, key, 200)).result(30).estimate_nusd == 200
+    assert account(store, key) == (0, 300)
