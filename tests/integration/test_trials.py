@@ -276,3 +276,53 @@ def test_a_trial_cut_short_during_its_sandbox_create_leaves_no_sandbox(
 
     asyncio.run(cut_short())
     assert served.running_sandboxes() == []  # found by the trial's metadata and killed
+
+
+def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
+    served: Served, tasks: dict[str, TaskRef], tmp_path: Path
+) -> None:
+    """The environment's set-up (its working directory, Harbor's log directories, the modes of
+    copied files) runs at the head of the first command instead of in process starts of its own.
+    The oracle still finds its working directory made and a copied file executable, a command
+    that exits 97 by itself is not taken for a failed set-up, and a set-up that fails (the
+    working directory under a copied file) fails the trial with the reason, never scores it."""
+    deferred = tmp_path / "deferred"
+    shutil.copytree(tasks["sh-0001"].path, deferred)
+    env_dir = deferred / "environment"
+    (env_dir / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /srv/deep/work\nCOPY app/ /app/\n"
+                                        "COPY count.sh /opt/bin/count.sh\n"
+                                        "COPY count.sh /srv/deep/work\n")  # into the directory WORKDIR made
+    (env_dir / "count.sh").write_text("#!/bin/bash\nawk '$2 == \"ERROR\"' /app/app.log | wc -l\n")
+    (env_dir / "count.sh").chmod(0o755)
+    (deferred / "solution" / "solve.sh").write_text(
+        "#!/bin/bash\n[ \"$(pwd)\" = /srv/deep/work ] && [ -d /logs/agent ] && [ -x ./count.sh ] && "
+        "/opt/bin/count.sh > /app/answer.txt\n"
+        "exit 97\n")  # its own status, which is no set-up failure
+    text = (deferred / "task.toml").read_text().replace('workdir = "/app"', 'workdir = "/srv/deep/work"')
+    (deferred / "task.toml").write_text(text)
+    config = TaskConfig.model_validate_toml(text)
+    held = TaskRef("deferred", deferred, "qa", "/app/answer.txt", config)
+
+    broken = tmp_path / "broken-setup"
+    shutil.copytree(deferred, broken)
+    (broken / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app/app.log/under\n"
+                                                      "COPY app/ /app/\n")
+    text = (broken / "task.toml").read_text().replace('workdir = "/srv/deep/work"', 'workdir = "/app/app.log/under"')
+    (broken / "task.toml").write_text(text)
+    failed_setup = TaskRef("broken-setup", broken, "qa", "/app/answer.txt", TaskConfig.model_validate_toml(text))
+
+    own_97 = tmp_path / "exits-97"
+    own_97.mkdir()
+    (own_97 / "harness.toml").write_text('[harness]\nname = "exits-97"\ninstall = "exit 97"\nrun = "true"\n')
+
+    ok, nothing_ran, failed, exited = run(
+        served.request(held, agent="oracle"),
+        served.request(held, agent="nop"),  # no command before the agent's logs are read: set-up runs alone
+        served.request(failed_setup, agent="oracle"),
+        served.request(held, harness_dir=own_97),  # the install is the first command: set-up at its head
+    )
+    assert (ok.error, ok.reward) == (None, 1.0), ok
+    assert (nothing_ran.error, nothing_ran.reward) == (None, 0.0), nothing_ran
+    assert failed.reward is None and "could not prepare the sandbox" in (failed.error or ""), failed
+    assert exited.reward is None and "install exited with code 97" in (exited.error or ""), exited
+    assert served.running_sandboxes() == []
