@@ -18,6 +18,10 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   at start (the bundled benchmarks copy ``environment/app/`` into ``/app``). An instruction
   that needs a real image build (``RUN``, ``COPY --from``, a multi-stage file) is refused
   before any sandbox is created, rather than silently skipped.
+* **set-up** — what the environment does to the sandbox that nothing observes until a command
+  runs or a file is read (the working and log directories, directories an upload leaves empty,
+  the modes of uploaded executables) is deferred and run at the head of the next command, in
+  the same process start, or alone just before a read (each start is ~15–25 ms of a trial).
 
 What our sandboxes do not offer, and how it shows: one unprivileged uid per sandbox (Harbor's
 ``user=`` is accepted and ignored; the root filesystem is the sandbox's own and writable apart
