@@ -134,7 +134,7 @@ class GroupCommit:
     async def run_async(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...] = (),
                         orphaned: Callable[[T], None] | None = None) -> T:
         """:meth:`run` for a caller on an event loop: no worker thread of its own (see the module
-        docstring). ``orphaned(result)`` runs, on the writer thread, when this coroutine was
+        docstring). ``orphaned(result)`` runs, on a thread of its own, when this coroutine was
         cancelled after its work had been taken and the work then succeeded."""
         if self._store.in_transaction():  # as in run(): a leader would wait for what this thread holds
             with self._store.begin() as work:
