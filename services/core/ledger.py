@@ -343,8 +343,8 @@ class Ledger:
 
     async def settle_with_balance_async(self, reservation_id: str, actual_nusd: int) -> tuple[int, Balance | None]:
         """:meth:`settle_with_balance` from an event loop (see :meth:`reserve_async`)."""
-        close, params = self._closing(reservation_id, "settled", actual_nusd)
-        closed = self._closed(await self.store.batched_async(close), reservation_id, params)
+        close = self._closing(reservation_id, "settled", actual_nusd)
+        closed = self._closed(await self.store.batched_async(close), reservation_id)
         return (0, None) if closed is None else closed
 
     def release(self, reservation_id: str) -> None:
@@ -353,8 +353,7 @@ class Ledger:
 
     async def release_async(self, reservation_id: str) -> None:
         """:meth:`release` from an event loop (see :meth:`reserve_async`)."""
-        close, _ = self._closing(reservation_id, "released", 0)
-        await self.store.batched_async(close)
+        await self.store.batched_async(self._closing(reservation_id, "released", 0))
 
     def _close(
         self, reservation_id: str, status: str, actual_nusd: int | None, *, expired_only: bool = False
@@ -364,14 +363,14 @@ class Ledger:
         ``actual_nusd`` None charges the whole estimate (an expired hold: the work may have
         happened), which is not an overrun.
         """
-        close, params = self._closing(reservation_id, status, actual_nusd, expired_only=expired_only)
-        return self._closed(self.store.batched(close), reservation_id, params)
+        close = self._closing(reservation_id, status, actual_nusd, expired_only=expired_only)
+        return self._closed(self.store.batched(close), reservation_id)
 
     @staticmethod
     def _closing(
         reservation_id: str, status: str, actual_nusd: int | None, *, expired_only: bool = False
-    ) -> tuple[Callable[[Work], Closed | None], dict[str, Any]]:
-        """The unit of work that closes a reservation (for :meth:`Store.batched`), and its parameters."""
+    ) -> Callable[[Work], Closed | None]:
+        """The unit of work that closes a reservation (for :meth:`Store.batched`)."""
         params: dict[str, Any] = {"rid": reservation_id, "closing": status, "now": utcnow()}
         if actual_nusd is not None:
             params["charge"] = max(0, actual_nusd)
@@ -385,10 +384,10 @@ class Ledger:
             move = {"held": estimate, "charged": charged, "now": params["now"]}
             return closed, [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
 
-        return close, params
+        return close
 
     @staticmethod
-    def _closed(done: Closed | None, reservation_id: str, params: dict[str, Any]) -> tuple[int, Balance] | None:
+    def _closed(done: Closed | None, reservation_id: str) -> tuple[int, Balance] | None:
         """What a close produced: (charged, balance after), the overrun logged; None when it was not open."""
         if done is None:
             return None
