@@ -43,6 +43,7 @@ import contextvars
 import functools
 import logging
 import os
+import secrets
 import shlex
 import ssl
 import stat
@@ -77,7 +78,8 @@ _CHMOD_ARGS_PER_COMMAND = 200
 SETUP_FAILED = 97
 """Exit status of a command whose deferred setup (directories, modes) failed before it ran."""
 SETUP_MARK = "rsigym-sandbox-setup-failed"
-"""Written to stderr with :data:`SETUP_FAILED`, so a command's own exit 97 is not taken for it."""
+"""Written to stderr with :data:`SETUP_FAILED` and a nonce of the call, so neither a command's own
+exit 97 nor its output (a verifier running an agent's program, say) can pass for a failed set-up."""
 
 log = logging.getLogger("rsigym.evaluation.harbor_env")
 
@@ -444,19 +446,10 @@ class GymSandboxEnvironment(BaseEnvironment):
         cwd = effective_exec_cwd(cwd, self.workdir, None)
         if not self._setup:
             return await self._run_plain(command, cwd=cwd, env=self._merge_env(env), timeout_sec=timeout_sec)
-        # The setup not yet run goes first, in the same process start: each start is ~15-25 ms
-        # of the trial. From "/", since the working directory may be one the setup makes.
-        setup, self._setup = self._setup, []
-        script = self._setup_script(setup) + (f"cd -- {shlex.quote(cwd)} || exit 1\n" if cwd else "") + command
-        try:
-            result = await self._run_plain(script, cwd="/" if cwd else None, env=self._merge_env(env),
-                                           timeout_sec=timeout_sec)
-        except BaseException:
-            self._setup = setup + self._setup  # it may not have run: it runs with what comes next
-            raise
-        if result.return_code == SETUP_FAILED and SETUP_MARK in (result.stderr or ""):
-            raise RuntimeError(f"could not prepare the sandbox: {result.stderr}")
-        return result
+        # The set-up not yet run goes first, in the same process start: each start is ~15-25 ms
+        # of the trial. From "/", since the working directory may be one the set-up makes.
+        return await self._with_setup((f"cd -- {shlex.quote(cwd)} || exit 1\n" if cwd else "") + command,
+                                      cwd="/" if cwd else None, env=self._merge_env(env), timeout_sec=timeout_sec)
 
     def _defer(self, step: str) -> None:
         """Set-up that nothing observes until a command runs or a file is read — a directory to
@@ -464,24 +457,28 @@ class GymSandboxEnvironment(BaseEnvironment):
         read: :meth:`_run_setup`). Each step is idempotent (``mkdir -p``, ``chmod``)."""
         self._setup.append(step)
 
-    @staticmethod
-    def _setup_script(steps: list[str]) -> str:
-        """The steps as the first line of a bash script: if one fails, the script exits
-        :data:`SETUP_FAILED` with :data:`SETUP_MARK` on stderr, before the command's own lines."""
-        return ("{ " + " && ".join(steps) + f"; }} || {{ echo {SETUP_MARK} >&2; exit {SETUP_FAILED}; }}\n")
-
     async def _run_setup(self) -> None:
         """Run the deferred set-up now, alone (before the sandbox's files are read)."""
-        if not self._setup:
-            return
+        if self._setup:
+            await self._with_setup("", cwd="/", timeout_sec=_BOOT_TIMEOUT_S)
+
+    async def _with_setup(self, script: str, *, cwd: str | None, env: dict[str, str] | None = None,
+                          timeout_sec: float | None = None) -> ExecResult:
+        """Run the deferred set-up, then ``script``, in one process. If a step fails the process
+        exits :data:`SETUP_FAILED` with :data:`SETUP_MARK` and this call's nonce on stderr before
+        the script's own lines run, and this raises. Set-up that may not have run (the call
+        failed or was cancelled) runs again with what comes next: every step is idempotent."""
         setup, self._setup = self._setup, []
+        mark = f"{SETUP_MARK}-{secrets.token_hex(8)}"
+        head = "{ " + " && ".join(setup) + f"; }} || {{ echo {mark} >&2; exit {SETUP_FAILED}; }}\n"
         try:
-            result = await self._run_plain(" && ".join(setup), cwd="/", timeout_sec=_BOOT_TIMEOUT_S)
+            result = await self._run_plain(head + script, cwd=cwd, env=env, timeout_sec=timeout_sec)
         except BaseException:
             self._setup = setup + self._setup
             raise
-        if result.return_code != 0:
-            raise RuntimeError(f"could not prepare the sandbox: {result.stderr or result.stdout}")
+        if result.return_code == SETUP_FAILED and mark in (result.stderr or ""):
+            raise RuntimeError(f"could not prepare the sandbox: {result.stderr.replace(mark, '').strip()}")
+        return result
 
     async def _run_plain(self, command: str, *, cwd: str | None, env: dict[str, str] | None = None,
                          timeout_sec: float | None = None) -> ExecResult:

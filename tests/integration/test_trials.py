@@ -284,7 +284,7 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
     """The environment's set-up (its working directory, Harbor's log directories, the modes of
     copied files) runs at the head of the first command instead of in process starts of its own.
     The oracle still finds its working directory made and a copied file executable, a command
-    that exits 97 by itself is not taken for a failed set-up, and a set-up that fails (the
+    that exits 97 by itself (printing the set-up's marker, even) is not taken for a failed set-up, and a set-up that fails (the
     working directory under a copied file) fails the trial with the reason, never scores it."""
     deferred = tmp_path / "deferred"
     shutil.copytree(tasks["sh-0001"].path, deferred)
@@ -313,7 +313,9 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
 
     own_97 = tmp_path / "exits-97"
     own_97.mkdir()
-    (own_97 / "harness.toml").write_text('[harness]\nname = "exits-97"\ninstall = "exit 97"\nrun = "true"\n')
+    # its install even prints the marker a failed set-up prints: it still cannot pass for one
+    (own_97 / "harness.toml").write_text('[harness]\nname = "exits-97"\n'
+                                         'install = "echo rsigym-sandbox-setup-failed >&2; exit 97"\nrun = "true"\n')
 
     ok, nothing_ran, failed, exited = run(
         served.request(held, agent="oracle"),
