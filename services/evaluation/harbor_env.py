@@ -47,10 +47,10 @@ import secrets
 import shlex
 import ssl
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
@@ -81,7 +81,31 @@ SETUP_MARK = "rsigym-sandbox-setup-failed"
 """Written to stderr with :data:`SETUP_FAILED` and a nonce of the call, so neither a command's own
 exit 97 nor its output (a verifier running an agent's program, say) can pass for a failed set-up."""
 
+READ_ATTEMPTS = 3
+"""A read of the sandbox's files (idempotent) is tried this often when the connection fails."""
+
 log = logging.getLogger("rsigym.evaluation.harbor_env")
+T = TypeVar("T")
+
+
+async def _read_bytes(sandbox: AsyncSandbox, path: str) -> bytearray:
+    return await sandbox.files.read(path, format="bytes")
+
+
+async def idempotent(read: Callable[[], Awaitable[T]], what: str) -> T:
+    """``read()`` again when its connection failed before an answer (a pooled keep-alive
+    connection the server had just closed: "connection reset by peer"). For reads only: Harbor
+    collects artifacts best-effort, so one reset read scored a correct answer 0 (seen on a loaded
+    box). An HTTP answer, error or not, is final."""
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            return await read()
+        except httpx.TransportError as err:
+            if attempt == READ_ATTEMPTS:
+                raise
+            log.info("reading %s: %s; trying again", what, err)
+            await asyncio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------------------- credentials
@@ -568,7 +592,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         await self._run_setup()
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(await self._require().files.read(source_path, format="bytes"))
+        sandbox = self._require()
+        target.write_bytes(await idempotent(functools.partial(_read_bytes, sandbox, source_path), source_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         """Copy a sandbox directory here: one recursive listing, then each file's bytes.
@@ -578,7 +603,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         root = PurePosixPath(source_dir)
-        entries = await sandbox.files.list(str(root), depth=LIST_DEPTH)
+        entries = await idempotent(lambda: sandbox.files.list(str(root), depth=LIST_DEPTH), str(root))
         for entry in entries:
             rel = PurePosixPath(entry.path).relative_to(root)
             if not rel.parts or ".." in rel.parts:
@@ -594,7 +619,7 @@ class GymSandboxEnvironment(BaseEnvironment):
             if local.is_symlink():
                 local.unlink()
             try:
-                local.write_bytes(await sandbox.files.read(entry.path, format="bytes"))
+                local.write_bytes(await idempotent(functools.partial(_read_bytes, sandbox, entry.path), entry.path))
             except FileNotFoundException:
                 continue  # removed (or a dangling link) between the listing and the read
 
