@@ -141,6 +141,8 @@ class Work:
 
     def __init__(self, store: Store, conn: PoolProxiedConnection):
         self._store, self._conn = store, conn
+        self.dialect = store.dialect
+        """The store's dialect name ("sqlite", "postgresql"): a unit may pick its statements by it."""
 
     def rows(self, stmt: ClauseElement, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         prepared = self._store.prepared(stmt)

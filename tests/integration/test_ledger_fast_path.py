@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 
-from services.core.errors import NotFound, StoreUnavailable
-from services.core.ledger import HOLD, Ledger
+from services.core.config import LedgerConfig
+from services.core.errors import BudgetExhausted, NotFound, StoreUnavailable
+from services.core.ledger import HOLD, Balance, Ledger, ledger_row
+from services.core.money import nusd_to_usd
 from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
-from services.core.tables import utcnow
+from services.core.store import Store, Work, sqlite_url
+from services.core.tables import LedgerEntry, utcnow
 from tests.integration.test_ledger import account, make_key
 
 
@@ -112,3 +116,76 @@ def test_sqlite_writers_of_one_process_wait_at_most_the_busy_timeout(tmp_path: P
         assert account(store, key) == (16 * 7, 0)
     finally:
         store.dispose()
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SQL of every statement the hot path sends (each one a round trip to a server)."""
+    sent: list[str] = []
+    rows = Work.rows
+
+    def counted(self: Work, stmt: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        sent.append(str(stmt))
+        return rows(self, stmt, params)
+
+    monkeypatch.setattr(Work, "rows", counted)
+    return sent
+
+
+def _row(store: Store, reservation_id: str) -> dict[str, Any]:
+    with store.transaction() as s:
+        entry = s.get(LedgerEntry, reservation_id)
+        assert entry is not None
+        return ledger_row(entry)
+
+
+def test_a_root_key_reserves_and_settles_in_one_statement_each_on_postgresql(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL every statement is a round trip: a run key's hold and its ledger row are one
+    statement, its close and its key's move another (SQLite keeps two each). What they write is
+    the same on both stores: the row, the figures, a refusal that writes nothing, the reaper's
+    close of an expired hold."""
+    ledger, key = Ledger(store, LedgerConfig(reservation_ttl_s=60)), make_key(store, 1000)
+    per_op = 1 if store.dialect == "postgresql" else 2
+    sent = _counting(monkeypatch)
+    res = ledger.reserve(key, service="rollout", operation="chat", estimate_nusd=600, ref_id="ref_1",
+                         request_id="req_1", chain_ids=(key,))
+    assert len(sent) == per_op
+    assert res.balance == Balance(1000, 0, 600, 400)
+    row = _row(store, res.id)
+    assert {k: row[k] for k in ("key_id", "run_id", "service", "operation", "ref_id", "request_id", "status",
+                                "actual_usd", "overrun_usd", "settled_at")} == {
+        "key_id": key, "run_id": key, "service": "rollout", "operation": "chat", "ref_id": "ref_1",
+        "request_id": "req_1", "status": "reserved", "actual_usd": None, "overrun_usd": 0.0, "settled_at": None}
+    created, expires = (datetime.fromisoformat(row[k]) for k in ("created_at", "expires_at"))
+    assert (expires - created).total_seconds() == 60
+
+    sent.clear()
+    with pytest.raises(BudgetExhausted):  # 400 left: refused, nothing written
+        ledger.reserve(key, service="rollout", operation="chat", estimate_nusd=401, chain_ids=(key,))
+    assert account(store, key) == (0, 600)
+    with store.transaction() as s:
+        assert s.scalar(select(func.count()).select_from(LedgerEntry)) == 1
+
+    sent.clear()
+    assert ledger.settle_with_balance(res.id, 900) == (600, Balance(1000, 600, 0, 400))  # clamped; overrun 300
+    assert len(sent) == per_op
+    assert _row(store, res.id)["overrun_usd"] == nusd_to_usd(300)
+    assert ledger.settle_with_balance(res.id, 100) == (0, None)  # closed once: never charged twice
+    assert account(store, key) == (600, 0)
+
+    expired = ledger.reserve(key, service="rollout", operation="chat", estimate_nusd=300, ttl_s=-1)
+    assert ledger.reclaim_expired() == 1  # the reaper's close charges the whole estimate
+    assert account(store, key) == (900, 0)
+    assert _row(store, expired.id)["status"] == "expired"
+
+
+def test_a_child_key_still_moves_its_whole_chain_when_it_settles(store: Store) -> None:
+    """The one-statement close moves only a run's root key; a child's chain is moved after it."""
+    ledger = Ledger(store)
+    root = make_key(store, 1000)
+    child = make_key(store, 500, parent=root)
+    res = ledger.reserve(child, service="rollout", operation="x", estimate_nusd=200)
+    assert ledger.settle_with_balance(res.id, 120) == (120, Balance(500, 120, 0, 380))
+    assert [account(store, k) for k in (root, child)] == [(120, 0), (120, 0)]
+    ledger.release(ledger.reserve(child, service="rollout", operation="x", estimate_nusd=50).id)
+    assert [account(store, k) for k in (root, child)] == [(120, 0), (120, 0)]
