@@ -28,6 +28,6 @@ def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None
         log.warning(line)
     backend = backend or ROLLOUT_BACKENDS.get(context.config.rollout.backend)(context)
     return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router, agent.router],
-                              config=context.config,
+                              config=context.config, close=getattr(backend, "close", None),
                               state={"rollout": RolloutService(context.config, backend),
                                      "agent": agent.AgentModelService(context.config, backend, context.store)})

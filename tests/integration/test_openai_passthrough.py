@@ -7,8 +7,9 @@ back on LiteLLM."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -83,8 +84,9 @@ FAILURES = {
 
 
 class MisbehavingProvider:
-    def __init__(self) -> None:
+    def __init__(self, elsewhere: str = "") -> None:
         self.seen: list[dict[str, Any]] = []
+        self.elsewhere = elsewhere
         self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
 
     async def chat(self, request: Request) -> Response:
@@ -99,6 +101,13 @@ class MisbehavingProvider:
             return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=400)
         if model == "garbled":
             return Response(b"<html>gateway error</html>", status_code=200, media_type="text/html")
+        if model == "redirecting":  # somewhere else would like the platform's key
+            return Response(status_code=307, headers={"location": self.elsewhere + "/v1/chat/completions"})
+        if model == "slow":
+            await asyncio.sleep(3)
+            return JSONResponse({"choices": []})
+        if model == "crlf":  # CRLF line ends, each event split across writes mid-line
+            return StreamingResponse(self._crlf_stream(model), media_type="text/event-stream")
 
         async def cut_off() -> Iterator[bytes]:  # type: ignore[misc]
             chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
@@ -108,16 +117,53 @@ class MisbehavingProvider:
         return StreamingResponse(cut_off(), media_type="text/event-stream")
 
 
+    @staticmethod
+    async def _crlf_stream(model: str) -> AsyncIterator[bytes]:
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        events = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
+                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": piece}}]} for piece in ("4", "2")]
+        events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": [],
+                       "usage": usage})
+        for line in [f"data: {json.dumps(e)}\r\n\r\n" for e in events] + ["data: [DONE]\r\n\r\n"]:
+            half = len(line) // 2
+            yield line[:half].encode()
+            await asyncio.sleep(0.01)
+            yield line[half:].encode()
+
+
+class Elsewhere:
+    """Where a redirecting provider points: records whatever reaches it."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["GET", "POST"])])
+
+    async def chat(self, request: Request) -> Response:
+        self.seen.append(dict(request.headers))
+        return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}}]})
+
+
+MISBEHAVING_MODELS = (*FAILURES, "garbled", "cutoff", "echoing", "redirecting", "slow", "crlf")
+
+
 @pytest.fixture
-def misbehaving(make_gym: Any, teacher_secret: str) -> Iterator[tuple[httpx.Client, MisbehavingProvider]]:
-    provider = MisbehavingProvider()
-    with serve(provider.app) as url:
-        models = [{"name": name, "litellm_model": f"openai/{name}", "api_base": url + "/v1", "api_key_env": TEACHER_ENV,
-                   "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
-                  for name in (*FAILURES, "garbled", "cutoff", "echoing")]
-        config = gym_config(url + "/v1").model_copy(deep=True)
-        config.rollout.models = [type(config.rollout.models[0]).model_validate(m) for m in models]
-        yield client_for(make_gym(config=config)), provider
+def misbehaving(make_gym: Any, teacher_secret: str,
+                elsewhere: Elsewhere) -> Iterator[tuple[httpx.Client, MisbehavingProvider]]:
+    with serve(elsewhere.app) as other:
+        provider = MisbehavingProvider(other)
+        with serve(provider.app) as url:
+            models = [{"name": name, "litellm_model": f"openai/{name}", "api_base": url + "/v1",
+                       "api_key_env": TEACHER_ENV, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
+                      for name in MISBEHAVING_MODELS]
+            config = gym_config(url + "/v1").model_copy(deep=True)
+            config.rollout.models = [type(config.rollout.models[0]).model_validate(m) for m in models]
+            config.rollout.request_timeout_s = 1.0
+            yield client_for(make_gym(config=config)), provider
+
+
+@pytest.fixture
+def elsewhere() -> Elsewhere:
+    return Elsewhere()
 
 
 def test_provider_errors_are_mapped_unbilled_and_keys_stay_where_they_belong(
@@ -174,3 +220,68 @@ def test_a_stream_cut_off_before_done_costs_its_reservation(
     assert "the stream broke off" in streamed and "[DONE]" in streamed
     [row] = ledger(client, run["id"])
     assert row["status"] == "settled" and row["actual_usd"] == pytest.approx(reserved) and reserved > 0
+
+
+def test_a_redirect_is_not_followed_and_the_key_goes_nowhere_else(
+        misbehaving: tuple[httpx.Client, MisbehavingProvider], elsewhere: Elsewhere, teacher_secret: str) -> None:
+    """A provider's answer is its answer: a 307 elsewhere is an upstream error, unbilled, and the
+    place it points to never hears of the call, let alone the platform's key."""
+    client, provider = misbehaving
+    run = create_key(client, 1.0)
+    r = chat(client, run["key"], "redirecting")
+    assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_error", r.text
+    assert elsewhere.seen == []
+    assert provider.seen[-1]["headers"]["authorization"] == f"Bearer {teacher_secret}"
+    assert [row["status"] for row in ledger(client, run["id"])] == ["released"]
+
+
+def test_a_provider_slower_than_the_request_timeout_is_a_timeout_that_costs_its_reservation(
+        misbehaving: tuple[httpx.Client, MisbehavingProvider]) -> None:
+    """As on the LiteLLM path: the provider had the request and may have generated (and billed)
+    it, so the call costs its reservation (services/rollout/service.py: _BILLED_FAILURES)."""
+    client, _provider = misbehaving
+    run = create_key(client, 1.0)
+    r = chat(client, run["key"], "slow")  # request_timeout_s = 1; the provider takes 3 s
+    assert r.status_code == 504 and "did not answer in time" in r.json()["error"]["message"], r.text
+    [row] = ledger(client, run["id"])
+    assert row["status"] == "settled" and row["actual_usd"] == row["estimate_usd"] > 0
+
+
+def test_a_stream_with_crlf_lines_split_across_writes_is_relayed_whole_and_billed_by_its_usage(
+        misbehaving: tuple[httpx.Client, MisbehavingProvider]) -> None:
+    client, _provider = misbehaving
+    run = create_key(client, 1.0)
+    with client.stream("POST", "/rollout/v1/chat/completions", headers=bearer(run["key"]),
+                       json={"model": "crlf", "messages": [{"role": "user", "content": "What is 40 + 2?"}],
+                             "max_tokens": 8, "stream": True}) as r:
+        streamed = r.read().decode()
+    assert r.status_code == 200, streamed
+    contents = [json.loads(line[6:])["choices"][0]["delta"].get("content")
+                for line in streamed.split("\n") if line.startswith("data: {") and '"choices":[{' in line]
+    assert "".join(c for c in contents if c) == "42"
+    assert streamed.endswith("data: [DONE]\n\n")
+    [row] = ledger(client, run["id"])
+    assert row["status"] == "settled" and row["actual_usd"] == pytest.approx(5 * 1.0e-6 + 2 * 2.0e-6)
+
+
+def test_a_provider_session_is_closed_with_its_event_loop_or_when_the_gym_stops(make_gym: Any) -> None:
+    """Each event loop has its own pooled provider session: one whose loop ends (a test client
+    runs each request on a loop of its own) is closed by that loop's shutdown; one whose loop still
+    runs is closed by the rollout service's close hook. None is left open to be reaped by GC."""
+    from fastapi.testclient import TestClient
+
+    gym = make_gym()
+    rollout = gym.service_apps["rollout"]
+    backend = rollout.state.rollout.backend.direct
+    client = client_for(gym)  # no `with`: a loop per request
+    run = create_key(client, 1.0)
+    assert chat(client, run["key"]).status_code == 200
+    [(_loop, ended)] = backend._providers.items()
+    assert ended.closed
+    with TestClient(gym.app, base_url="http://gym") as lasting:  # one loop for all its requests
+        assert chat(lasting, run["key"]).status_code == 200
+        assert chat(lasting, run["key"]).status_code == 200
+        live = [session for _loop, session in backend._providers.items() if not session.closed]
+        assert len(live) == 1
+        rollout.state.close()
+        assert live[0].closed

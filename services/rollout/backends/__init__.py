@@ -1,6 +1,6 @@
 """Rollout backends, chosen by ``[rollout] backend`` through one registry. ``litellm``: every
 provider through LiteLLM, except OpenAI-compatible upstreams (``openai/…``), which go by a direct
-httpx pass-through unless ``[rollout] openai_passthrough = false``."""
+HTTP pass-through (aiohttp) unless ``[rollout] openai_passthrough = false``."""
 
 from __future__ import annotations
 
