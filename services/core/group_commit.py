@@ -70,25 +70,34 @@ class _Unit(Generic[T]):
         """The caller's event loop (:meth:`GroupCommit.run_async`); None for a thread caller."""
         self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
 
-    def done(self) -> None:
-        """Wake the caller: its work is done."""
-        if self.loop is None or self.future is None:
-            self.wake.set()
-        else:
-            try:
-                self.loop.call_soon_threadsafe(_resolve, self.future)
-            except RuntimeError:  # the caller's loop has closed: nobody is waiting
-                pass
-
     def outcome(self) -> T:
         if self.error is not None:
             raise self.error
         return self.result  # type: ignore[return-value]
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def _wake(batch: list[_Unit[Any]]) -> None:
+    """Wake the callers of a batch: their work is done. Thread callers by their event; coroutines
+    by one hand-over per event loop for all of its callers in the batch (each hand-over to a loop
+    from another thread writes to its wake-up socket: one per unit was a fifth of the writer's time
+    at 64 concurrent callers)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for unit in batch:
+        if unit.loop is None or unit.future is None:
+            unit.wake.set()
+        else:
+            by_loop.setdefault(unit.loop, []).append(unit.future)
+    for loop, futures in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, futures)
+        except RuntimeError:  # the callers' loop has closed: nobody is waiting
+            pass
+
+
+def _resolve(futures: list[asyncio.Future[None]]) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_result(None)
 
 
 class _Abort(Exception):
@@ -224,8 +233,7 @@ class GroupCommit:
                     successor.lead = True
                 elif successor is None:
                     self._leading = False
-            for unit in batch:
-                unit.done()
+            _wake(batch)
             if successor is not None:
                 if successor.loop is None:
                     successor.wake.set()

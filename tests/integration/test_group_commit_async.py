@@ -123,6 +123,44 @@ def test_threads_and_coroutines_share_one_batch_and_the_lead_passes_both_ways(st
     assert account(store, key) == (0, 1_500)
 
 
+def test_a_batch_wakes_each_event_loop_once_for_all_its_coroutines(
+        store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a thread leader: 20 coroutines of one loop, a thread, 10 coroutines of another loop,
+    all in one batch. Each loop is handed its callers' outcomes once (a hand-over from another
+    thread costs a write to the loop's wake-up socket), every caller gets its own reservation,
+    and the thread is woken as threads are."""
+    ledger = Ledger(store)
+    key = make_key(store, 100_000)
+    other = Loop()
+    handed: list[int] = []
+    resolve = group_commit._resolve
+
+    def counted(futures: list[Any]) -> None:
+        handed.append(len(futures))
+        resolve(futures)
+
+    monkeypatch.setattr(group_commit, "_resolve", counted)
+    callers = Callers()
+    batches = store.group.batches
+    try:
+        with held_leader(store, callers):
+            first = [loop.start(reserve(ledger, key, 100 + i)) for i in range(20)]
+            wait_until(lambda: queued(store) == 20)
+            callers.start("thread", lambda: ledger.reserve(key, service="rollout", operation="x", estimate_nusd=50))
+            wait_until(lambda: queued(store) == 21)
+            second = [other.start(reserve(ledger, key, 200 + i)) for i in range(10)]
+            wait_until(lambda: queued(store) == 31)
+        callers.join()
+        assert [f.result(30).estimate_nusd for f in first] == [100 + i for i in range(20)]
+        assert [f.result(30).estimate_nusd for f in second] == [200 + i for i in range(10)]
+    finally:
+        other.close()
+    assert callers.errors == {} and callers.results["thread"].estimate_nusd == 50
+    assert store.group.batches == batches + 1
+    assert sorted(handed) == [10, 20]
+    assert account(store, key) == (0, sum(range(100, 120)) + 50 + sum(range(200, 210)))
+
+
 def test_a_coroutine_cancelled_before_its_turn_writes_nothing(store: Store, loop: Loop) -> None:
     ledger = Ledger(store)
     key = make_key(store, 1_000)
