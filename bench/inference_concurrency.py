@@ -7,7 +7,13 @@ they do not take the gym's GIL. Greedy decoding makes both passes the same work 
 completion tokens); prints completion tokens/s and requests/s of each, their ratio, and the
 rows per forward pass the engine decoded in the concurrent pass.
 
-    .venv/bin/python bench/inference_concurrency.py [--requests 48] [--concurrency 8] [--max-tokens 128]
+Every answer is generated to ``--min-tokens`` (default: ``--max-tokens``; vLLM's ``min_tokens``
+parameter, which the local engine honours): where the tiny model ends an answer depends on its
+build (a locally trained model), so without it the same bench measured 3,882 completion tokens on
+one machine's build and 120 on another's, the latter a test of per-request overhead, not batching.
+``--min-tokens 0`` lets the model end its answers where it will.
+
+    .venv/bin/python bench/inference_concurrency.py [--requests 48] [--concurrency 8] [--max-tokens 128] [--min-tokens N]
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def drive(url: str, key: str, workers: int, bodies: list[dict[str, Any]]) -> dic
         return data["usage"]["completion_tokens"], data["choices"][0]["message"]["content"]
 
     with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(call, [{**body, "max_tokens": 1} for body in bodies[:workers]]))  # connections open
+        list(pool.map(call, [{**body, "max_tokens": 1, "min_tokens": 0} for body in bodies[:workers]]))  # connections open
         t0 = time.perf_counter()
         results = list(pool.map(call, bodies))
         return {"seconds": time.perf_counter() - t0, "results": results}
@@ -80,6 +86,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--min-tokens", type=int, default=None, help="default: --max-tokens")
     parser.add_argument("--models-dir", type=Path, default=default_models_dir())
     parser.add_argument("--drive", help=argparse.SUPPRESS)  # internal: the client process, bodies on stdin
     parser.add_argument("--key", help=argparse.SUPPRESS)
@@ -95,7 +102,9 @@ def main() -> None:
                          provider_secrets=ProviderSecrets({}), run_reaper=False)
     engine = gym.service_apps["inference"].state.inference.engine.engines["local"]
     bodies = [{"model": "tiny", "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-               "max_tokens": args.max_tokens, "temperature": 0} for i in range(args.requests)]
+               "max_tokens": args.max_tokens, "temperature": 0,
+               "min_tokens": args.max_tokens if args.min_tokens is None else args.min_tokens}
+              for i in range(args.requests)]
     with serve(gym.app) as url:
         admin = {"Authorization": "Bearer bench-admin"}
         key = httpx.post(f"{url}/admin/v1/keys", json={"track": "joint", "budget_usd": 1000}, headers=admin,
@@ -110,7 +119,8 @@ def main() -> None:
     assert one == many, "greedy completions differ between the two passes"
     tokens = sum(n for n, _ in one)
     print(f"local inference throughput, tiny base model, embedded gym through the gateway "
-          f"({args.requests} greedy chat completions, max_tokens {args.max_tokens}, {tokens} completion tokens, "
+          f"({args.requests} greedy chat completions, max_tokens {args.max_tokens}, "
+          f"min_tokens {bodies[0]['min_tokens']}, {tokens} completion tokens, "
           f"{os.cpu_count()} CPUs)")
     for label, seconds, rows in (("1 at a time", one_s, one_rows), (f"{args.concurrency} concurrent", many_s, many_rows)):
         print(f"  {label:<13}: {seconds:6.2f} s  {tokens / seconds:8.1f} completion tok/s  "

@@ -20,7 +20,7 @@ from services.core.money import nusd_to_usd, token_cost_nusd
 from services.core.policy import ServicePolicy
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.models.chat_format import parse_tool_calls, render_prompt
-from services.inference.schemas import ChatRequest, parse_inference_request
+from services.inference.schemas import ChatRequest, min_tokens_of, parse_inference_request
 from services.rollout.service import sse
 
 log = logging.getLogger("rsigym.inference")
@@ -103,9 +103,11 @@ class InferenceService:
         if not self._allowed(identity, base, adapter):
             raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        sampling = Sampling(max_tokens=max_tokens_of(request, self.config),
+        max_tokens = max_tokens_of(request, self.config)
+        sampling = Sampling(max_tokens=max_tokens,
                             temperature=1.0 if request.temperature is None else request.temperature,
-                            top_p=1.0 if request.top_p is None else request.top_p, stop=stop, seed=request.seed)
+                            top_p=1.0 if request.top_p is None else request.top_p, stop=stop, seed=request.seed,
+                            min_tokens=min_tokens_of(body, max_tokens))
         return request, base, adapter, prompt_of(request), sampling
 
     def _message(self, request: ChatRequest, generation: Generation) -> tuple[dict[str, Any], str]:

@@ -260,3 +260,35 @@ def test_usage_through_the_api_is_the_same_batched(gym: Any) -> None:
     assert batched == alone
     alone_cost = sum(a["usage"]["cost_usd"] for a in alone)
     assert spent_after - spent_before == pytest.approx(alone_cost, abs=1e-9)
+
+
+def test_min_tokens_holds_back_the_end_of_its_own_rows_only(engine: LocalEngine) -> None:
+    """``min_tokens`` (vLLM's parameter): a row so asked generates no end token before that many
+    tokens; the other rows of the same batch end where they always do."""
+    normal = [engine.generate(TINY, None, p, greedy()) for p in PROMPTS]
+    assert any(g.finish_reason == "stop" for g in normal)  # the model does end some answers early
+    samplings = [greedy(min_tokens=MAX_TOKENS) if i % 2 else greedy() for i in range(len(PROMPTS))]
+    batched = at_once([partial(engine.generate, TINY, None, p, s) for p, s in zip(PROMPTS, samplings, strict=True)])
+    for i, got in enumerate(batched):
+        if i % 2:
+            assert (got.completion_tokens, got.finish_reason) == (MAX_TOKENS, "length"), i
+            assert got.text.startswith(normal[i].text), i  # the same answer, then on past its end
+        else:
+            assert (got.text, got.finish_reason) == (normal[i].text, normal[i].finish_reason), i
+
+
+def test_min_tokens_through_the_api_and_its_bad_values(gym: Any) -> None:
+    with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=120) as admin:
+        key = create_key(admin, budget_usd=5.0)
+        with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key['key']}"}) as client:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 3 + 4?"}], "temperature": 0,
+                    "max_tokens": 12}
+            r = client.post("/inference/v1/chat/completions", json={**body, "min_tokens": 12})
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["completion_tokens"] == 12 and r.json()["choices"][0]["finish_reason"] == "length"
+            spent = admin.get("/v1/balance", headers=client.headers).json()["spent_usd"]
+            for bad in (13, -1, "4", True, 2.5):
+                r = client.post("/inference/v1/chat/completions", json={**body, "min_tokens": bad})
+                assert r.status_code == 422, (bad, r.text)
+                assert r.json()["error"]["param"] == "min_tokens", r.text
+            assert admin.get("/v1/balance", headers=client.headers).json()["spent_usd"] == spent  # refusals cost nothing

@@ -25,6 +25,8 @@ class Sampling:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    min_tokens: int = 0
+    """The end of the answer (an end token) is not generated before this many tokens."""
     cancelled: threading.Event = field(default_factory=threading.Event)
     """Set when the caller has gone: the engine stops at its next token and returns what it has
     (finish_reason ``cancelled``)."""

@@ -97,6 +97,7 @@ class _Loaded:
         """A decode loop is serving this model."""
         self.adapters: OrderedDict[str, str] = OrderedDict()
         self.end_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)}
+        self.end_token_ids = sorted(i for i in self.end_ids if isinstance(i, int))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = int(pad or 0)
         self.cache_arg = _cache_argument(model)
@@ -406,6 +407,13 @@ class LocalEngine:
 
     def _advance(self, loaded: _Loaded, rows: list[_Row], logits: Any) -> list[int]:
         """Sample each row's next token from its logits; the indices of the rows still going."""
+        young = [i for i, row in enumerate(rows) if len(row.out_ids) < row.sampling.min_tokens]
+        if young:  # min_tokens: no end token for these rows yet
+            import torch
+
+            logits = logits.clone()
+            logits[torch.tensor(young, device=logits.device)[:, None],
+                   torch.tensor(loaded.end_token_ids, device=logits.device)] = float("-inf")
         greedy = logits.argmax(dim=-1).tolist()
         keep = []
         for i, row in enumerate(rows):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core.config import BaseModel_
-from services.core.errors import GymError, InvalidRequest, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from services.core.errors import GymError, InvalidRequest, ServiceUnavailable, Unprocessable, UpstreamError, UpstreamTimeout
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.models.chat_format import IM_END
 from services.models.loading import load_tokenizer, resolve_model_dir
@@ -102,6 +102,8 @@ class TinkerEngine:
         sampler = self._sampler(key, kwargs)
         t = tinker_types()
         stops = [s for s in sampling.stop if s]
+        if sampling.min_tokens:
+            raise Unprocessable("min_tokens is not offered by the tinker backend", param="min_tokens")
         params = t.SamplingParams(max_tokens=min(sampling.max_tokens, room), seed=sampling.seed,
                                   stop=stops or None, temperature=sampling.temperature, top_p=sampling.top_p)
         try:

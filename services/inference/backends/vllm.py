@@ -287,6 +287,8 @@ class VLLMEngine:
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        if sampling.min_tokens:
+            body["min_tokens"] = sampling.min_tokens  # vLLM's own sampling parameter
         if adapter is None:
             body["model"] = self._served_name(server, base)
             return self._complete(server, body, on_text, sampling.cancelled)
