@@ -116,7 +116,8 @@ def create_fake_vllm(engine: LocalEngine, base: BaseModel_, served_name: str | N
         stop = body.get("stop") or []
         sampling = Sampling(max_tokens=int(body.get("max_tokens") or 16),
                             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                            stop=[stop] if isinstance(stop, str) else list(stop), seed=body.get("seed"))
+                            stop=[stop] if isinstance(stop, str) else list(stop), seed=body.get("seed"),
+                            min_tokens=int(body.get("min_tokens") or 0))
         prompt = body["prompt"]
         created = 0
         if not body.get("stream"):

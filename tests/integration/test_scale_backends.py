@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from services.core.checkpoints import Checkpoint, CheckpointRegistry
 from services.core.config import BaseModel_
-from services.core.errors import ServiceUnavailable, UpstreamError
+from services.core.errors import ServiceUnavailable, Unprocessable, UpstreamError
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger, StepMeter
 from services.core.money import token_cost_nusd
@@ -117,6 +117,21 @@ def test_vllm_answers_equal_the_local_engine_for_the_same_adapter(fake_vllm: tup
     # The adapters matter: a stale or missing adapter would have answered like another one.
     answers = {tuple(expected[(a.key if a else None, p)].text for p in PROMPTS) for a in [None, *adapters]}
     assert len(answers) == 4
+
+
+def test_vllm_is_sent_min_tokens_and_answers_as_the_local_engine_does(fake_vllm: tuple[str, Any],
+                                                                      local: LocalEngine) -> None:
+    url, state = fake_vllm
+    base = tiny_base(backend="vllm", vllm_url=url + "/v1")
+    engine = VLLMEngine(max_adapters=8)
+    sampling = Sampling(max_tokens=24, temperature=0.0, min_tokens=24)
+    for prompt in PROMPTS:
+        got = engine.generate(base, None, prompt, sampling)
+        assert got == local.generate(base, None, prompt, sampling)
+        assert (got.completion_tokens, got.finish_reason) == (24, "length")
+        assert state.completions[-1]["min_tokens"] == 24
+    engine.generate(base, None, PROMPTS[0], GREEDY)
+    assert "min_tokens" not in state.completions[-1]  # not sent when not asked
 
 
 def test_vllm_loads_each_checkpoint_once_under_its_own_name_and_evicts_lru(fake_vllm: tuple[str, Any],
@@ -363,6 +378,10 @@ def test_tinker_training_learns_and_its_checkpoints_are_servable(sqlite_store: S
     assert base_answer.text == local.generate(base, None, prompt, GREEDY).text
     assert ("create_sampling_client", {"model_path": None, "base_model": TINKER_BASE}) in fake.calls
     assert engine.prompt_tokens(base, prompt) == local.prompt_tokens(base, prompt)
+    calls = len(fake.calls)
+    with pytest.raises(Unprocessable, match="min_tokens"):  # Tinker's sampler has no such parameter
+        engine.generate(base, None, prompt, Sampling(max_tokens=8, temperature=0.0, min_tokens=4))
+    assert len(fake.calls) == calls  # refused before Tinker was asked anything
 
     # A job continuing from this checkpoint loads its training state on Tinker.
     child = Job(sqlite_store, tmp_path, key)

@@ -91,6 +91,8 @@ class TinkerEngine:
 
     def generate(self, base: BaseModel_, adapter: Adapter | None, prompt: str, sampling: Sampling,
                  on_text: Callable[[str], None] | None = None) -> Generation:
+        if sampling.min_tokens:  # Tinker's sampler has no such parameter
+            raise Unprocessable("min_tokens is not offered by the tinker backend", param="min_tokens")
         if sampling.cancelled.is_set():  # one call, not token by token: only a cancel before it counts
             return Generation("", 0, "cancelled")
         tok = self.tokenizer(base)
@@ -102,8 +104,6 @@ class TinkerEngine:
         sampler = self._sampler(key, kwargs)
         t = tinker_types()
         stops = [s for s in sampling.stop if s]
-        if sampling.min_tokens:
-            raise Unprocessable("min_tokens is not offered by the tinker backend", param="min_tokens")
         params = t.SamplingParams(max_tokens=min(sampling.max_tokens, room), seed=sampling.seed,
                                   stop=stops or None, temperature=sampling.temperature, top_p=sampling.top_p)
         try:
