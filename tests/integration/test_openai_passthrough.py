@@ -28,6 +28,14 @@ def chat(client: httpx.Client, key: str, model: str = "teacher", **extra: Any) -
     return client.post("/rollout/v1/chat/completions", json=body, headers=bearer(key))
 
 
+def stream_chat(client: httpx.Client, key: str, model: str, question: str) -> tuple[httpx.Response, str]:
+    """A streamed chat call read to its end: the response and its body."""
+    with client.stream("POST", "/rollout/v1/chat/completions", headers=bearer(key),
+                       json={"model": model, "messages": [{"role": "user", "content": question}],
+                             "max_tokens": 8, "stream": True}) as r:
+        return r, r.read().decode()
+
+
 def ledger(client: httpx.Client, key_id: str) -> list[dict[str, Any]]:
     return client.get(f"/admin/v1/keys/{key_id}/ledger", headers=admin_headers()).json()["data"]
 
@@ -211,11 +219,8 @@ def test_a_stream_cut_off_before_done_costs_its_reservation(
         misbehaving: tuple[httpx.Client, MisbehavingProvider]) -> None:
     client, _provider = misbehaving
     run = create_key(client, 1.0)
-    with client.stream("POST", "/rollout/v1/chat/completions", headers=bearer(run["key"]),
-                       json={"model": "cutoff", "messages": [{"role": "user", "content": "What is 2 + 2?"}],
-                             "max_tokens": 8, "stream": True}) as r:
-        streamed = r.read().decode()
-        reserved = float(r.headers["x-rsigym-cost-usd"])
+    r, streamed = stream_chat(client, run["key"], "cutoff", "What is 2 + 2?")
+    reserved = float(r.headers["x-rsigym-cost-usd"])
     assert '"content":"4"' in streamed
     assert "the stream broke off" in streamed and "[DONE]" in streamed
     [row] = ledger(client, run["id"])
@@ -251,10 +256,7 @@ def test_a_stream_with_crlf_lines_split_across_writes_is_relayed_whole_and_bille
         misbehaving: tuple[httpx.Client, MisbehavingProvider]) -> None:
     client, _provider = misbehaving
     run = create_key(client, 1.0)
-    with client.stream("POST", "/rollout/v1/chat/completions", headers=bearer(run["key"]),
-                       json={"model": "crlf", "messages": [{"role": "user", "content": "What is 40 + 2?"}],
-                             "max_tokens": 8, "stream": True}) as r:
-        streamed = r.read().decode()
+    r, streamed = stream_chat(client, run["key"], "crlf", "What is 40 + 2?")
     assert r.status_code == 200, streamed
     contents = [json.loads(line[6:])["choices"][0]["delta"].get("content")
                 for line in streamed.split("\n") if line.startswith("data: {") and '"choices":[{' in line]

@@ -146,7 +146,7 @@ class _Answer:
             async for chunk in self._response.content.iter_any():
                 yield chunk
         else:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._response.aiter_bytes():  # decoded, as aiohttp's are
                 yield chunk
 
     async def lines(self) -> AsyncIterator[str]:
