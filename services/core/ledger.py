@@ -325,44 +325,27 @@ class Ledger:
             ids = list(chain_ids) if chain_ids else chain_ids_of(work, key_id)
             now = utcnow()
             entry_id = new_id("res")
-            if work.dialect == "postgresql" and len(ids) == 1:
-                row = {"id": entry_id, "key_id": key_id, "run_id": ids[0], "service": service, "operation": operation,
-                       "ref_id": ref_id, "request_id": request_id, "estimate_nusd": estimate_nusd,
-                       "created_at": now, "expires_at": now + ttl}
+            row = {"id": entry_id, "key_id": key_id, "run_id": ids[0], "service": service, "operation": operation,
+                   "ref_id": ref_id, "request_id": request_id, "estimate_nusd": estimate_nusd,
+                   "created_at": now, "expires_at": now + ttl}
+            figures: list[Figures] = []
+            if work.dialect == "postgresql" and len(ids) == 1:  # the hold and its row in one statement
                 held = work.first(HOLD_AND_RECORD, {**row, "kid": key_id, "x": estimate_nusd, "now": now})
                 if held is None:
                     self._refuse(work, key_id, estimate_nusd)
-                return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation,
-                                   balance_from([held]))  # type: ignore[list-item]
-            figures: list[Figures] = []
-            for i, kid in enumerate(ids):  # root first: one lock order for every caller
-                held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
-                if held is None:
-                    # Give back the holds already taken on the ancestors: a refusal leaves no
-                    # write behind, so the group commit can go on with the rest of its batch.
-                    for taken in ids[:i]:
-                        work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
-                    self._refuse(work, kid, estimate_nusd)
                 figures.append(held)  # type: ignore[arg-type]
-            work.rows(
-                _RECORD,
-                {
-                    "id": entry_id,
-                    "key_id": key_id,
-                    "run_id": ids[0],
-                    "service": service,
-                    "operation": operation,
-                    "ref_id": ref_id,
-                    "request_id": request_id,
-                    "estimate_nusd": estimate_nusd,
-                    "actual_nusd": None,
-                    "overrun_nusd": 0,
-                    "status": "reserved",
-                    "created_at": now,
-                    "expires_at": now + ttl,
-                    "settled_at": None,
-                },
-            )
+            else:
+                for i, kid in enumerate(ids):  # root first: one lock order for every caller
+                    held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
+                    if held is None:
+                        # Give back the holds already taken on the ancestors: a refusal leaves no
+                        # write behind, so the group commit can go on with the rest of its batch.
+                        for taken in ids[:i]:
+                            work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
+                        self._refuse(work, kid, estimate_nusd)
+                    figures.append(held)  # type: ignore[arg-type]
+                work.rows(_RECORD, {**row, "actual_nusd": None, "overrun_nusd": 0, "status": "reserved",
+                                    "settled_at": None})
             return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
         return hold
