@@ -28,8 +28,8 @@ import json
 import logging
 import secrets
 import weakref
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import aiohttp
 import httpx
@@ -70,62 +70,57 @@ def _detail(body: bytes) -> str:
 
 
 log = logging.getLogger("rsigym.rollout")
+C = TypeVar("C")
 UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError)
 """What a provider's connection raises (mapped by :func:`map_provider_error`; a timeout's name says so)."""
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """The longest line of a provider's event stream read before the stream is refused as malformed."""
 
 
-class _Clients:
-    """One stand-in client per event loop (a client's connections belong to the loop that opened them)."""
-
-    def __init__(self, make: Callable[[], httpx.AsyncClient]):
-        self._make = make
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        client = self._by_loop.get(loop)
-        if client is None:
-            client = self._by_loop[loop] = self._make()
-        return client
-
-
-class _Sessions:
-    """One pooled aiohttp session per event loop, closed when its loop shuts down.
+class _PerLoop(Generic[C]):
+    """One pooled client per event loop (a client's connections belong to the loop that opened
+    them), closed when its loop shuts down or by :meth:`close_all`.
 
     A loop may end before the gym does (a test client runs each request on a loop of its own):
-    each session is tied to an async generator that the loop's own shutdown
-    (``loop.shutdown_asyncgens()``, run by ``asyncio.run`` and anyio before a loop closes) closes,
-    and its ``finally`` closes the session with the loop still able to run it."""
+    each client is tied to an async generator (its *keeper*) whose ``finally`` closes it. The
+    loop's own shutdown (``loop.shutdown_asyncgens()``, run by ``asyncio.run`` and anyio before a
+    loop closes) closes the keeper while the loop can still run the close."""
 
-    def __init__(self, make: Callable[[], aiohttp.ClientSession]):
-        self._make = make
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, Any]] = (
+    def __init__(self, make: Callable[[], C], close: Callable[[C], Awaitable[None]]):
+        self._make, self._close = make, close
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[C, AsyncGenerator[None]]] = (
             weakref.WeakKeyDictionary()
         )
 
-    async def get(self) -> aiohttp.ClientSession:
+    async def get(self) -> C:
         loop = asyncio.get_running_loop()
         found = self._by_loop.get(loop)
         if found is None:
-            session = self._make()
-            keeper = _closed_with_the_loop(session)
+            client = self._make()
+            keeper = self._closed_with_the_loop(client)
             await anext(keeper)  # started: the loop now knows it, and will close it at its end
-            self._by_loop[loop] = found = (session, keeper)
+            self._by_loop[loop] = found = (client, keeper)
         return found[0]
 
-    def items(self) -> list[tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession]]:
-        return [(loop, session) for loop, (session, _keeper) in list(self._by_loop.items())]
+    async def _closed_with_the_loop(self, client: C) -> AsyncGenerator[None]:
+        try:
+            yield
+        finally:
+            await self._close(client)
 
+    def items(self) -> list[tuple[asyncio.AbstractEventLoop, C]]:
+        return [(loop, client) for loop, (client, _keeper) in list(self._by_loop.items())]
 
-async def _closed_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        await session.close()
+    def close_all(self) -> None:
+        """Close the clients of every loop still running (from a thread other than those loops',
+        as the gym's shutdown hooks run); a keeper already closed closes nothing twice."""
+        for loop, (_client, keeper) in list(self._by_loop.items()):
+            if loop.is_closed() or not loop.is_running():
+                continue
+            try:
+                asyncio.run_coroutine_threadsafe(keeper.aclose(), loop).result(timeout=5)
+            except (concurrent.futures.TimeoutError, RuntimeError) as err:
+                log.warning("a provider client did not close: %s", type(err).__name__)
 
 
 class _Answer:
@@ -179,22 +174,16 @@ class OpenAICompatibleBackend:
         timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, config.request_timeout_s),
                                         sock_read=config.request_timeout_s)
         # trust_env: proxy variables apply as they do for LiteLLM's own client.
-        self._providers = _Sessions(lambda: aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=256), trust_env=True))
+        self._providers: _PerLoop[aiohttp.ClientSession] = _PerLoop(lambda: aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=256), trust_env=True), aiohttp.ClientSession.close)
         self._standin_key = secrets.token_urlsafe(24)
         self._standin_app: Any = None
-        self._standin = _Clients(self._standin_client)
+        self._standin: _PerLoop[httpx.AsyncClient] = _PerLoop(self._standin_client, httpx.AsyncClient.aclose)
 
     def close(self) -> None:
-        """Close the provider sessions of every event loop still running (called from a thread
-        other than those loops', as the gym's shutdown hooks are)."""
-        for loop, session in self._providers.items():
-            if session.closed or loop.is_closed() or not loop.is_running():
-                continue
-            try:
-                asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=5)
-            except (concurrent.futures.TimeoutError, RuntimeError) as err:
-                log.warning("a provider session did not close: %s", type(err).__name__)
+        """Close the clients of every event loop still running (the rollout service's close hook)."""
+        self._providers.close_all()
+        self._standin.close_all()
 
     def _standin_client(self) -> httpx.AsyncClient:
         if self._standin_app is None:
@@ -229,7 +218,7 @@ class OpenAICompatibleBackend:
 
     async def _open(self, model: RolloutModel, url: str, content: bytes, headers: dict[str, str]) -> _Answer:
         if model.served_by == "standin":
-            client = self._standin.get()
+            client = await self._standin.get()
             return _Answer(await client.send(client.build_request("POST", url, content=content, headers=headers),
                                              stream=True))
         # No redirects followed (as with httpx): a provider's answer is the answer.
