@@ -41,7 +41,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from services.core.errors import StoreUnavailable
 
@@ -52,6 +52,25 @@ T = TypeVar("T")
 log = logging.getLogger("rsigym.store")
 WRITER_IDLE_S = 5.0
 """The writer thread leaves after this long with nothing to lead (a new one starts when needed)."""
+
+class Pipelined(Generic[T]):
+    """A unit of work in two halves, so that a batch on PostgreSQL can send every unit's first
+    statement before reading any answer (pipeline mode: one round trip for a run of such units,
+    where each statement cost one, ~120-220 µs here).
+
+    ``send(work)`` sends the unit's first statement (:meth:`Work.send`) and nothing else, and
+    returns ``finish()``, which reads that answer and completes the unit (it may run further
+    statements, one at a time). Called as a plain unit, ``fn(work)``, the halves run back to back:
+    the same unit serves every store and every caller."""
+
+    __slots__ = ("send",)
+
+    def __init__(self, send: Callable[[Work], Callable[[], T]]):
+        self.send = send
+
+    def __call__(self, work: Work) -> T:
+        return self.send(work)()
+
 
 class _Unit(Generic[T]):
     __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future")
@@ -257,7 +276,17 @@ class GroupCommit:
             unit.result, unit.error = None, None
         try:
             with self._store.begin() as work:
-                for unit in batch:
+                i = 0
+                while i < len(batch):
+                    j = i
+                    while work.pipelines and j < len(batch) and isinstance(batch[j].fn, Pipelined):
+                        j += 1
+                    if j - i > 1:
+                        self._pipelined(work, batch[i:j])
+                        i = j
+                        continue
+                    unit = batch[i]
+                    i += 1
                     try:
                         unit.result = unit.fn(work)
                     except unit.clean as err:
@@ -274,6 +303,31 @@ class GroupCommit:
         self.batches += 1
         self.units += len(batch)
         return None
+
+    @staticmethod
+    def _pipelined(work: Work, units: list[_Unit[Any]]) -> None:
+        """Run a run of :class:`Pipelined` units: every first statement sent in one pipeline,
+        then each unit finished in order. A failure aborts the batch in the name of the unit
+        whose statement the server did not answer (the one that failed: the pipeline stops
+        there), which then runs alone, as any unit that fails a batch."""
+        finishes: list[Callable[[], Any]] = []
+        sent: list[Any] = []
+        sending = units[0]
+        try:
+            with work.pipeline() as sent:
+                for sending in units:
+                    finishes.append(cast(Pipelined[Any], sending.fn).send(work))
+        except BaseException as err:
+            # One statement a unit, in order: the first unanswered is the failed unit's.
+            unanswered = (unit for unit, statement in zip(units, sent, strict=False) if not statement.answered)
+            raise _Abort(next(unanswered, sending)) from err
+        for unit, finish in zip(units, finishes, strict=True):
+            try:
+                unit.result = finish()
+            except unit.clean as err:
+                unit.error = err
+            except BaseException as err:
+                raise _Abort(unit) from err
 
     def _alone(self, unit: _Unit[Any]) -> None:
         unit.result, unit.error = None, None

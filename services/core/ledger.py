@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session
 
 from services.core.config import LedgerConfig
 from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked, NotFound
+from services.core.group_commit import Pipelined
 from services.core.ids import new_id
 from services.core.money import format_usd, nusd_to_usd
 from services.core.store import Store, Work
@@ -321,32 +322,49 @@ class Ledger:
             raise ValueError("estimate must be >= 0")
         ttl = timedelta(seconds=ttl_s if ttl_s is not None else self.config.reservation_ttl_s)
 
-        def hold(work: Work) -> Reservation:
-            ids = list(chain_ids) if chain_ids else chain_ids_of(work, key_id)
+        def entry(run_id: str) -> dict[str, Any]:
             now = utcnow()
-            entry_id = new_id("res")
-            row = {"id": entry_id, "key_id": key_id, "run_id": ids[0], "service": service, "operation": operation,
-                   "ref_id": ref_id, "request_id": request_id, "estimate_nusd": estimate_nusd,
-                   "created_at": now, "expires_at": now + ttl}
-            figures: list[Figures] = []
-            if work.dialect == "postgresql" and len(ids) == 1:  # the hold and its row in one statement
-                held = work.first(HOLD_AND_RECORD, {**row, "kid": key_id, "x": estimate_nusd, "now": now})
+            return {"id": new_id("res"), "key_id": key_id, "run_id": run_id, "service": service,
+                    "operation": operation, "ref_id": ref_id, "request_id": request_id,
+                    "estimate_nusd": estimate_nusd, "created_at": now, "expires_at": now + ttl}
+
+        def send_hold_and_record(work: Work, run_id: str) -> Callable[[], Reservation]:
+            """PostgreSQL, a chain of one key: the hold and its row in one statement (sent
+            without waiting for the previous unit's answer in a batch: :class:`Pipelined`)."""
+            row = entry(run_id)
+            sent = work.send(HOLD_AND_RECORD, {**row, "kid": key_id, "x": estimate_nusd, "now": row["created_at"]})
+
+            def finish() -> Reservation:
+                held = sent.first()
                 if held is None:
                     self._refuse(work, key_id, estimate_nusd)
+                figures: list[Figures] = [held]  # type: ignore[list-item]
+                return Reservation(row["id"], key_id, run_id, estimate_nusd, service, operation, balance_from(figures))
+
+            return finish
+
+        if self.store.dialect == "postgresql" and chain_ids is not None and len(chain_ids) == 1:
+            return Pipelined(lambda work: send_hold_and_record(work, chain_ids[0]))
+
+        def hold(work: Work) -> Reservation:
+            ids = list(chain_ids) if chain_ids else chain_ids_of(work, key_id)
+            if work.dialect == "postgresql" and len(ids) == 1:
+                return send_hold_and_record(work, ids[0])()
+            row = entry(ids[0])
+            now = row["created_at"]
+            figures: list[Figures] = []
+            for i, kid in enumerate(ids):  # root first: one lock order for every caller
+                held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
+                if held is None:
+                    # Give back the holds already taken on the ancestors: a refusal leaves no
+                    # write behind, so the group commit can go on with the rest of its batch.
+                    for taken in ids[:i]:
+                        work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
+                    self._refuse(work, kid, estimate_nusd)
                 figures.append(held)  # type: ignore[arg-type]
-            else:
-                for i, kid in enumerate(ids):  # root first: one lock order for every caller
-                    held = work.first(HOLD, {"kid": kid, "x": estimate_nusd, "now": now})
-                    if held is None:
-                        # Give back the holds already taken on the ancestors: a refusal leaves no
-                        # write behind, so the group commit can go on with the rest of its batch.
-                        for taken in ids[:i]:
-                            work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
-                        self._refuse(work, kid, estimate_nusd)
-                    figures.append(held)  # type: ignore[arg-type]
-                work.rows(_RECORD, {**row, "actual_nusd": None, "overrun_nusd": 0, "status": "reserved",
-                                    "settled_at": None})
-            return Reservation(entry_id, key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
+            work.rows(_RECORD, {**row, "actual_nusd": None, "overrun_nusd": 0, "status": "reserved",
+                                "settled_at": None})
+            return Reservation(row["id"], key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
         return hold
 
@@ -416,20 +434,25 @@ class Ledger:
         if actual_nusd is not None:
             params["charge"] = max(0, actual_nusd)
 
-        def close(work: Work) -> Closed | None:
+        def send_close(work: Work) -> Callable[[], Closed | None]:
             one_statement = work.dialect == "postgresql"
-            found = work.first((CLOSE_AND_MOVE if one_statement else CLOSE)[actual_nusd is None, expired_only], params)
-            if found is None:
-                return None
-            closed, moved = found[:7], found[7:]
-            if one_statement and moved[1] is not None:  # spent is never NULL: the key was moved
-                return closed, [moved]
-            key_id, run_id, estimate, charged = closed[:4]
-            ids = [key_id] if key_id == run_id else chain_ids_of(work, key_id)
-            move = {"held": estimate, "charged": charged, "now": params["now"]}
-            return closed, [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
+            sent = work.send((CLOSE_AND_MOVE if one_statement else CLOSE)[actual_nusd is None, expired_only], params)
 
-        return close
+            def finish() -> Closed | None:
+                found = sent.first()
+                if found is None:
+                    return None
+                closed, moved = found[:7], found[7:]
+                if one_statement and moved[1] is not None:  # spent is never NULL: the key was moved
+                    return closed, [moved]
+                key_id, run_id, estimate, charged = closed[:4]
+                ids = [key_id] if key_id == run_id else chain_ids_of(work, key_id)
+                move = {"held": estimate, "charged": charged, "now": params["now"]}
+                return closed, [work.one(MOVE, {**move, "kid": kid}) for kid in ids]
+
+            return finish
+
+        return Pipelined(send_close)
 
     @staticmethod
     def _closed(done: Closed | None, reservation_id: str) -> tuple[int, Balance] | None:

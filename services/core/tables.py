@@ -52,6 +52,25 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
 
+    def bind_processor(self, dialect: Any) -> Any:
+        """On SQLite, :meth:`process_bind_param` and SQLite ``DATETIME``'s text formatting fused
+        into one call: the same text (``YYYY-MM-DD HH:MM:SS.ffffff``, which SQLite compares as
+        strings), at under half the cost; the ledger binds three timestamps a reservation."""
+        if dialect.name != "sqlite":
+            return super().bind_processor(dialect)
+        return _sqlite_utc_text
+
+
+def _sqlite_utc_text(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the store")
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 - the fastest of the forms measured
+        value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond)
+
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)

@@ -121,13 +121,13 @@ def test_sqlite_writers_of_one_process_wait_at_most_the_busy_timeout(tmp_path: P
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The SQL of every statement the hot path sends (each one a round trip to a server)."""
     sent: list[str] = []
-    rows = Work.rows
+    send = Work.send  # every statement of a unit of work goes through it
 
-    def counted(self: Work, stmt: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def counted(self: Work, stmt: Any, params: dict[str, Any]) -> Any:
         sent.append(str(stmt))
-        return rows(self, stmt, params)
+        return send(self, stmt, params)
 
-    monkeypatch.setattr(Work, "rows", counted)
+    monkeypatch.setattr(Work, "send", counted)
     return sent
 
 
