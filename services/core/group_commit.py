@@ -72,8 +72,12 @@ class Pipelined(Generic[T]):
         return self.send(work)()
 
 
+_NO_EVENT = threading.Event()
+"""A coroutine caller's ``wake``: never waited on (its future is)."""
+
+
 class _Unit(Generic[T]):
-    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future")
+    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future", "orphaned")
 
     def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
                  loop: asyncio.AbstractEventLoop | None = None):
@@ -84,10 +88,14 @@ class _Unit(Generic[T]):
         """Set (under the queue lock) when leadership passes to this unit's caller (threads only)."""
         self.result: T | None = None
         self.error: BaseException | None = None
-        self.wake = threading.Event()
+        self.wake = threading.Event() if loop is None else _NO_EVENT
+        """Set when a thread caller's work is done or the lead passes to it (threads only)."""
         self.loop = loop
         """The caller's event loop (:meth:`GroupCommit.run_async`); None for a thread caller."""
         self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
+        self.orphaned: Callable[[T], None] | None = None
+        """Set (on the caller's loop) when the coroutine was cancelled after its work was taken:
+        undo the work once it is done (see :meth:`GroupCommit.run_async`)."""
 
     def outcome(self) -> T:
         if self.error is not None:
@@ -100,23 +108,27 @@ def _wake(batch: list[_Unit[Any]]) -> None:
     by one hand-over per event loop for all of its callers in the batch (each hand-over to a loop
     from another thread writes to its wake-up socket: one per unit was a fifth of the writer's time
     at 64 concurrent callers)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Unit[Any]]] = {}
     for unit in batch:
-        if unit.loop is None or unit.future is None:
+        if unit.loop is None:
             unit.wake.set()
         else:
-            by_loop.setdefault(unit.loop, []).append(unit.future)
-    for loop, futures in by_loop.items():
+            by_loop.setdefault(unit.loop, []).append(unit)
+    for loop, units in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_resolve, futures)
+            loop.call_soon_threadsafe(_resolve, units)
         except RuntimeError:  # the callers' loop has closed: nobody is waiting
             pass
 
 
-def _resolve(futures: list[asyncio.Future[None]]) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_result(None)
+def _resolve(units: list[_Unit[Any]]) -> None:
+    """On the callers' loop: each caller's work is done."""
+    for unit in units:
+        assert unit.future is not None
+        if not unit.future.done():
+            unit.future.set_result(None)
+        elif unit.orphaned is not None:  # its caller was cancelled meanwhile
+            GroupCommit._orphan(unit, unit.orphaned)
 
 
 class _Abort(Exception):
@@ -175,23 +187,35 @@ class GroupCommit:
             self._leading = True
         if starts:
             self._hand_to_writer()
+        # One timer, not asyncio.wait's waiter, timer and callbacks: half the event loop's time
+        # per call at 64 concurrent callers (py-spy).
+        expiry = unit.loop.call_later(self.wait_s, self._expire, unit)  # type: ignore[union-attr]
         try:
-            done, _ = await asyncio.wait({unit.future}, timeout=self.wait_s)
-            if not done:
-                with self._lock:
-                    if not unit.taken:
-                        self._queue.remove(unit)
-                        raise StoreUnavailable("the gym's store is busy; the call was refused")
-                await asyncio.shield(unit.future)  # started just as the wait ran out
+            await unit.future
         except asyncio.CancelledError:
+            # Cancelling this task cancelled the unit's future too, unless its work was done.
             with self._lock:
                 withdrawn = not unit.taken
                 if withdrawn:
                     self._queue.remove(unit)
             if not withdrawn and orphaned is not None:
-                unit.future.add_done_callback(lambda _: self._orphan(unit, orphaned))
+                if unit.future.cancelled():  # the work is not done yet: undo it once it is
+                    unit.orphaned = orphaned
+                else:
+                    self._orphan(unit, orphaned)
             raise
+        finally:
+            expiry.cancel()
         return unit.outcome()
+
+    def _expire(self, unit: _Unit[Any]) -> None:
+        """On the caller's loop, its wait is over: refuse it if its work has not started (else
+        it waits on: the work was taken just as the wait ran out)."""
+        with self._lock:
+            if unit.taken or unit.future is None or unit.future.done():
+                return
+            self._queue.remove(unit)
+        unit.future.set_exception(StoreUnavailable("the gym's store is busy; the call was refused"))
 
     @staticmethod
     def _orphan(unit: _Unit[T], orphaned: Callable[[T], None]) -> None:
