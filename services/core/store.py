@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 import anyio
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import ClauseElement, Dialect, Engine, create_engine, event, exc, make_url, text
+from sqlalchemy import ClauseElement, Dialect, Engine, Select, UpdateBase, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -119,6 +119,11 @@ class Prepared:
     def __init__(self, stmt: ClauseElement, dialect: Dialect):
         compiled = cast(SQLCompiler, stmt.compile(dialect=dialect))
         self.sql = str(compiled)
+        self.returns_rows: bool | None = (
+            True if isinstance(stmt, Select) else
+            bool(stmt.returning_column_descriptions) if isinstance(stmt, UpdateBase) else None)
+        """Whether running it gives rows; None: ask the cursor (psycopg's ``description`` builds
+        an object per column each time it is read, ~12 % of a pipelined batch's time)."""
         self.order = tuple(compiled.positiontup or ()) if compiled.positional else None
         self.constants: dict[str, Any] = {}
         self.processors: dict[str, Callable[[Any], Any]] = {}
@@ -175,8 +180,8 @@ class Work:
         except self._store.dbapi_error as err:
             raise self._failed(err, prepared.sql) from err
         if sent is None:
-            return Sent(self, cursor, prepared.sql, pipelined=False)
-        sent.append(Sent(self, cursor, prepared.sql, pipelined=True))
+            return Sent(self, cursor, prepared, pipelined=False)
+        sent.append(Sent(self, cursor, prepared, pipelined=True))
         return sent[-1]
 
     def _cursor_for(self, i: int) -> Any:
@@ -228,10 +233,10 @@ class Work:
 class Sent:
     """A statement :meth:`Work.send` ran or sent: its answer, read once."""
 
-    __slots__ = ("_work", "_cursor", "_sql", "_pipelined")
+    __slots__ = ("_work", "_cursor", "_prepared", "_pipelined")
 
-    def __init__(self, work: Work, cursor: Any, sql: str, *, pipelined: bool):
-        self._work, self._cursor, self._sql, self._pipelined = work, cursor, sql, pipelined
+    def __init__(self, work: Work, cursor: Any, prepared: Prepared, *, pipelined: bool):
+        self._work, self._cursor, self._prepared, self._pipelined = work, cursor, prepared, pipelined
 
     @property
     def answered(self) -> bool:
@@ -240,11 +245,12 @@ class Sent:
         return not self._pipelined or getattr(self._cursor, "pgresult", None) is not None
 
     def rows(self) -> list[tuple[Any, ...]]:
-        cursor = self._cursor
+        cursor, returns_rows = self._cursor, self._prepared.returns_rows
         try:
-            found: list[tuple[Any, ...]] = cursor.fetchall() if cursor.description else []
+            has_rows = returns_rows if returns_rows is not None else cursor.description is not None
+            found: list[tuple[Any, ...]] = cursor.fetchall() if has_rows else []
         except self._work._store.dbapi_error as err:
-            raise self._work._failed(err, self._sql) from err
+            raise self._work._failed(err, self._prepared.sql) from err
         return found
 
     def first(self) -> tuple[Any, ...] | None:

@@ -47,7 +47,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the store")
-        return value.astimezone(UTC).replace(tzinfo=None)
+        return (value if value.tzinfo is UTC else value.astimezone(UTC)).replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
