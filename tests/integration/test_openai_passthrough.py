@@ -287,3 +287,65 @@ def test_a_provider_session_is_closed_with_its_event_loop_or_when_the_gym_stops(
         assert len(live) == 1
         rollout.state.close()
         assert live[0].closed
+
+
+class RecordingProvider:
+    """A provider that answers every chat completion with "42" and its usage, and records the
+    headers each call came with (the host it was addressed to among them)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+
+    async def chat(self, request: Request) -> Response:
+        self.seen.append(dict(request.headers))
+        return JSONResponse({"id": "c1", "object": "chat.completion", "created": 1, "model": "teacher",
+                             "choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant", "content": "42"}}],
+                             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+
+def test_a_netrc_entry_for_the_providers_host_changes_nothing(
+        make_gym: Any, teacher_secret: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A netrc file that names the provider's host is not the provider's credential: the call goes
+    with the platform key alone (aiohttp's trust_env refused such a call outright, netrc auth
+    beside an Authorization header), and the netrc password is sent nowhere."""
+    provider = RecordingProvider()
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password netrc-secret-123\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    with serve(provider.app) as url:
+        client = client_for(make_gym(config=gym_config(url + "/v1")))
+        run = create_key(client, 1.0)
+        r = chat(client, run["key"])
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "42"
+    assert [h["authorization"] for h in provider.seen] == [f"Bearer {teacher_secret}"]
+    assert "netrc-secret-123" not in json.dumps(provider.seen)
+    assert [row["status"] for row in ledger(client, run["id"])] == ["settled"]
+
+
+def test_the_provider_is_called_through_the_proxy_the_environment_names(
+        make_gym: Any, teacher_secret: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HTTP_PROXY`` applies to the provider's calls (a host only the proxy can reach answers
+    through it), and ``NO_PROXY`` takes a host off it."""
+    proxy = RecordingProvider()  # plays the proxy: it answers as the provider it would forward to
+    for name in ("no_proxy", "NO_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with serve(proxy.app) as proxy_url:
+        monkeypatch.setenv("http_proxy", proxy_url)
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        client = client_for(make_gym(config=gym_config("http://provider.invalid/v1")))
+        run = create_key(client, 1.0)
+        r = chat(client, run["key"])
+        assert r.status_code == 200, r.text
+        assert [(h["host"], h["authorization"]) for h in proxy.seen] == [("provider.invalid", f"Bearer {teacher_secret}")]
+
+        monkeypatch.setenv("no_proxy", "provider.invalid")
+        monkeypatch.setenv("NO_PROXY", "provider.invalid")
+        bypassing = client_for(make_gym(config=gym_config("http://provider.invalid/v1")))
+        run = create_key(bypassing, 1.0)
+        r = chat(bypassing, run["key"])
+        assert r.status_code == 502, r.text  # straight to a host that does not exist
+        assert len(proxy.seen) == 1

@@ -33,6 +33,8 @@ from typing import Any, Generic, TypeVar
 
 import aiohttp
 import httpx
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from services.core.config import RolloutConfig, RolloutModel
 from services.core.errors import GymError
@@ -173,9 +175,13 @@ class OpenAICompatibleBackend:
         # As httpx's timeout was: each read may wait request_timeout_s, a connect at most 10 s.
         timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, config.request_timeout_s),
                                         sock_read=config.request_timeout_s)
-        # trust_env: proxy variables apply as they do for LiteLLM's own client.
+        # Not trust_env: it made every call read ~/.netrc and the proxy variables in two worker-
+        # thread trips (~18 % of the gym's time per call), and a netrc entry for a provider's host
+        # made each call fail (aiohttp refuses netrc auth beside an Authorization header). The
+        # proxy variables still apply, read once per provider URL (:meth:`_proxy_for`).
         self._providers: _PerLoop[aiohttp.ClientSession] = _PerLoop(lambda: aiohttp.ClientSession(
-            timeout=timeout, connector=aiohttp.TCPConnector(limit=256), trust_env=True), aiohttp.ClientSession.close)
+            timeout=timeout, connector=aiohttp.TCPConnector(limit=256), trust_env=False), aiohttp.ClientSession.close)
+        self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
         self._standin_key = secrets.token_urlsafe(24)
         self._standin_app: Any = None
         self._standin: _PerLoop[httpx.AsyncClient] = _PerLoop(self._standin_client, httpx.AsyncClient.aclose)
@@ -223,7 +229,22 @@ class OpenAICompatibleBackend:
                                              stream=True))
         # No redirects followed (as with httpx): a provider's answer is the answer.
         session = await self._providers.get()
-        return _Answer(await session.post(url, data=content, headers=headers, allow_redirects=False))
+        proxy, proxy_auth = self._proxy_for(url)
+        return _Answer(await session.post(url, data=content, headers=headers, allow_redirects=False, proxy=proxy,
+                                          proxy_auth=proxy_auth))
+
+    def _proxy_for(self, url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
+        """The proxy the environment names for ``url`` (``HTTPS_PROXY`` / ``HTTP_PROXY``, ``NO_PROXY``
+        honoured; its credentials from the URL or netrc), as aiohttp's ``trust_env`` finds it, read
+        the first time the URL is called: the process's environment, as httpx reads it once per client."""
+        found = self._proxies.get(url)
+        if found is None:
+            try:
+                found = get_env_proxy_for_url(URL(url))
+            except LookupError:  # none named, or NO_PROXY covers the host
+                found = (None, None)
+            self._proxies[url] = found
+        return found
 
     async def _send(self, model: RolloutModel, url: str, content: bytes, headers: dict[str, str]) -> _Answer:
         try:
