@@ -77,7 +77,8 @@ _NO_EVENT = threading.Event()
 
 
 class _Unit(Generic[T]):
-    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future", "orphaned")
+    __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future", "orphaned",
+                 "resolved")
 
     def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
                  loop: asyncio.AbstractEventLoop | None = None):
@@ -96,6 +97,9 @@ class _Unit(Generic[T]):
         self.orphaned: Callable[[T], None] | None = None
         """Set (on the caller's loop) when the coroutine was cancelled after its work was taken:
         undo the work once it is done (see :meth:`GroupCommit.run_async`)."""
+        self.resolved = False
+        """Set on the caller's loop when the work's end reached it (:func:`_resolve`): the
+        loop's order of the two, not the future's state, tells whether the work is done."""
 
     def outcome(self) -> T:
         if self.error is not None:
@@ -125,6 +129,7 @@ def _resolve(units: list[_Unit[Any]]) -> None:
     """On the callers' loop: each caller's work is done."""
     for unit in units:
         assert unit.future is not None
+        unit.resolved = True
         if not unit.future.done():
             unit.future.set_result(None)
         elif unit.orphaned is not None:  # its caller was cancelled meanwhile
@@ -199,10 +204,14 @@ class GroupCommit:
                 if withdrawn:
                     self._queue.remove(unit)
             if not withdrawn and orphaned is not None:
-                if unit.future.cancelled():  # the work is not done yet: undo it once it is
-                    unit.orphaned = orphaned
-                else:
+                # Both this and _resolve run on this loop, so exactly one of them undoes the work:
+                # _resolve, if the work's end has not reached the loop yet; else here, now. (The
+                # future alone cannot tell: cancelling the task cancels it either way when the
+                # cancellation reached the loop before the work's end did.)
+                if unit.resolved:
                     self._orphan(unit, orphaned)
+                else:
+                    unit.orphaned = orphaned
             raise
         finally:
             expiry.cancel()

@@ -204,6 +204,43 @@ def test_a_coroutine_cancelled_after_its_hold_was_taken_leaves_nothing_held(stor
     assert account(store, key) == (0, 0)
 
 
+@pytest.mark.parametrize("first", ["cancellation", "work's end"])
+def test_a_cancellation_and_the_works_end_reach_the_loop_in_either_order_and_nothing_stays_held(
+        store: Store, loop: Loop, first: str) -> None:
+    """The caller's cancellation and the end of its work (taken into a batch) are both handed to
+    its event loop from other threads, in either order: the hold is released once, either way.
+    The loop is kept busy while both queue up on it, so the order is the test's, not chance's."""
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    callers = Callers()
+    entered, release = threading.Event(), threading.Event()
+
+    def block(_work: Work) -> str:
+        entered.set()
+        assert release.wait(30)
+        return "second"
+
+    with held_leader(store, callers):
+        callers.start("second", lambda: store.batched(block))
+        wait_until(lambda: queued(store) == 1)
+        orphan = loop.start(reserve(ledger, key, 100))
+        wait_until(lambda: queued(store) == 2)
+    assert entered.wait(30)  # "second" leads the batch that holds the reservation
+    busy, free = threading.Event(), threading.Event()
+    loop.loop.call_soon_threadsafe(lambda: (busy.set(), free.wait(30)))
+    assert busy.wait(30)  # the loop runs nothing else until `free`
+    if first == "cancellation":
+        orphan.cancel()  # the task's cancellation queues on the loop
+    release.set()
+    callers.join()  # the batch has ended: its end is queued on the loop
+    if first != "cancellation":
+        orphan.cancel()
+    free.set()
+    assert orphan.cancelled()
+    wait_until(lambda: entries(store) == [(100, "released")])
+    assert account(store, key) == (0, 0)
+
+
 def test_a_coroutine_that_waits_too_long_is_refused_and_its_work_never_runs(store: Store, loop: Loop) -> None:
     ledger = Ledger(store)
     key = make_key(store, 1_000)
