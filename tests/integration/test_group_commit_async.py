@@ -175,33 +175,46 @@ def test_a_coroutine_cancelled_before_its_turn_writes_nothing(store: Store, loop
     assert account(store, key) == (0, 0) and entries(store) == []
 
 
+class TakenReservation:
+    """A coroutine's reservation of 100 on a key of 1,000, taken into a batch that a thread caller
+    ("second") leads and holds inside its own work until :meth:`end_batch`."""
+
+    def __init__(self, store: Store, loop: Loop) -> None:
+        self.store, self.key = store, make_key(store, 1_000)
+        self.callers = Callers()
+        entered, self.release = threading.Event(), threading.Event()
+
+        def block(_work: Work) -> str:
+            entered.set()
+            assert self.release.wait(30)
+            return "second"
+
+        with held_leader(store, self.callers):
+            self.callers.start("second", lambda: store.batched(block))
+            wait_until(lambda: queued(store) == 1)
+            self.caller = loop.start(reserve(Ledger(store), self.key, 100))
+            wait_until(lambda: queued(store) == 2)
+        assert entered.wait(30)  # "second" leads a batch that holds the reservation too
+        assert queued(store) == 0
+
+    def end_batch(self) -> None:
+        self.release.set()
+        self.callers.join()
+
+    def nothing_held(self) -> None:
+        wait_until(lambda: entries(self.store) == [(100, "released")])
+        assert account(self.store, self.key) == (0, 0)
+
+
 def test_a_coroutine_cancelled_after_its_hold_was_taken_leaves_nothing_held(store: Store, loop: Loop) -> None:
     """The caller (a client that hung up) is cancelled while its reservation is inside a running
     batch: the hold is made and committed with the batch, then released — no money stays held
     for a call that will never be settled, and no ledger row stays open."""
-    ledger = Ledger(store)
-    key = make_key(store, 1_000)
-    callers = Callers()
-    entered, release = threading.Event(), threading.Event()
-
-    def block(_work: Work) -> str:
-        entered.set()
-        assert release.wait(30)
-        return "second"
-
-    with held_leader(store, callers):
-        callers.start("second", lambda: store.batched(block))
-        wait_until(lambda: queued(store) == 1)
-        orphan = loop.start(reserve(ledger, key, 100))
-        wait_until(lambda: queued(store) == 2)
-    assert entered.wait(30)  # "second" leads a batch that holds the reservation too
-    assert queued(store) == 0
-    orphan.cancel()
-    release.set()
-    callers.join()
-    assert orphan.cancelled()
-    wait_until(lambda: entries(store) == [(100, "released")])
-    assert account(store, key) == (0, 0)
+    taken = TakenReservation(store, loop)
+    taken.caller.cancel()
+    taken.end_batch()
+    assert taken.caller.cancelled()
+    taken.nothing_held()
 
 
 @pytest.mark.parametrize("first", ["cancellation", "work's end"])
@@ -210,35 +223,23 @@ def test_a_cancellation_and_the_works_end_reach_the_loop_in_either_order_and_not
     """The caller's cancellation and the end of its work (taken into a batch) are both handed to
     its event loop from other threads, in either order: the hold is released once, either way.
     The loop is kept busy while both queue up on it, so the order is the test's, not chance's."""
-    ledger = Ledger(store)
-    key = make_key(store, 1_000)
-    callers = Callers()
-    entered, release = threading.Event(), threading.Event()
-
-    def block(_work: Work) -> str:
-        entered.set()
-        assert release.wait(30)
-        return "second"
-
-    with held_leader(store, callers):
-        callers.start("second", lambda: store.batched(block))
-        wait_until(lambda: queued(store) == 1)
-        orphan = loop.start(reserve(ledger, key, 100))
-        wait_until(lambda: queued(store) == 2)
-    assert entered.wait(30)  # "second" leads the batch that holds the reservation
+    taken = TakenReservation(store, loop)
     busy, free = threading.Event(), threading.Event()
-    loop.loop.call_soon_threadsafe(lambda: (busy.set(), free.wait(30)))
+
+    def occupy() -> None:
+        busy.set()
+        free.wait(30)
+
+    loop.loop.call_soon_threadsafe(occupy)
     assert busy.wait(30)  # the loop runs nothing else until `free`
     if first == "cancellation":
-        orphan.cancel()  # the task's cancellation queues on the loop
-    release.set()
-    callers.join()  # the batch has ended: its end is queued on the loop
+        taken.caller.cancel()  # the task's cancellation queues on the loop
+    taken.end_batch()  # the batch has ended: its end is queued on the loop
     if first != "cancellation":
-        orphan.cancel()
+        taken.caller.cancel()
     free.set()
-    assert orphan.cancelled()
-    wait_until(lambda: entries(store) == [(100, "released")])
-    assert account(store, key) == (0, 0)
+    assert taken.caller.cancelled()
+    taken.nothing_held()
 
 
 def test_a_coroutine_that_waits_too_long_is_refused_and_its_work_never_runs(store: Store, loop: Loop) -> None:
