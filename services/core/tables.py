@@ -45,9 +45,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store")
-        return (value if value.tzinfo is UTC else value.astimezone(UTC)).replace(tzinfo=None)
+        return _naive_utc(value)
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
@@ -61,13 +59,17 @@ class UTCDateTime(TypeDecorator[datetime]):
         return _sqlite_utc_text
 
 
+def _naive_utc(value: datetime) -> datetime:
+    """What the store keeps of an aware datetime: its UTC wall time (a naive one is refused)."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the store")
+    return (value if value.tzinfo is UTC else value.astimezone(UTC)).replace(tzinfo=None)
+
+
 def _sqlite_utc_text(value: datetime | None) -> str | None:
     if value is None:
         return None
-    if value.tzinfo is None:
-        raise ValueError("naive datetime given to the store")
-    if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
+    value = _naive_utc(value)
     return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 - the fastest of the forms measured
         value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond)
 
