@@ -18,6 +18,7 @@ from gateway.app import create_gateway_app
 from gateway.asgi_transport import StreamingASGITransport
 from gateway.context import Gateway
 from services.core.config import GymConfig, load_config
+from services.core.no_proxy import keep_off_proxies
 from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, plain_gateway_url
 from services.core.spec import ServiceContext
@@ -55,6 +56,7 @@ class Gym:
         settings = self.gateway.context.settings
         if not settings.gateway_url:
             settings.gateway_url = plain_gateway_url(url)
+        keep_off_proxies(settings.gateway_url)
 
 
 def own_url(host: str, port: int) -> str:
@@ -126,6 +128,7 @@ def build_embedded(
     """The gateway and every service in one process; services are reachable only through
     the gateway (in-process streaming transport, still signed)."""
     settings = settings or GymSettings()
+    keep_off_proxies(settings.gateway_url)
     config = config or load_config(settings.config)
     provider_secrets = provider_secrets or ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))
@@ -164,6 +167,7 @@ def build_gateway(
     unknown = set(service_urls) - set(modules)
     if unknown:
         raise SystemExit(f"unknown services: {', '.join(sorted(unknown))}")
+    keep_off_proxies(settings.gateway_url, *service_urls.values())
     context = ServiceContext(
         config=config or load_config(settings.config),
         store=open_store(settings, store_settings),
@@ -188,6 +192,7 @@ def build_service(
     if not settings.internal_secret:
         raise SystemExit("a service needs RSIGYM_INTERNAL_SECRET shared with the gateway")
     require_gateway_url(settings, name)
+    keep_off_proxies(settings.gateway_url)
     config = config or load_config(settings.config)
     provider_secrets = ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))

@@ -17,6 +17,7 @@ from celery import Celery
 
 from services.core.config import GymConfig, load_config
 from services.core.jobs import QUEUES, JobRunnerBase
+from services.core.no_proxy import keep_off_proxies
 from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, WorkerSettings
 from services.core.spec import ServiceContext
@@ -40,6 +41,7 @@ def parse_queues(text: str) -> list[str]:
 def build_runners(kinds: set[str], settings: GymSettings, store_settings: StoreSettings,
                   config: GymConfig | None = None) -> dict[str, JobRunnerBase]:
     """The runners of the given job kinds, over the store and data dir the services use."""
+    keep_off_proxies(settings.gateway_url)
     config = config or load_config(settings.config)
     provider_secrets = ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))

@@ -62,17 +62,22 @@ def _status_kib(pid: int, field: str) -> int:
 
 
 @contextmanager
-def gym_process(data_dir: Path, config_toml: str, *, startup_s: float = 180) -> Iterator[GymProcess]:
+def gym_process(data_dir: Path, config_toml: str, *, startup_s: float = 180,
+                env: dict[str, str | None] | None = None) -> Iterator[GymProcess]:
+    """``env``: variables of the gym's process only, on top of this one's (None: unset there)."""
     from tests.fakes.servers import free_port
 
     data_dir.mkdir(parents=True, exist_ok=True)
     config = data_dir / "gym.toml"
     config.write_text(config_toml)
     port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN}
+    own = {**os.environ, **{k: v for k, v in (env or {}).items() if v is not None}}
+    for name in [k for k, v in (env or {}).items() if v is None]:
+        own.pop(name, None)
+    own.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN})
     log = open(data_dir / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.gym_process", str(data_dir), str(config), str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                            cwd=ROOT, env=own, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_s
