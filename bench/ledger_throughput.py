@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401  (puts the repository root on sys.path)
+from _pg_ceiling import BATCH, server_ceiling
 
 from sqlalchemy import create_engine, func, make_url, select, text
 
@@ -301,6 +302,17 @@ def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys, hop_
     return findings
 
 
+def check_ceiling_key(store: Store, key_id: str) -> list[str]:
+    """pgbench's key: every hold it took was settled, whole pairs only (no transaction half in)."""
+    with store.transaction() as s:
+        budget, spent, reserved = s.execute(select(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
+                                            .where(ApiKey.id == key_id)).one()
+        rows = s.scalar(select(func.count()).where(LedgerEntry.key_id == key_id, LedgerEntry.status == "settled")) or 0
+    if reserved or spent != rows * ACTUAL or (budget is not None and spent > budget):
+        return [f"pgbench key {key_id}: spent {spent}, reserved {reserved}, {rows} settled rows"]
+    return []
+
+
 def profile_one_caller(ledger: Ledger, keys: Keys, seconds: float) -> str:
     pair, key = ledger_pair(ledger), keys.hot
     prof = cProfile.Profile()
@@ -363,6 +375,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     cells: list[Cell] = []
     checks: dict[str, list[str]] = {}
+    ceilings: list[float | None] = []
+    ceiling_key = ""
     profile = ""
     for kind in stores:
         with tempfile.TemporaryDirectory(prefix="rsigym-bench-") as tmp, \
@@ -384,6 +398,9 @@ def main() -> None:
             warm.close()
             if args.profile and kind == "sqlite":
                 profile = profile_one_caller(ledger, ledger_keys, args.seconds)
+            if kind == "postgres":  # the server alone, before and after the cells (the box's pace drifts)
+                ceiling_key = make_keys(store, 0).hot
+                ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
             for pattern in ("hot", "spread"):
                 for n in callers:
                     cell = run_cell(Cell(kind, pattern, n, "ledger"), ledger_keys, ledger_pair(ledger), args.seconds)
@@ -402,6 +419,9 @@ def main() -> None:
                           f"coroutines: hop {hop.rate:9,.0f}/s  async {now.rate:9,.0f}/s", flush=True)
             solo_store.dispose()
             checks[kind] = check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
+            if kind == "postgres":
+                ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
+                checks[kind] += check_ceiling_key(store, ceiling_key)
 
     print()
     print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
@@ -432,6 +452,13 @@ def main() -> None:
         met = "met" if worst.rate >= goals[kind] else "NOT met"
         print(f"goal {kind} >= {goals[kind]:,}/s: {met} in every cell (best {best.rate:,.0f}/s at {best.pattern} "
               f"x{best.callers} {best.kind}, worst {worst.rate:,.0f}/s at {worst.pattern} x{worst.callers} {worst.kind})")
+    if ceilings:
+        top = max((c for c in cells if c.store == "postgres" and c.kind in ("ledger", "async")), key=lambda c: c.rate)
+        known = [rate for rate in ceilings if rate is not None]
+        shown = " / ".join("no pgbench" if rate is None else f"{rate:,.0f}" for rate in ceilings)
+        versus = f"; best cell ({top.rate:,.0f}/s) / ceiling {top.rate / (sum(known) / len(known)):.2f}" if known else ""
+        print(f"postgres server ceiling (pgbench: the ledger's two statements, C client, one connection, pipelined, "
+              f"{BATCH} pairs a transaction), before / after the cells: {shown} pairs/s{versus}")
     for kind, findings in checks.items():
         status = "OK (spent+reserved <= budget, 0 reserved, 0 open rows, ledger rows == balances == pairs counted)"
         print(f"0-overspend check {kind}: " + (status if not findings else f"{len(findings)} FINDINGS"))

@@ -1,0 +1,96 @@
+"""What the PostgreSQL server alone sustains on the ledger's own statements: the ceiling that
+bench/ledger_throughput.py compares the ledger with.
+
+``pgbench`` (C, one connection, prepared statements, pipeline mode) runs the two statements a
+pair costs on PostgreSQL: ``HOLD_AND_RECORD`` then ``CLOSE_AND_MOVE`` (services/core/ledger.py),
+compiled from the ledger's own SQLAlchemy statements, ``batch`` pairs a transaction, every hold
+before every close, as a group commit sends them. The binds are those the gateway gives (a run
+key, the bench's amounts, the server's clock). No Python is on the path, so the gap to it is the
+Python side's (driver, group commit, event loop), at the same server, schema and disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+from sqlalchemy import ClauseElement, make_url
+
+from services.core.ledger import CLOSE_AND_MOVE, HOLD_AND_RECORD
+from services.core.store import Prepared, Store
+
+BATCH = 32
+"""Pairs a transaction: about what a group commit gathers at 64 callers."""
+
+
+class _Sql(str):
+    """An SQL expression written as it is (not quoted as a value)."""
+
+
+_NOW = _Sql("(now() AT TIME ZONE 'utc')")
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, _Sql):
+        return str(value)
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool | int):
+        return str(int(value))
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _render(prepared: Prepared, values: dict[str, Any]) -> str:
+    """The statement with each ``%(name)s`` written as its value (the constants' included)."""
+    given = {**prepared.constants, **values}
+    return re.sub(r"%\((\w+)\)s", lambda m: _literal(given[m.group(1)]), prepared.sql)
+
+
+def pgbench_script(store: Store, key_id: str, estimate: int, actual: int, batch: int = BATCH) -> str:
+    def prepared(stmt: ClauseElement) -> Prepared:
+        return Prepared(stmt, store.engine.dialect)
+
+    hold, close = prepared(HOLD_AND_RECORD), prepared(CLOSE_AND_MOVE[(False, False)])
+    lines = [f"\\set r{i} random(1, 9000000000000000000)" for i in range(batch)]
+    lines += ["\\startpipeline", "BEGIN;"]
+    for i in range(batch):
+        rid = _Sql(f"('res_pgbench' || :r{i})")
+        lines.append(_render(hold, {
+            "kid": key_id, "x": estimate, "now": _NOW, "id": rid, "key_id": key_id, "run_id": key_id,
+            "service": "rollout", "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+            "estimate_nusd": estimate, "created_at": _NOW,
+            "expires_at": _Sql("((now() + interval '5 minutes') AT TIME ZONE 'utc')")}).replace("\n", " ") + ";")
+    for i in range(batch):
+        rid = _Sql(f"('res_pgbench' || :r{i})")
+        lines.append(_render(close, {"rid": rid, "charge": actual, "closing": "settled", "now": _NOW})
+                     .replace("\n", " ") + ";")
+    lines += ["COMMIT;", "\\endpipeline"]
+    return "\n".join(lines) + "\n"
+
+
+def server_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual: int,
+                   seconds: float) -> float | None:
+    """Pairs/s pgbench sustains on key ``key_id`` of ``store``'s schema (left with every hold
+    settled: ``actual`` charged per pair it completed); None where pgbench is not installed or
+    did not run."""
+    pgbench = shutil.which("pgbench")
+    if pgbench is None:
+        return None
+    url = make_url(pg_url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="rsigym-pgbench-") as script:
+        script.write(pgbench_script(store, key_id, estimate, actual))
+        script.flush()
+        env = {**os.environ, "PGOPTIONS": f"-csearch_path={store.schema}"}
+        if url.password:
+            env["PGPASSWORD"] = url.password
+        done = subprocess.run(
+            [pgbench, "-n", "-M", "prepared", "-c", "1", "-T", str(max(1, round(seconds))), "-f", script.name,
+             "-h", url.host or "127.0.0.1", "-p", str(url.port or 5432), "-U", url.username or "postgres",
+             url.database or "postgres"],
+            capture_output=True, text=True, env=env, timeout=seconds + 120, check=False)
+    found = re.search(r"^tps = ([0-9.]+)", done.stdout, re.MULTILINE)
+    return float(found.group(1)) * BATCH if found and done.returncode == 0 else None
