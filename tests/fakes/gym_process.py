@@ -71,9 +71,12 @@ def gym_process(data_dir: Path, config_toml: str, *, startup_s: float = 180,
     config = data_dir / "gym.toml"
     config.write_text(config_toml)
     port = free_port()
-    own = {**os.environ, **{k: v for k, v in (env or {}).items() if v is not None}}
-    for name in [k for k, v in (env or {}).items() if v is None]:
-        own.pop(name, None)
+    own = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            own.pop(name, None)
+        else:
+            own[name] = value
     own.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN})
     log = open(data_dir / "server.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.gym_process", str(data_dir), str(config), str(port)],

@@ -23,14 +23,11 @@ from pyqwest import HTTPTransport as ReqwestTransport
 from pyqwest.httpx import AsyncPyqwestTransport
 
 from gateway.builder import build_gateway
-from services.core.no_proxy import keep_off_proxies
+from services.core.no_proxy import PROXY_VARIABLES, keep_off_proxies
 from services.core.settings import GymSettings, StoreSettings
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.gym_process import gym_process
 from tests.fakes.live_gym import mini_benchmark
-
-PROXY_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
 
 class RecordingProxy:
     """A proxy that forwards nothing: it writes down the first line of every request it gets
@@ -71,7 +68,7 @@ def proxy() -> Iterator[RecordingProxy]:
 def proxy_env(url: str) -> dict[str, str | None]:
     """Every spelling of every proxy variable naming ``url``, and no exclusions."""
     env: dict[str, str | None] = {}
-    for name in PROXY_NAMES:
+    for name in PROXY_VARIABLES:
         env[name] = env[name.lower()] = url
     env["NO_PROXY"] = env["no_proxy"] = None
     return env
@@ -90,7 +87,7 @@ def behind_proxy(proxy: RecordingProxy, monkeypatch: pytest.MonkeyPatch) -> Reco
 
 
 def test_nothing_changes_when_no_proxy_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*PROXY_NAMES, *(n.lower() for n in PROXY_NAMES)):
+    for name in (*PROXY_VARIABLES, *(n.lower() for n in PROXY_VARIABLES)):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "example.org")
     assert keep_off_proxies("http://gateway.internal:8700") == []
