@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
+from gateway.launcher import show_run
 from services.core.settings import default_models_dir
 
 TASK = "joint-arithmetic"
@@ -99,7 +100,9 @@ def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, t
         shown: dict[str, Any] = {}
         last_frame = 0.0
         while True:
-            shown = json.loads(rsigym_cli("run", "show", run, "--json", env=operator_env))
+            # What `rsigym run show RUN --json` prints, read here: a CLI process every 2 s (~0.75 s of CPU
+            # each, mostly imports) took a third of a core from the agent's training on a 2-core box.
+            shown = show_run(data, run).model_dump(mode="json")
             if shown["status"] != "running":
                 break
             if time.monotonic() - last_frame >= watch_every_s:
