@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gateway.access_log import show_access_log
 from gateway.cli import gyms
 from gateway.cli.admin_client import AdminClient, AdminError
 from gateway.cli.progress import build_progress
@@ -104,6 +103,7 @@ def up(
     """Run the embedded gym: gateway and every service in one process on one port."""
     import uvicorn
 
+    from gateway.access_log import show_access_log
     from gateway.builder import build_embedded, own_url
     from services.core.body_limits import server_options
 
@@ -167,6 +167,7 @@ def serve(
     """Distributed mode: run the gateway or one service as its own server."""
     import uvicorn
 
+    from gateway.access_log import show_access_log
     from gateway.builder import build_gateway, build_service
     from services.core.body_limits import server_options
     from services.core.config import load_config
