@@ -77,7 +77,7 @@ ADMIN = "bench-admin"
 PHASES = ("prepare", "env_setup", "agent_setup", "agent", "collect_stop", "verifier", "finalize", "sweep")
 PHASE_NOTES = {
     "prepare": "run_trial start → Harbor result started_at (config, task load, Trial init)",
-    "env_setup": "agent sandbox: create + connect + mkdir + Dockerfile COPY replay",
+    "env_setup": "agent sandbox: create + the SDK handle + deferred mkdir + Dockerfile COPY replay",
     "agent_setup": "healthcheck + agent install (oracle/nop: none)",
     "agent": "agent_execution (oracle: upload solution/, exec solve.sh, download log)",
     "collect_stop": "agent logs + artifacts (/app) downloaded, agent sandbox killed",
