@@ -8,8 +8,9 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   port (``rsigymDoorUrl``) that leads to ``/inference/v1/*`` alone and puts the door key on
   every request. The door key goes to the sandbox service in that body and never into the
   sandbox; the sandbox sees only the URL.
-* **drive** — the unmodified ``e2b`` SDK (``AsyncSandbox.connect`` with the gateway as API and
-  daemon URL), as Harbor's own E2B environment does: ``commands.run`` for exec, the files
+* **drive** — the unmodified ``e2b`` SDK, its handle built from the create's answer as the SDK's
+  own ``AsyncSandbox.create`` builds it (:func:`sdk_sandbox`; the gateway is its API and daemon
+  URL), as Harbor's own E2B environment does: ``commands.run`` for exec, the files
   API for transfers (directories as one listing plus per-file reads, and batched multipart
   writes — no tar needed in the image), ``kill`` on stop.
 * **image** — there is no Docker here. The task's ``environment/Dockerfile`` is read with the
@@ -54,7 +55,6 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
-from packaging.version import Version
 from e2b import AsyncSandbox, CommandExitException, ConnectionConfig, FileType
 from e2b.exceptions import FileNotFoundException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
@@ -66,6 +66,7 @@ from harbor.environments.definition import effective_exec_cwd, require_agent_env
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
 from harbor.utils.path_safety import validate_output_path
+from packaging.version import Version
 from pydantic import Field
 
 ENVIRONMENT_TYPE = "rsigym-sandbox"
