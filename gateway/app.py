@@ -20,6 +20,7 @@ from gateway.context import Gateway
 from gateway.dashboard import mount_dashboard
 from gateway.health import StoreHealth
 from gateway.proxy import forward
+from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
 from services.core.errors import GymError
 from services.core.http import RequestIdMiddleware, install_error_handlers
@@ -67,6 +68,8 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
     app.state.gw = gw
     health = StoreHealth(gw.store)  # its own thread and connection: never queued behind calls
+    # Innermost of the app's middleware: proxied calls go straight to ``forward``, past the router.
+    app.add_middleware(ProxyDispatch, services=set(gw.specs), methods=PROXY_METHODS, forward=forward)
     install_body_limits(app, gw)  # bodies bounded in size, time and shape while they stream in
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(AccessLogMiddleware, fmt=gw.config.logging.access)  # outermost: every answer, once
