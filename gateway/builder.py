@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from gateway.app import create_gateway_app
 from gateway.asgi_transport import StreamingASGITransport
 from gateway.context import Gateway
+from gateway.service_link import ServiceLink
 from services.core.config import GymConfig, load_config
 from services.core.no_proxy import keep_off_proxies
 from services.core.redact import install_log_redaction
@@ -142,15 +143,11 @@ def build_embedded(
     admin_token = ensure_admin_token(settings)
     modules = service_modules()
     service_apps = {name: app_factory(name)(context) for name in modules}
-    clients = {
-        name: httpx.AsyncClient(
-            transport=StreamingASGITransport(service_app), base_url=f"http://{name}.internal", timeout=UPSTREAM_TIMEOUT
-        )
-        for name, service_app in service_apps.items()
-    }
+    links = {name: ServiceLink(f"http://{name}.internal", StreamingASGITransport(service_app), UPSTREAM_TIMEOUT)
+             for name, service_app in service_apps.items()}
     specs = {name: module.SPEC for name, module in modules.items()}
     closers = [close for a in service_apps.values() if (close := getattr(a.state, "close", None)) is not None]
-    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients, closers=closers)
+    gw = Gateway(context=context, admin_token=admin_token, specs=specs, links=links, closers=closers)
     return Gym(create_gateway_app(gw, run_reaper=run_reaper), gw, admin_token, service_apps)
 
 
@@ -176,9 +173,9 @@ def build_gateway(
         secrets=ProviderSecrets(),
     )
     admin_token = ensure_admin_token(settings)
-    clients = {name: httpx.AsyncClient(base_url=url, timeout=UPSTREAM_TIMEOUT) for name, url in service_urls.items()}
+    links = {name: ServiceLink(url, httpx.AsyncHTTPTransport(), UPSTREAM_TIMEOUT) for name, url in service_urls.items()}
     specs = {name: modules[name].SPEC for name in service_urls}
-    gw = Gateway(context=context, admin_token=admin_token, specs=specs, clients=clients)
+    gw = Gateway(context=context, admin_token=admin_token, specs=specs, links=links)
     return Gym(create_gateway_app(gw), gw, admin_token, {})
 
 

@@ -10,8 +10,10 @@ import anyio
 import httpx
 from fastapi import Request
 
+
 from gateway.metrics import GatewayMetrics
 from gateway.principals import PrincipalCache, PrincipalFanout
+from gateway.service_link import ServiceLink
 from services.core.concurrency import ConcurrencySlots
 from services.core.config import GymConfig
 from services.core.events import EventLog
@@ -31,10 +33,16 @@ class Gateway:
     context: ServiceContext
     admin_token: str
     specs: dict[str, ServiceSpec]
-    clients: dict[str, httpx.AsyncClient]
+    links: dict[str, ServiceLink]
+    """How each service is reached (gateway/service_link.py)."""
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Embedded mode: what stops the in-process services (e.g. kills live sandboxes)."""
+
+    @property
+    def clients(self) -> dict[str, httpx.AsyncClient]:
+        """An httpx client per service, for the operator's calls (audits, scoring, run ends)."""
+        return {name: link.client for name, link in self.links.items()}
 
     @property
     def store(self) -> Store:
@@ -61,8 +69,8 @@ class Gateway:
         store's and the services' threads."""
 
     async def aclose(self) -> None:
-        for client in self.clients.values():
-            await client.aclose()
+        for link in self.links.values():
+            await link.aclose()
         for close in self.closers:
             await anyio.to_thread.run_sync(close)
         self.closers.clear()

@@ -332,10 +332,9 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
         **{h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers},
         **sign(identity, gw.internal_secret, request.method, target, raw),
     }
-    client = gw.clients[service]
     try:
         wire = wire_path(sub_path) + (f"?{query}" if query else "")
-        return await client.send(client.build_request(request.method, wire, content=raw, headers=headers), stream=True)
+        return await gw.links[service].send(request.method, wire, headers, raw)
     except httpx.HTTPError as err:
         log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
         raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err
