@@ -1,0 +1,97 @@
+"""Gateway A/B: two versions of the gym's code, each in a gym process of its own, on one stand-in
+provider, called in the same rounds.
+
+On a shared 2-core box the time of a direct call moves by 2× from one minute to the next, so two
+runs of ``gateway_vs_litellm.py`` one after the other cannot tell a 1 ms change from the box. Here
+each round calls the stand-in direct, then gym A and gym B (the order alternates), and what each
+gym adds over that round's direct call is paired: the difference B − A is measured under the same
+load. Each gym is ``rsigym up``'s server (tests/fakes/gym_process.py) started from its own code tree
+(a ``git worktree`` of the revision to compare) with this project's interpreter; both route
+``teacher`` to the same stand-in and meter every call on their own SQLite store.
+
+    git worktree add /tmp/before <rev>
+    .venv/bin/python bench/gateway_ab.py /tmp/before . [--calls 500]
+    git worktree remove /tmp/before
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from _common import TEACHER_KEY_ENV, pct, standin_process, teacher_config
+
+import httpx
+
+BODY = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}
+WARM_UP = 100
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("a", type=Path, help="code tree of gym A (the baseline)")
+    parser.add_argument("b", type=Path, help="code tree of gym B")
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    import tests.fakes.gym_process as started
+
+    provider_key = "sk-bench-" + secrets.token_hex(8)
+    os.environ[TEACHER_KEY_ENV] = provider_key  # each gym's process inherits it
+    with standin_process(provider_key) as provider, contextlib.ExitStack() as stack, \
+            httpx.Client(timeout=60) as client:
+        gyms: list[tuple[str, str, str]] = []
+        for tree in (args.a, args.b):
+            started.ROOT = tree.resolve()  # the gym's process runs from this tree's code
+            gym = stack.enter_context(started.gym_process(Path(tempfile.mkdtemp(prefix="rsigym-ab-")),
+                                                          teacher_config(provider)))
+            r = client.post(f"{gym.url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
+                            headers={"Authorization": f"Bearer {started.ADMIN_TOKEN}"})
+            r.raise_for_status()
+            gyms.append((str(tree), gym.url, r.json()["key"]))
+
+        def timed(url: str, headers: dict[str, str]) -> float:
+            t0 = time.perf_counter()
+            r = client.post(url, json=BODY, headers=headers)
+            elapsed = time.perf_counter() - t0
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "42", r.text
+            return elapsed
+
+        def direct() -> float:
+            return timed(f"{provider}/v1/chat/completions", {"Authorization": f"Bearer {provider_key}"})
+
+        def via(gym: tuple[str, str, str]) -> float:
+            return timed(f"{gym[1]}/rollout/v1/chat/completions", {"Authorization": f"Bearer {gym[2]}"})
+
+        for _ in range(WARM_UP):
+            direct(), via(gyms[0]), via(gyms[1])
+        directs: list[float] = []
+        added: list[list[float]] = [[], []]
+        t0 = time.perf_counter()
+        for i in range(args.calls):
+            d = direct()
+            directs.append(d)
+            for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+                added[j].append(via(gyms[j]) - d)
+        measured = time.perf_counter() - t0
+        spent = [client.get(f"{g[1]}/v1/balance", headers={"Authorization": f"Bearer {g[2]}"}).json() for g in gyms]
+
+    diff = [b - a for a, b in zip(added[0], added[1], strict=True)]
+    print(f"gateway A/B: {args.calls} rounds (direct, then A and B in alternating order), {measured:.1f} s measured; "
+          f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.2f} after")
+    print(f"  direct to stand-in : p50 {pct(directs, 50) * 1e3:7.2f} ms  p99 {pct(directs, 99) * 1e3:7.2f} ms")
+    for name, values, balance in zip(("A", "B"), added, spent, strict=True):
+        print(f"  gym {name} added        : p50 {pct(values, 50) * 1e3:7.2f} ms  p99 {pct(values, 99) * 1e3:7.2f} ms"
+              f"  (metered: spent ${balance['spent_usd']:.6f}, reserved ${balance['reserved_usd']:.6f})  "
+              f"{gyms[ord(name) - ord('A')][0]}")
+    print(f"  B − A, paired per round: p50 {pct(diff, 50) * 1e3:+.2f} ms  p99 {pct(diff, 99) * 1e3:+.2f} ms")
+    print(f"  ratio B-added / A-added: p50 {pct(added[1], 50) / pct(added[0], 50):.2f}  "
+          f"p99 {pct(added[1], 99) / pct(added[0], 99):.2f}")
+
+
+if __name__ == "__main__":
+    main()
