@@ -10,7 +10,6 @@ import anyio
 import httpx
 from fastapi import Request
 
-
 from gateway.metrics import GatewayMetrics
 from gateway.principals import PrincipalCache, PrincipalFanout
 from gateway.service_link import ServiceLink
