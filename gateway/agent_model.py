@@ -44,6 +44,6 @@ ROUTE = BilledRoute(spec=SPEC, served_by="rollout", prefix=PREFIX, payer=payer)
 
 @router.api_route("/agent/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def agent_model(path: str, request: Request) -> Response:
-    if ROUTE.served_by not in gateway_of(request).clients:
+    if ROUTE.served_by not in gateway_of(request).links:
         raise NotFound("the agent route needs the rollout service, which is not part of this gym")
     return await forward(request, agent_meter.SERVICE, path, ROUTE)

@@ -6,8 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-
-import httpx
 from fastapi import Request
 
 from gateway.metrics import GatewayMetrics
@@ -33,15 +31,11 @@ class Gateway:
     admin_token: str
     specs: dict[str, ServiceSpec]
     links: dict[str, ServiceLink]
-    """How each service is reached (gateway/service_link.py)."""
+    """How each service is reached (gateway/service_link.py): the proxied calls' direct send, and
+    an httpx client for the operator's calls (audits, scoring, run ends)."""
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     closers: list[Callable[[], None]] = field(default_factory=list)
     """Embedded mode: what stops the in-process services (e.g. kills live sandboxes)."""
-
-    @property
-    def clients(self) -> dict[str, httpx.AsyncClient]:
-        """An httpx client per service, for the operator's calls (audits, scoring, run ends)."""
-        return {name: link.client for name, link in self.links.items()}
 
     @property
     def store(self) -> Store:

@@ -410,14 +410,14 @@ async def operator_call(gw: Gateway, service: str, method: str, path: str, reque
                         body: bytes = b"", query: str = "") -> httpx.Response:
     """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered.
     ``path`` is decoded (ids as they are); ``query`` is already URL-encoded."""
-    if service not in gw.clients:
+    if service not in gw.links:
         raise NotFound(f"the {service} service is not part of this gym")
     identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
                         operation="operator", operator=True, issued_at=time.time())
     headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity",
                **sign(identity, gw.internal_secret, method, path + (f"?{query}" if query else ""), body)}
     try:
-        return await gw.clients[service].request(method, wire_path(path) + (f"?{query}" if query else ""),
+        return await gw.links[service].client.request(method, wire_path(path) + (f"?{query}" if query else ""),
                                                  headers=headers, content=body)
     except httpx.HTTPError as err:
         raise ServiceUnavailable(f"the {service} service is unavailable") from err

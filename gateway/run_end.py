@@ -37,7 +37,7 @@ async def end_expired_runs(gw: Gateway) -> list[dict[str, Any]]:
         counts = {"jobs_cancelled": 0, "sandboxes_killed": 0}
         try:
             for service, path in ENDING_SERVICES.items():
-                if service not in gw.clients:
+                if service not in gw.links:
                     continue
                 upstream = await operator_call(gw, service, "POST", path.format(run=run_id), new_id("req"))
                 if upstream.status_code != 200:

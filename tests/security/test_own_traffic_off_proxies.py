@@ -146,7 +146,7 @@ def test_a_distributed_gateway_keeps_its_services_off_the_proxy(behind_proxy: Re
     try:
         excluded = os.environ["NO_PROXY"].split(",")
         assert {"127.0.0.1", "gateway.internal", "training", "10.1.2.3"} <= set(excluded)
-        client = gym.gateway.clients["training"]
+        client = gym.gateway.links["training"].client
         assert client._transport_for_url(httpx.URL("http://training:8001/v1/jobs")) is client._transport  # noqa: SLF001
     finally:
         gym.gateway.store.dispose()
