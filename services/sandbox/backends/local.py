@@ -65,6 +65,7 @@ from services.sandbox import seccomp
 from services.sandbox.backends.base import STREAM_LINE_LIMIT, SandboxSpec
 from services.sandbox.cgroups import SandboxCgroup
 from services.sandbox.login_profile import write_login_profile
+from services.sandbox.namespace_init import NamespaceInit
 
 log = logging.getLogger("rsigym.sandbox")
 
@@ -77,6 +78,9 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/ho
             "LANG": "C.UTF-8", "E2B_SANDBOX": "true"}
 POOL_RETRY_S = 30.0
 """After a pool sandbox failed to start, the pool waits this long before trying that template again."""
+INFO_FILE = "bwrap-info.json"
+INIT_EXIT_WAIT_S = 5.0
+"""How long a kill waits for the namespace's init to exit before it sweeps the uid instead."""
 
 
 class SandboxGone(GymError):
@@ -90,6 +94,8 @@ class _Local:
     dir: Path
     process: subprocess.Popen[bytes]
     cgroup: SandboxCgroup | None = None
+    init: NamespaceInit | None = None
+    """Its PID namespace's init, held by a pidfd once it is up (None: the kill sweeps by uid)."""
     killed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -269,12 +275,15 @@ class LocalBackend:
         if cgroup is not None:
             prefix = [*cgroup.entering_argv(), *prefix]
         filter_fd = seccomp.filter_fd()
+        info_fd = -1
         try:
-            argv = [*prefix, *self._argv(spec, uid, base, filter_fd, pooled=pooled)]
+            # bubblewrap writes its namespace init's host pid here (host-only: base is the gym's)
+            info_fd = os.open(base / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            argv = [*prefix, *self._argv(spec, uid, base, filter_fd, info_fd, pooled=pooled)]
             with open(base / "agent.log", "wb") as errors:
                 process = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors, pass_fds=(filter_fd,),
-                    start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                    pass_fds=(filter_fd, info_fd), start_new_session=True, env={"PATH": "/usr/bin:/bin"},
                 )
         except BaseException:
             if cgroup is not None:
@@ -282,11 +291,15 @@ class LocalBackend:
             raise
         finally:
             os.close(filter_fd)
+            if info_fd >= 0:
+                os.close(info_fd)
         local = _Local(spec, uid, base, process, cgroup)
         if not self._wait_ready(local):
             self._terminate(local)
             err = (base / "agent.log").read_bytes()[-2000:]
             raise ServiceUnavailable(f"the sandbox failed to start: {err.decode(errors='replace').strip() or 'no output'}")
+        # Written before the init started the agent, so complete now that the agent is ready.
+        local.init = NamespaceInit.from_info(base / INFO_FILE)
         if uid is not None:
             # The one host directory the sandbox sees writable: the agent's socket is in it, now
             # nothing more is written there by the sandbox (its disk is its tmpfs, nothing else).
@@ -294,7 +307,8 @@ class LocalBackend:
             os.chmod(ctl, 0o711)
         return local
 
-    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int, *, pooled: bool) -> list[str]:
+    def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int, info_fd: int, *,
+              pooled: bool) -> list[str]:
         t = spec.template
         bwrap = self.bwrap or "bwrap"
         argv: list[str] = []
@@ -302,7 +316,7 @@ class LocalBackend:
             argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
         # --unshare-all only *tries* a user namespace; --disable-userns needs one for certain
         argv += [bwrap, "--die-with-parent", "--unshare-all", "--unshare-user", *seccomp.disable_userns_flags(bwrap),
-                 "--seccomp", str(filter_fd), "--hostname", HOSTNAME,
+                 "--seccomp", str(filter_fd), "--info-fd", str(info_fd), "--hostname", HOSTNAME,
                  "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
                  # the whole writable filesystem: one tmpfs of disk_mb, so writing past it is ENOSPC
                  "--size", str(t.disk_mb * 1024 * 1024), "--tmpfs", "/"]
@@ -374,8 +388,15 @@ class LocalBackend:
             self._destroy(local)
 
     def _terminate(self, local: _Local) -> None:
+        """Kill the sandbox and return once none of its processes runs: its namespace's init is
+        killed and waited for through its pidfd (the kernel empties the namespace before that
+        exit is reported, see services/sandbox/namespace_init.py); without that handle, or if the
+        wait runs out, every process of the sandbox's uid is swept instead."""
         with local.lock:
             local.killed = True
+            init, local.init = local.init, None
+            if init is not None:
+                init.kill()
             try:
                 os.killpg(local.process.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -386,8 +407,15 @@ class LocalBackend:
                 log.warning("sandbox %s: bubblewrap did not exit after SIGKILL", local.spec.sandbox_id)
             if local.process.stdout is not None:
                 local.process.stdout.close()
-            if local.uid is not None:
-                kill_uid(local.uid)  # belt and braces: the PID namespace already took them all
+            emptied = False
+            if init is not None:
+                emptied = init.wait_gone(INIT_EXIT_WAIT_S)
+                init.close()
+                if not emptied:
+                    log.warning("sandbox %s: its namespace init did not exit within %.0f s of SIGKILL; "
+                                "sweeping its uid", local.spec.sandbox_id, INIT_EXIT_WAIT_S)
+            if local.uid is not None and not emptied:
+                kill_uid(local.uid)
             if local.cgroup is not None:
                 local.cgroup.remove()
 
