@@ -53,6 +53,28 @@ def test_concurrent_appends_form_one_unbroken_chain_per_run(store: Store) -> Non
         assert seqs == list(range(1, 46))
 
 
+def test_prepared_and_session_appends_write_the_same_chain(store: Store, sqlite_store: Store) -> None:
+    """An append runs prepared statements on the caller's connection when the session is on the
+    log's own store, and Core statements through the session otherwise: interleaved, the two make
+    one sealed chain whose rows read back alike, including a value the hash covers in full."""
+    fast = EventLog(store, SECRET)
+    through_session = EventLog(sqlite_store, SECRET)  # another store: the session is not its own
+    data = {"job_id": "ftjob_x", "loss": 0.125, "note": "ünïcode \u2028 \"quoted\"", "nested": {"a": [1, None, True]}}
+    for i in range(6):
+        log = fast if i % 2 == 0 else through_session
+        with store.transaction() as s:
+            appended = log.append(s, run_id="run_mix", kind=TRAINING_JOB, data={**data, "i": i}, key_id="key_a")
+            assert appended.seq == i + 1
+    report = fast.verify("run_mix")
+    assert report.ok, report.problems
+    assert report.events == report.head_seq == 6
+    events = fast.events("run_mix")
+    assert [e.data for e in events] == [{**data, "i": i} for i in range(6)]
+    assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
+    with sqlite_store.transaction() as s:  # the other store's own database got nothing
+        assert s.scalars(select(RecordEvent)).all() == []
+
+
 def test_a_changed_event_is_caught_and_the_other_runs_are_untouched(store: Store) -> None:
     log = EventLog(store, SECRET)
     fill(log, "run_a", 5)

@@ -1,0 +1,94 @@
+"""Record-event append: one event appended to a run's hash chain and committed, as every recorded
+action does (a sandbox's end, a training job's, an evaluation's …).
+
+Two ways, interleaved, on SQLite and on PostgreSQL (a fresh schema, dropped afterwards):
+  * **prepared** — ``EventLog.append`` as the gym calls it: the session is on the log's own store,
+    so its four statements run prepared on the transaction's own connection;
+  * **session** — the baseline, the append as it was: the same log given a session of a store
+    that is not its own runs the same four statements as Core statements through the session.
+Both chains are verified at the end.
+
+    .venv/bin/python bench/event_append.py [--events 400] [--store sqlite,postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from _common import ROOT, summary
+from sqlalchemy import create_engine, text
+
+from services.core.events import TRAINING_JOB, EventLog
+from services.core.settings import StoreSettings
+from services.core.store import Store, sqlite_url
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@contextlib.contextmanager
+def store_of(kind: str) -> Iterator[Store]:
+    if kind == "sqlite":
+        store = Store(sqlite_url(Path(tempfile.mkdtemp(prefix="rsigym-bench-"))), StoreSettings())
+        store.migrate()
+        yield store
+        store.dispose()
+        return
+    schema = f"bench_{secrets.token_hex(6)}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        store = Store(PG_URL, StoreSettings(), schema=schema)
+        store.migrate()
+        yield store
+        store.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def one(store: Store, log: EventLog, run_id: str, i: int) -> float:
+    t0 = time.perf_counter()
+    with store.transaction() as s:
+        log.append(s, run_id=run_id, kind=TRAINING_JOB, key_id="key_bench",
+                   data={"job_id": f"ftjob_{i}", "status": "succeeded", "steps": 800, "loss": 0.42})
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=400)
+    parser.add_argument("--store", default="sqlite,postgres")
+    args = parser.parse_args()
+    secret = secrets.token_hex(16)
+    for kind in args.store.split(","):
+        with store_of(kind) as store, store_of("sqlite") as elsewhere:
+            prepared, through_session = EventLog(store, secret), EventLog(elsewhere, secret)
+            fast, slow = [], []
+            for i in range(20):  # warm up: statements compiled, connections pooled
+                one(store, prepared, "run_warm", i)
+                one(store, through_session, "run_warm", i)
+            for i in range(args.events):  # interleaved, so load on the box hits both alike
+                fast.append(one(store, prepared, "run_prepared", i))
+                slow.append(one(store, through_session, "run_session", i))
+            for run_id in ("run_warm", "run_prepared", "run_session"):
+                report = prepared.verify(run_id)
+                if not report.ok:
+                    raise SystemExit(f"{kind}: the chain of {run_id} does not verify: {report.problems[:3]}")
+        print(f"record-event append + commit, {args.events} each, {kind}")
+        print(f"  prepared (now)     : {summary(fast)}")
+        print(f"  session (baseline) : {summary(slow)}")
+        print(f"  ratio p50 prepared/session {sorted(fast)[len(fast) // 2] / sorted(slow)[len(slow) // 2]:.2f}x; "
+              "every chain verified")
+
+
+if __name__ == "__main__":
+    assert ROOT
+    main()
