@@ -16,11 +16,11 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import json
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from services.core.concurrency import ConcurrencySlots
@@ -60,6 +60,11 @@ _REACH = select(SandboxRow.run_id, SandboxRow.key_id, SandboxRow.owner_only, San
                 SandboxRow.state, SandboxRow.end_reason).where(SandboxRow.id == bindparam("sid"))
 """What :meth:`SandboxService.owned` reads of a sandbox (a prepared statement: every envd call
 asks it)."""
+_ENDED = (update(cast(Table, SandboxRow.__table__)).where(SandboxRow.id == bindparam("sid"))
+          .values({"state": bindparam("state"), "end_reason": bindparam("reason"), "ended_at": bindparam("ended_at"),
+                   "seconds": bindparam("seconds"), "cost_nusd": bindparam("cost_nusd")})
+          .returning(SandboxRow.run_id, SandboxRow.key_id, SandboxRow.template))
+"""A sandbox's row closed, in one statement (the ORM's load, change and flush cost ~2 ms of each end)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,8 @@ class SandboxService:
                                                            SandboxRow.backend == self.backend.name)))
             for row in rows:
                 row.state, row.end_reason, row.ended_at = "failed", reason, utcnow()
-                self._record_session(s, row)
+                self._record_session(s, sandbox_id=row.id, run_id=row.run_id, key_id=row.key_id, template=row.template,
+                                     seconds=row.seconds, cost_nusd=row.cost_nusd, reason=reason, state=row.state)
 
     def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         req = validated(CreateSandbox, body, what="sandbox request")
@@ -248,18 +254,20 @@ class SandboxService:
             seconds, charged = live.meter.close()
             self.slots.release(live.lease)
             with self.store.transaction() as s:
-                row = s.get(SandboxRow, sandbox_id)
-                if row is not None:
-                    row.state, row.end_reason, row.ended_at = state, reason, utcnow()
-                    row.seconds, row.cost_nusd = seconds, charged
-                    self._record_session(s, row)
+                ended = s.execute(_ENDED, {"sid": sandbox_id, "state": state, "reason": reason, "ended_at": utcnow(),
+                                           "seconds": seconds, "cost_nusd": charged}).first()
+                if ended is not None:
+                    self._record_session(s, sandbox_id=sandbox_id, run_id=ended.run_id, key_id=ended.key_id,
+                                         template=ended.template, seconds=seconds, cost_nusd=charged,
+                                         reason=reason, state=state)
         log.info("sandbox %s ended (%s): %.1f s, %d nUSD", sandbox_id, state, seconds, charged)
 
-    def _record_session(self, s: Session, row: SandboxRow) -> None:
+    def _record_session(self, s: Session, *, sandbox_id: str, run_id: str, key_id: str, template: str,
+                        seconds: float, cost_nusd: int, reason: str | None, state: str) -> None:
         """The ended sandbox's ``sandbox.session`` event, in the transaction that ends its row."""
-        self.events.append(s, run_id=row.run_id, kind=SANDBOX_SESSION, key_id=row.key_id,
-                           data={"sandbox_id": row.id, "template": row.template, "seconds": round(row.seconds, 3),
-                                 "cost_nusd": row.cost_nusd, "reason": row.end_reason, "state": row.state})
+        self.events.append(s, run_id=run_id, kind=SANDBOX_SESSION, key_id=key_id,
+                           data={"sandbox_id": sandbox_id, "template": template, "seconds": round(seconds, 3),
+                                 "cost_nusd": cost_nusd, "reason": reason, "state": state})
 
     def _door_refused(self, sandbox_id: str, method: str, path: str, rule: str) -> None:
         """The door refused a request from inside the sandbox: a ``call.refused`` for its run and key."""
