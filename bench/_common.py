@@ -137,6 +137,26 @@ def gym_process(config_toml: str, env: dict[str, str] | None = None,
                 os.environ[name] = value
 
 
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@contextlib.contextmanager
+def fresh_pg_schema(url: str = PG_URL) -> Iterator[str]:
+    """A new, empty PostgreSQL schema for one bench run; dropped afterwards, whatever happens."""
+    from sqlalchemy import create_engine, text
+
+    schema = f"bench_{secrets.token_hex(6)}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield schema
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
@@ -146,5 +166,5 @@ def summary(values: list[float]) -> str:
     return f"p50 {pct(values, 50) * 1000:7.2f} ms  p99 {pct(values, 99) * 1000:7.2f} ms  mean {statistics.mean(values) * 1000:7.2f} ms"
 
 
-__all__ = ["BENCH_ADMIN_TOKEN", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "embedded_gym", "free_port",
-           "gym_process", "pct", "serve", "standin_process", "summary", "teacher_config"]
+__all__ = ["BENCH_ADMIN_TOKEN", "PG_URL", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "embedded_gym",
+           "free_port", "fresh_pg_schema", "gym_process", "pct", "serve", "standin_process", "summary", "teacher_config"]

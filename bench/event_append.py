@@ -21,14 +21,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from _common import ROOT, summary
-from sqlalchemy import create_engine, text
+from _common import PG_URL, ROOT, fresh_pg_schema, summary
 
 from services.core.events import TRAINING_JOB, EventLog
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
-
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 @contextlib.contextmanager
@@ -39,19 +36,11 @@ def store_of(kind: str) -> Iterator[Store]:
         yield store
         store.dispose()
         return
-    schema = f"bench_{secrets.token_hex(6)}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with fresh_pg_schema() as schema:
         store = Store(PG_URL, StoreSettings(), schema=schema)
         store.migrate()
         yield store
         store.dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def one(store: Store, log: EventLog, run_id: str, i: int) -> float:

@@ -12,11 +12,12 @@ gateway's added latency (difference) and the ratio. Store: SQLite (default) or P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import time
 
-from _common import embedded_gym, pct, serve, standin_process, summary
+from _common import PG_URL, embedded_gym, fresh_pg_schema, pct, serve, standin_process, summary
 
 import httpx
 
@@ -34,16 +35,11 @@ def main() -> None:
     args = parser.parse_args()
 
     provider_key = "sk-bench-" + secrets.token_hex(8)
-    with standin_process(provider_key) as provider:
+    with standin_process(provider_key) as provider, contextlib.ExitStack() as stack:
         store = None
-        if args.store == "postgres":
-            from sqlalchemy import create_engine, text
-
-            schema = f"bench_{secrets.token_hex(4)}"
-            url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-            with create_engine(url, isolation_level="AUTOCOMMIT").connect() as conn:
-                conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-            store = Store(url, StoreSettings(), schema=schema)
+        if args.store == "postgres":  # a schema of its own, dropped at the end (after the store is disposed)
+            store = Store(PG_URL, StoreSettings(), schema=stack.enter_context(fresh_pg_schema()))
+            stack.callback(store.dispose)
             store.migrate()
         with embedded_gym(provider, provider_key, store=store) as bench_gym, \
                 serve(bench_gym.gym.service_apps["rollout"]) as service_url, httpx.Client(timeout=60) as client:

@@ -48,7 +48,6 @@ import io
 import os
 import pstats
 import queue
-import secrets
 import sqlite3
 import tempfile
 import threading
@@ -61,10 +60,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import _common  # noqa: F401  (puts the repository root on sys.path)
+from _common import fresh_pg_schema  # (importing _common puts the repository root on sys.path)
 from _pg_ceiling import BATCH, server_ceiling
 
-from sqlalchemy import create_engine, func, make_url, select, text
+from sqlalchemy import func, make_url, select
 
 from services.core.config import GymConfig
 from services.core.errors import BudgetExhausted
@@ -343,21 +342,13 @@ def open_store(kind: str, pg_url: str, tmp: Path) -> Iterator[tuple[Store, Calla
         finally:
             store.dispose()
         return
-    schema = f"bench_{secrets.token_hex(4)}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with fresh_pg_schema(pg_url) as schema:
         store = Store(pg_url, settings, schema=schema)
         store.migrate()
         try:
             yield store, postgres_raw(pg_url, schema)
         finally:
             store.dispose()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def main() -> None:
