@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.fakes.pg_schemas import fresh_schema  # noqa: E402
 from tests.fakes.servers import free_port, serve  # noqa: E402
 
 if TYPE_CHECKING:
@@ -143,18 +144,8 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 @contextlib.contextmanager
 def fresh_pg_schema(url: str = PG_URL) -> Iterator[str]:
     """A new, empty PostgreSQL schema for one bench run; dropped afterwards, whatever happens."""
-    from sqlalchemy import create_engine, text
-
-    schema = f"bench_{secrets.token_hex(6)}"
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with fresh_schema(url, "bench_") as schema:
         yield schema
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def pct(values: list[float], q: float) -> float:

@@ -23,6 +23,7 @@ from services.core.config import GymConfig
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, default_models_dir
 from services.core.store import Store, sqlite_url
 from services.rollout.standin import create_standin_app
+from tests.fakes.pg_schemas import fresh_schema
 from tests.fakes.servers import serve
 
 PG_URL = os.environ.get("RSIGYM_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -66,16 +67,8 @@ def pg_schema(pg_available: bool) -> Iterator[str]:
     """A fresh, empty PostgreSQL schema for one test; dropped afterwards."""
     if not pg_available:
         pytest.skip("PostgreSQL not reachable (set CI=true to make this a failure)")
-    schema = f"t_{secrets.token_hex(6)}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with fresh_schema(PG_URL, "t_") as schema:
         yield schema
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -3,8 +3,6 @@ the image's own tree instead of the host's."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import os
 import shlex
 import shutil
@@ -15,18 +13,11 @@ import pytest
 from services.core.config import SandboxTemplate
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import LocalBackend
+from tests.fakes.sandbox_commands import run_in_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
-def run(backend: LocalBackend, sandbox_id: str, cmd: str) -> str:
-    async def go() -> str:
-        out = b""
-        async for ev in backend.stream(sandbox_id, {"op": "start", "cmd": "/bin/bash", "args": ["-c", cmd]}):
-            out += base64.b64decode(ev.get("stdout", ""))
-        return out.decode()
-
-    return asyncio.run(go())
 
 
 @pytest.fixture
@@ -55,7 +46,7 @@ def test_rootfs_template_replaces_the_hosts_tree(tmp_path: Path, backend: LocalB
     template = SandboxTemplate(name="image", kind="rootfs", rootfs=str(rootfs))
     backend.create(SandboxSpec("sbx_rootfs", template))
     try:
-        out = run(backend, "sbx_rootfs", "cat /etc/image-release; ls /etc; test -e /etc/hostname || echo no-host-etc")
+        out = run_in_sandbox(backend, "sbx_rootfs", "cat /etc/image-release; ls /etc; test -e /etc/hostname || echo no-host-etc")
         assert "rsigym-test-image 1" in out and "no-host-etc" in out
     finally:
         backend.kill("sbx_rootfs")
@@ -66,7 +57,7 @@ def test_host_profile_binds_only_the_listed_dirs(backend: LocalBackend) -> None:
     template = SandboxTemplate(name="slim", host_dirs=["/usr", "/bin", "/lib", "/lib64"])
     backend.create(SandboxSpec("sbx_slim", template))
     try:
-        out = run(backend, "sbx_slim", "ls /; test -e /etc/passwd && echo has-etc || echo no-etc")
+        out = run_in_sandbox(backend, "sbx_slim", "ls /; test -e /etc/passwd && echo has-etc || echo no-etc")
         assert "no-etc" in out and "usr" in out.split()
     finally:
         backend.kill("sbx_slim")
@@ -76,9 +67,9 @@ def test_cpu_time_and_file_size_limits_hold(backend: LocalBackend) -> None:
     template = SandboxTemplate(name="tight", cpu_seconds=1, max_file_mb=1)
     backend.create(SandboxSpec("sbx_tight", template))
     try:
-        out = run(backend, "sbx_tight", "timeout 20 bash -c 'while :; do :; done'; echo cpu-exit=$?")
+        out = run_in_sandbox(backend, "sbx_tight", "timeout 20 bash -c 'while :; do :; done'; echo cpu-exit=$?")
         assert "cpu-exit=137" in out or "cpu-exit=152" in out, out  # SIGKILL or SIGXCPU at 1 s of CPU
-        out = run(backend, "sbx_tight", "head -c 3000000 /dev/zero > big 2>/dev/null; echo fsize-exit=$?; "
+        out = run_in_sandbox(backend, "sbx_tight", "head -c 3000000 /dev/zero > big 2>/dev/null; echo fsize-exit=$?; "
                                         "stat -c %s big")
         assert "fsize-exit=153" in out or "fsize-exit=1" in out, out  # SIGXFSZ, or EFBIG
         assert out.strip().splitlines()[-1] == str(1024 * 1024)  # nothing beyond the 1 MiB limit was written
@@ -94,11 +85,11 @@ def test_a_login_shell_asks_no_id_process_and_gets_the_hosts_path(backend: Local
         pytest.skip("this host's /etc/profile starts no id process: nothing to rewrite")
     backend.create(SandboxSpec("sbx_login", SandboxTemplate(name="base")))
     try:
-        traced = run(backend, "sbx_login", "bash -l -x -c true 2>&1")
-        login_path = run(backend, "sbx_login", "bash -l -c 'echo $PATH'").strip()
+        traced = run_in_sandbox(backend, "sbx_login", "bash -l -x -c true 2>&1")
+        login_path = run_in_sandbox(backend, "sbx_login", "bash -l -c 'echo $PATH'").strip()
         # the host's unmodified file, run in the same sandbox by the same uid
-        host_path = run(backend, "sbx_login", f"bash --noprofile --norc -c {shlex.quote(original + '\necho $PATH')}")
-        writable = run(backend, "sbx_login", "echo x >> /etc/profile 2>/dev/null && echo writable || echo read-only")
+        host_path = run_in_sandbox(backend, "sbx_login", f"bash --noprofile --norc -c {shlex.quote(original + '\necho $PATH')}")
+        writable = run_in_sandbox(backend, "sbx_login", "echo x >> /etc/profile 2>/dev/null && echo writable || echo read-only")
     finally:
         backend.kill("sbx_login")
     assert "id -u" not in traced and "EUID" in Path(backend.login_profile or "").read_text()

@@ -4,8 +4,6 @@ with the sweep switched off; and the handle cannot be turned against another pro
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import os
 import shutil
@@ -23,6 +21,7 @@ from services.sandbox.backends import local as local_backend
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import INFO_FILE, LocalBackend
 from services.sandbox.namespace_init import NamespaceInit
+from tests.fakes.sandbox_commands import run_in_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 MARKER = "rsigym-kill-race-3f9a"
@@ -30,14 +29,6 @@ SLOW_TO_DIE = ("import sys, time; b = bytearray(300 * 2**20); b[::4096] = bytes(
                "open(f'/tmp/touched-{sys.argv[1]}', 'w').close(); time.sleep(1000)")
 
 
-def run(backend: LocalBackend, sandbox_id: str, cmd: str) -> str:
-    async def go() -> str:
-        out = b""
-        async for ev in backend.stream(sandbox_id, {"op": "start", "cmd": "/bin/bash", "args": ["-c", cmd]}):
-            out += base64.b64decode(ev.get("stdout", ""))
-        return out.decode()
-
-    return asyncio.run(go())
 
 
 def marked() -> list[int]:
@@ -72,7 +63,7 @@ def test_forking_daemonised_signal_ignoring_code_is_gone_when_the_kill_returns(
         backend: LocalBackend, no_sweep: list[int]) -> None:
     backend.create(SandboxSpec("sbx_race", SandboxTemplate(name="base")))
     assert backend._sandboxes["sbx_race"].init is not None  # the handle on the namespace's init is held
-    run(backend, "sbx_race",
+    run_in_sandbox(backend, "sbx_race",
         # a spawner that forks for ever, a double-forked daemon in a session of its own, a process
         # that ignores every catchable signal: none of them is the agent's child any more
         f"(setsid bash -c 'while :; do (exec -a {MARKER} sleep 1000 &) ; sleep 0.002; done' "
