@@ -26,9 +26,11 @@ import hmac
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
+from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import JSON, Integer, String, Table, bindparam, insert, select, update
+from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
@@ -150,8 +152,8 @@ class EventLog:
         """Append one event in the caller's transaction (it commits with the action it records)."""
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r}")
-        work = self._work(s)
-        head_seq, head_hash, mac = self._lock_head(s, run_id) if work is None else self._lock_head_fast(work, run_id)
+        run, dialect = self._statements(s)
+        head_seq, head_hash, mac = self._lock_head(run, dialect, run_id)
         seq = head_seq + 1
         now = utcnow()
         data = json.loads(json.dumps(data, default=str))  # what is stored is what was hashed
@@ -166,29 +168,23 @@ class EventLog:
                   "data": data, "created_at": now, "prev_hash": head_hash, "hash": digest}
         head = {"seq": seq, "hash": digest, "mac": head_mac(self.secret, run_id, seq, digest), "updated_at": now}
         # Not the ORM's unit of work: the row and the head move in the caller's transaction all the same.
-        if work is None:
-            s.execute(insert(_EVENTS), values)
-            s.execute(update(_HEADS).where(_HEADS.c.run_id == run_id), head)
-        else:
-            work.rows(_INSERT_EVENT, values)
-            work.rows(_MOVE_HEAD, {**head, "rid": run_id})
+        run(_INSERT_EVENT, values)
+        run(_MOVE_HEAD, {**head, "rid": run_id})
         return RecordEvent(**values)
 
-    def _work(self, s: Session) -> Work | None:
-        """The caller's transaction as a :class:`Work` on its own connection, for prepared
-        statements; None (Core statements through the session) when the session is not on this
-        log's store."""
+    def _statements(self, s: Session) -> tuple[Callable[[ClauseElement, dict[str, Any]], list[Any]], str]:
+        """How an append runs its statements in the caller's transaction, and the dialect's name:
+        prepared, on the transaction's own connection, when the session is on this log's store;
+        through the session's connection (Core) when it is not."""
         connection = s.connection()
-        if connection.engine is not self.store.engine:
-            return None
-        return Work(self.store, connection.connection)
+        if connection.engine is self.store.engine:
+            return Work(self.store, connection.connection).rows, self.store.dialect
 
-    def _lock_head_fast(self, work: Work, run_id: str) -> tuple[int, str, str]:
-        """:meth:`_lock_head`, as prepared statements."""
-        work.rows(_SEED_HEAD[work.dialect], {"run_id": run_id, "seq": 0, "hash": GENESIS,
-                                             "mac": head_mac(self.secret, run_id, 0, GENESIS), "updated_at": utcnow()})
-        seq, hash_, mac = work.one(_LOCK_HEAD, {"run_id": run_id})
-        return int(seq), str(hash_), str(mac)
+        def through_session(stmt: ClauseElement, params: dict[str, Any]) -> list[Any]:
+            result = connection.execute(cast(Executable, stmt), params)
+            return list(result) if result.returns_rows else []
+
+        return through_session, connection.dialect.name
 
     def record(self, *, run_id: str, kind: str, data: dict[str, Any], key_id: str | None = None,
                experiment_id: str | None = None) -> dict[str, Any]:
@@ -197,17 +193,14 @@ class EventLog:
             return event_view(self.append(s, run_id=run_id, kind=kind, data=data, key_id=key_id,
                                           experiment_id=experiment_id))
 
-    def _lock_head(self, s: Session, run_id: str) -> tuple[int, str, str]:
+    def _lock_head(self, run: Callable[[ClauseElement, dict[str, Any]], list[Any]], dialect: str,
+                   run_id: str) -> tuple[int, str, str]:
         """The run's head (seq, hash, mac), made at the genesis if the run has none, locked until
         the caller's transaction ends (SQLite: its write transaction already excludes others)."""
-        dialect = s.get_bind().dialect.name
-        values = {"run_id": run_id, "seq": 0, "hash": GENESIS, "mac": head_mac(self.secret, run_id, 0, GENESIS),
-                  "updated_at": utcnow()}
-        insert = pg_insert if dialect == "postgresql" else sqlite_insert
-        s.execute(insert(RecordHead).values(**values).on_conflict_do_nothing(index_elements=["run_id"]))
-        seq, hash_, mac = s.execute(select(RecordHead.seq, RecordHead.hash, RecordHead.mac)
-                                    .where(RecordHead.run_id == run_id).with_for_update()).one()
-        return seq, hash_, mac
+        run(_SEED_HEAD[dialect], {"run_id": run_id, "seq": 0, "hash": GENESIS,
+                                  "mac": head_mac(self.secret, run_id, 0, GENESIS), "updated_at": utcnow()})
+        (seq, hash_, mac), = run(_LOCK_HEAD, {"run_id": run_id})
+        return int(seq), str(hash_), str(mac)
 
     def events(self, run_id: str, *, kinds: tuple[str, ...] | None = None) -> list[RecordEvent]:
         with self.store.transaction() as s:
