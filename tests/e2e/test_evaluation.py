@@ -7,7 +7,7 @@ The arithmetic benchmark is registered whole (the trained checkpoint is scored o
 tasks). The shell benchmark is registered cut to its first 20 tasks of each split: its tasks are
 ten generated kinds in rotation (benchmarks/generate.py; tests/unit/test_benchmarks.py holds the
 committed files to the generator's output), so the cut validates every kind twice in each split,
-where the whole benchmark's 240 more trials took ~1 minute of the suite. `make demo` registers and
+where the whole benchmark's 160 trials more took ~1.5 minutes of the suite. `make demo` registers and
 validates both bundled benchmarks whole."""
 
 from __future__ import annotations
