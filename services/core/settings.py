@@ -94,6 +94,10 @@ class StoreSettings(BaseSettings):
     group_commit_max: int = Field(default=256, ge=1)
     """The most ledger operations that share one transaction and one commit (group commit,
     services/core/group_commit.py). 1 = every operation commits on its own."""
+    sqlite_checkpoint_thread: bool = True
+    """SQLite: copy the WAL back into the database on a thread of the store's own, off the
+    request path (services/core/sqlite_checkpoints.py). False = SQLite's own automatic
+    checkpoint, inside whichever commit takes the WAL past 1,000 pages."""
     statement_timeout_ms: int = Field(default=30_000, ge=0)
     """PostgreSQL: a statement that waits longer (a row locked by a stuck session, an overloaded
     server) is cancelled and the call refused with 503 ``store_unavailable`` instead of hanging; its

@@ -25,6 +25,7 @@ from services.core.errors import StoreUnavailable
 from services.core.fanout import KeyEvents
 from services.core.group_commit import GroupCommit
 from services.core.settings import StoreSettings
+from services.core.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
 
@@ -82,6 +83,8 @@ def _make_engine(url: str, settings: StoreSettings, schema: str | None) -> Engin
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA busy_timeout={settings.sqlite_busy_timeout_ms}")
             cur.execute("PRAGMA foreign_keys=ON")
+            if settings.sqlite_checkpoint_thread:  # the store's Checkpointer copies the WAL back
+                cur.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -280,6 +283,8 @@ class Store:
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.engine = _make_engine(url, self.settings, schema)
         self._writer = _sqlite_writer(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        self._checkpoints = (Checkpointer(url.removeprefix("sqlite:///"), self.settings.sqlite_busy_timeout_ms / 1000)
+                             if self._writer is not None and self.settings.sqlite_checkpoint_thread else None)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._prepared: dict[ClauseElement, Prepared] = {}
         self._limiter = anyio.CapacityLimiter(self.settings.pool_size + self.settings.max_overflow)
@@ -401,6 +406,8 @@ class Store:
                 yield
             finally:
                 self._writer.release()
+                if self._checkpoints is not None:
+                    self._checkpoints.wrote()
         finally:
             self._held.depth -= 1
 
@@ -432,6 +439,8 @@ class Store:
             command.upgrade(cfg, "head")
 
     def dispose(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.close()
         self.engine.dispose()
         self.key_events.close()
 
