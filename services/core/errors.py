@@ -169,6 +169,13 @@ class PayloadTooLarge(GymError):
     status, type = 413, "payload_too_large"
 
 
+class HeadTooLarge(GymError):
+    """The request line and headers together are over ``[http] max_header_bytes``: refused by the
+    HTTP server before any route or middleware runs (services/core/http_protocol.py)."""
+
+    status, type = 431, "request_header_too_large"
+
+
 class QuotaExceeded(GymError):
     """Storing this would take the run past its storage quota (services/core/storage_quota.py).
     403 like ``run_ended``: more money would not help, the ``quota_exceeded`` type tells it apart."""

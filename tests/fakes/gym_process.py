@@ -141,6 +141,8 @@ def _read_answer(sock: socket.socket, timeout: float, close_wait_s: float) -> tu
             try:
                 sock.settimeout(close_wait_s)
                 closed = sock.recv(1) == b""
+            except ConnectionResetError:  # closed with bytes of ours unread: the kernel resets
+                closed = True
             except (TimeoutError, OSError):
                 closed = False
         return status, body, closed
