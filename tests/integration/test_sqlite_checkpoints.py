@@ -4,12 +4,13 @@ nothing committed is lost or left only in the WAL once writes stop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
+from services.core.sqlite_checkpoints import Checkpointer
 from services.core.store import Store, sqlite_url
 
 DEADLINE_S = 30.0
@@ -31,6 +33,18 @@ def _until(condition: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {DEADLINE_S} s: {what}")
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _migrated(tmp_path: Path) -> Iterator[tuple[Store, Checkpointer]]:
+    """A migrated SQLite store of the test's own and its checkpointer; disposed afterwards."""
+    store = Store(sqlite_url(tmp_path), StoreSettings())
+    try:
+        store.migrate()
+        assert store._checkpoints is not None
+        yield store, store._checkpoints
+    finally:
+        store.dispose()
 
 
 def _pairs(store: Store, n: int) -> tuple[str, Ledger]:
@@ -74,11 +88,7 @@ def test_commits_reach_the_database_file_without_a_checkpoint_of_their_own(sqlit
 def test_the_thread_leaves_when_idle_and_the_next_write_brings_it_back(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
     monkeypatch.setattr(sqlite_checkpoints, "IDLE_S", 0.2)
-    store = Store(sqlite_url(tmp_path), StoreSettings())
-    try:
-        store.migrate()
-        checkpointer = store._checkpoints
-        assert checkpointer is not None
+    with _migrated(tmp_path) as (store, checkpointer):
         _pairs(store, 5)
         _until(lambda: checkpointer._thread is None, "the idle thread left")
         runs = checkpointer.checkpoints
@@ -87,8 +97,6 @@ def test_the_thread_leaves_when_idle_and_the_next_write_brings_it_back(monkeypat
         _until(lambda: checkpointer.checkpoints > runs and checkpointer._thread is None,
                "a new thread checkpointed the new writes, then left")
         assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, key_id) == (40, 40 * 700)
-    finally:
-        store.dispose()
 
 
 def test_writers_racing_the_thread_leaving_always_have_their_writes_checkpointed(monkeypatch: pytest.MonkeyPatch,
@@ -97,11 +105,7 @@ def test_writers_racing_the_thread_leaving_always_have_their_writes_checkpointed
     looks for the thread, so either the leaving thread sees the flag or the writer starts another."""
     monkeypatch.setattr(sqlite_checkpoints, "IDLE_S", 0.01)
     monkeypatch.setattr(sqlite_checkpoints, "DELAY_S", 0.0)
-    store = Store(sqlite_url(tmp_path), StoreSettings())
-    try:
-        store.migrate()
-        checkpointer = store._checkpoints
-        assert checkpointer is not None
+    with _migrated(tmp_path) as (store, checkpointer):
         key_id, ledger = _pairs(store, 1)
         for i in range(60):  # each write around the moment the previous thread gives up
             res = ledger.reserve(key_id, service="rollout", operation="chat.completions", estimate_nusd=1_000,
@@ -111,8 +115,6 @@ def test_writers_racing_the_thread_leaving_always_have_their_writes_checkpointed
         _until(lambda: checkpointer._thread is None and checkpointer.last is not None
                and checkpointer.last[1] == checkpointer.last[2], "every write checkpointed, the thread gone")
         assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, key_id) == (61, 61 * 700)
-    finally:
-        store.dispose()
 
 
 def test_dispose_ends_the_thread_and_keeps_every_commit(tmp_path: Path) -> None:
@@ -137,17 +139,15 @@ def test_dispose_ends_the_thread_and_keeps_every_commit(tmp_path: Path) -> None:
 
 def test_a_forked_child_checkpoints_its_own_writes(tmp_path: Path) -> None:
     """A process forked from one whose checkpoint thread runs has no such thread: its writes start one."""
-    store = Store(sqlite_url(tmp_path), StoreSettings())
-    try:
-        store.migrate()
+    with _migrated(tmp_path) as (store, checkpointer):
         _pairs(store, 3)
-        assert store._checkpoints is not None and store._checkpoints._thread is not None
+        assert checkpointer._thread is not None
         pid = os.fork()
         if pid == 0:  # the child: write, wait for its own thread to checkpoint, report by exit code
             code = 1
             try:
                 store.engine.dispose(close=False)  # the parent's connections stay the parent's
-                child, before = store._checkpoints, store._checkpoints.checkpoints
+                child, before = checkpointer, checkpointer.checkpoints
                 key_id, _ = _pairs(store, 20)
                 _until(lambda: child.checkpoints > before and child.last is not None
                        and child.last[1] == child.last[2], "the child's own thread checkpointed")
@@ -156,8 +156,6 @@ def test_a_forked_child_checkpoints_its_own_writes(tmp_path: Path) -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        store.dispose()
 
 
 def test_turned_off_the_store_leaves_checkpoints_to_sqlite_as_before(tmp_path: Path) -> None:
