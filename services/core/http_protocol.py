@@ -53,7 +53,8 @@ class GymH11Protocol(H11Protocol):
         refusal: GymError = (
             HeadTooLarge(f"the request line and headers are over {self.config.h11_max_incomplete_event_size} bytes")
             if err is not None and err.error_status_hint == 431
-            else InvalidRequest(f"not a valid HTTP/1.1 request ({err})" if err is not None else msg))
+            # h11's own message may quote the offending line: the caller's bytes are not echoed back.
+            else InvalidRequest("the request line or a header is not valid HTTP/1.1"))
         request_id = new_request_id()
         body = json.dumps(refusal.body(request_id), separators=(",", ":")).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

@@ -11,6 +11,7 @@ to parse are refused before parsing, and /healthz keeps answering while an attac
 from __future__ import annotations
 
 import itertools
+import json
 import select
 import socket
 import threading
@@ -233,6 +234,10 @@ def test_a_malformed_request_line_gets_the_standard_400(gym: GymProcess) -> None
     answer, _ = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1 extra\r\nHost: x\r\n\r\n"]))
     _assert_error(answer, 400, "invalid_request_error")
     assert answer.closed
+    # a broken header line is refused the same way, and its bytes are not echoed back
+    answer, _ = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Token sk-leak-3141\r\n\r\n"]))
+    _assert_error(answer, 400, "invalid_request_error")
+    assert "sk-leak" not in json.dumps(answer.body)
 
 
 def test_refused_calls_charge_nothing_and_hold_nothing(gym: GymProcess, key: str) -> None:
