@@ -26,16 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import pct
+from ledger_throughput import ACTUAL, ESTIMATE, Cell, Keys, async_pair, make_keys, run_async_cell
 
-from services.core.config import GymConfig
-from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
-from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
-
-ESTIMATE, ACTUAL = 1_000, 700
-BUDGET = 10**15
 
 
 @dataclass
@@ -55,8 +50,7 @@ def make_side(name: str, thread: bool) -> Side:
     data = Path(tempfile.mkdtemp(prefix=f"rsigym-bench-{name}-"))
     store = Store(sqlite_url(data), StoreSettings(sqlite_checkpoint_thread=thread))
     store.migrate()
-    key, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=BUDGET)
-    return Side(name, store, Ledger(store), key["id"], data / "gym.sqlite3-wal")
+    return Side(name, store, Ledger(store), make_keys(store, 0).hot, data / "gym.sqlite3-wal")
 
 
 async def timed_pairs(side: Side, n: int) -> None:
@@ -72,21 +66,14 @@ async def timed_pairs(side: Side, n: int) -> None:
         side.pairs += 1
 
 
-async def concurrent_pairs(side: Side, callers: int, seconds: float) -> float:
-    done = 0
-
-    async def caller(end: float) -> None:
-        nonlocal done
-        while time.perf_counter() < end:
-            res = await side.ledger.reserve_async(side.key, service="rollout", operation="chat.completions",
-                                                  estimate_nusd=ESTIMATE, request_id="req_c", chain_ids=(side.key,))
-            await side.ledger.settle_with_balance_async(res.id, ACTUAL)
-            done += 1
-
-    start = time.perf_counter()
-    await asyncio.gather(*(caller(start + seconds) for _ in range(callers)))
-    side.pairs += done
-    return done / (time.perf_counter() - start)
+def concurrent_pairs(side: Side, callers: int, seconds: float) -> float:
+    """Pairs per second of ``callers`` coroutines on the side's key (ledger_throughput's async cell)."""
+    cell = run_async_cell(Cell(store="sqlite", pattern="hot", callers=callers, kind="async"),
+                          Keys(hot=side.key, spread=[]), async_pair(side.ledger), seconds)
+    if cell.errors:
+        raise SystemExit(f"{side.name}: errors at {callers} callers: {dict(cell.errors)}")
+    side.pairs += cell.pairs
+    return cell.rate
 
 
 def watch_wal(sides: list[Side], stop: threading.Event) -> None:
@@ -129,7 +116,7 @@ def main() -> None:
     watcher.start()
     load_before = os.getloadavg()[0]
 
-    async def run() -> dict[str, list[float]]:
+    async def one_caller() -> None:
         for side in sides:  # warm up: compiled statements, pooled connections
             await timed_pairs(side, 50)
             side.reserve.clear()
@@ -137,13 +124,12 @@ def main() -> None:
         for i in range(0, args.pairs, args.block):
             for side in sides if (i // args.block) % 2 == 0 else reversed(sides):
                 await timed_pairs(side, min(args.block, args.pairs - i))
-        rates: dict[str, list[float]] = {side.name: [] for side in sides}
-        for r in range(4):
-            for side in sides if r % 2 == 0 else reversed(sides):
-                rates[side.name].append(await concurrent_pairs(side, 64, args.seconds / 2))
-        return rates
 
-    rates = asyncio.run(run())
+    asyncio.run(one_caller())
+    rates: dict[str, list[float]] = {side.name: [] for side in sides}
+    for r in range(4):
+        for side in sides if r % 2 == 0 else reversed(sides):
+            rates[side.name].append(concurrent_pairs(side, 64, args.seconds / 2))
     stop.set()
     watcher.join()
     print(f"SQLite checkpoints: {args.pairs} timed pairs per store (blocks of {args.block}, alternating), one caller; "

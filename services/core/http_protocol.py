@@ -31,8 +31,7 @@ class GymH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._refused: h11.RemoteProtocolError | None = None
         parse = self.conn.next_event
-
-        limit = self.config.h11_max_incomplete_event_size
+        limit = self.limit = self.config.h11_max_incomplete_event_size
 
         def next_event() -> Any:  # uvicorn drops the error before its answer: keep it for that answer
             try:
@@ -51,7 +50,7 @@ class GymH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         err = self._refused
         refusal: GymError = (
-            HeadTooLarge(f"the request line and headers are over {self.config.h11_max_incomplete_event_size} bytes")
+            HeadTooLarge(f"the request line and headers are over {self.limit} bytes")
             if err is not None and err.error_status_hint == 431
             # h11's own message may quote the offending line: the caller's bytes are not echoed back.
             else InvalidRequest("the request line or a header is not valid HTTP/1.1"))

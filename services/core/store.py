@@ -282,9 +282,10 @@ class Store:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.engine = _make_engine(url, self.settings, schema)
-        self._writer = _sqlite_writer(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
-        self._checkpoints = (Checkpointer(url.removeprefix("sqlite:///"), self.settings.sqlite_busy_timeout_ms / 1000)
-                             if self._writer is not None and self.settings.sqlite_checkpoint_thread else None)
+        sqlite_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+        self._writer = _sqlite_writer(sqlite_file) if sqlite_file is not None else None
+        self._checkpoints = (Checkpointer(sqlite_file, self.settings.sqlite_busy_timeout_ms / 1000)
+                             if sqlite_file is not None and self.settings.sqlite_checkpoint_thread else None)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._prepared: dict[ClauseElement, Prepared] = {}
         self._limiter = anyio.CapacityLimiter(self.settings.pool_size + self.settings.max_overflow)

@@ -115,7 +115,7 @@ class Answer:
     """The server closed the connection after answering."""
 
 
-def _read_answer(sock: socket.socket, timeout: float, close_wait_s: float) -> tuple[int | None, dict[str, Any] | None,
+def read_answer(sock: socket.socket, timeout: float, close_wait_s: float) -> tuple[int | None, dict[str, Any] | None,
                                                                                   bool]:
     sock.settimeout(timeout)
     data = b""
@@ -169,7 +169,7 @@ def push(port: int, method: str, path: str, headers: dict[str, str], body: Itera
             while view:
                 readable, writable, _ = select.select([sock], [sock], [], answer_timeout)
                 if readable:
-                    status, answer, closed = _read_answer(sock, answer_timeout, close_wait_s)
+                    status, answer, closed = read_answer(sock, answer_timeout, close_wait_s)
                     return Answer(status, answer, sent, closed)
                 if not writable:
                     return Answer(None, None, sent, False)
@@ -178,7 +178,7 @@ def push(port: int, method: str, path: str, headers: dict[str, str], body: Itera
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
-                    status, answer, closed = _read_answer(sock, answer_timeout, close_wait_s)
+                    status, answer, closed = read_answer(sock, answer_timeout, close_wait_s)
                     return Answer(status, answer, sent, closed)
                 view = view[n:]
             sent += len(piece)
@@ -186,7 +186,7 @@ def push(port: int, method: str, path: str, headers: dict[str, str], body: Itera
                 time.sleep(pause_s)
         if chunked:
             sock.sendall(b"0\r\n\r\n")
-        status, answer, closed = _read_answer(sock, answer_timeout, close_wait_s)
+        status, answer, closed = read_answer(sock, answer_timeout, close_wait_s)
         return Answer(status, answer, sent, closed)
     finally:
         sock.close()

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.gym_process import Answer, GymProcess, _read_answer, gym_process, push, repeat
+from tests.fakes.gym_process import Answer, GymProcess, gym_process, push, read_answer, repeat
 
 MiB = 1024 * 1024
 UPLOAD_LIMIT = 16 * MiB
@@ -189,9 +189,9 @@ def test_healthz_answers_while_an_attacker_loops_element_bombs(gym: GymProcess, 
     assert attacks and set(attacks) == {413}, attacks
 
 
-def _send_head(port: int, pieces: Iterator[bytes]) -> tuple[Answer, int]:
-    """Send a request head piece by piece until the server answers or closes; the answer and how
-    many bytes of the head it took."""
+def _send_head(port: int, pieces: Iterator[bytes]) -> Answer:
+    """Send a request head piece by piece until the server answers or closes; the answer (its
+    ``sent``: how many bytes of the head the server took)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sent = 0
     try:
@@ -204,8 +204,8 @@ def _send_head(port: int, pieces: Iterator[bytes]) -> tuple[Answer, int]:
             except OSError:
                 break
             sent += len(piece)
-        status, body, closed = _read_answer(sock, 30, 5)
-        return Answer(status, body, sent, closed), sent
+        status, body, closed = read_answer(sock, 30, 5)
+        return Answer(status, body, sent, closed)
     finally:
         sock.close()
 
@@ -216,26 +216,26 @@ def test_an_oversized_request_head_is_refused_with_431_while_it_streams(gym: Gym
     closed: the server held at most the limit and one read of it."""
     head = f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\nX-Pad: ".encode()
     endless = itertools.chain([head], itertools.repeat(b"a" * 4096, 64 * MiB // 4096))
-    answer, sent = _send_head(gym.port, endless)
+    answer = _send_head(gym.port, endless)
     _assert_error(answer, 431, "request_header_too_large")
     assert answer.closed, "the connection stayed open after the 431"
-    assert sent < 8 * MiB, f"the server read {sent} bytes of one request head"
+    assert answer.sent < 8 * MiB, f"the server read {answer.sent} bytes of one request head"
 
     whole = head + b"a" * (64 * 1024) + b"\r\n\r\n"
-    answer, _ = _send_head(gym.port, iter([whole]))
+    answer = _send_head(gym.port, iter([whole]))
     _assert_error(answer, 431, "request_header_too_large")
 
     under = head + b"a" * (8 * 1024) + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
-    answer, _ = _send_head(gym.port, iter([under]))
+    answer = _send_head(gym.port, iter([under]))
     _assert_error(answer, 422, "invalid_request_error")  # under the limit: read, routed, the body refused
 
 
 def test_a_malformed_request_line_gets_the_standard_400(gym: GymProcess) -> None:
-    answer, _ = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1 extra\r\nHost: x\r\n\r\n"]))
+    answer = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1 extra\r\nHost: x\r\n\r\n"]))
     _assert_error(answer, 400, "invalid_request_error")
     assert answer.closed
     # a broken header line is refused the same way, and its bytes are not echoed back
-    answer, _ = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Token sk-leak-3141\r\n\r\n"]))
+    answer = _send_head(gym.port, iter([b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Token sk-leak-3141\r\n\r\n"]))
     _assert_error(answer, 400, "invalid_request_error")
     assert "sk-leak" not in json.dumps(answer.body)
 
