@@ -42,12 +42,14 @@ from harbor.models.trial.config import (  # noqa: E402
     TrialConfig,
     VerifierConfig,
 )
+from harbor.models.job.lock import TrialLock  # noqa: E402
 from harbor.models.task.verifier_mode import VerifierEnvironmentMode  # noqa: E402
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 from harbor.models.trial.result import TrialResult  # noqa: E402
 from harbor.trial.single_step import SingleStepTrial  # noqa: E402
 from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 
+from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
     INSTALL_LOG,
@@ -57,6 +59,7 @@ from services.evaluation.harbor_agent import (  # noqa: E402
     TRAJECTORY_FILE,
 )
 from services.evaluation.harbor_env import SandboxCredentials, trial_sandboxes  # noqa: E402
+from services.evaluation.task_views import TaskView  # noqa: E402
 
 log = logging.getLogger("rsigym.evaluation.trials")
 ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
@@ -164,13 +167,34 @@ async def create_trial(config: TrialConfig) -> Trial:
     do-nothing runs of benchmark validation go the same way.
     """
     Trial._resolve_agent_skills(config)
-    task, download = await Trial._load_task(config)
+    view: TaskView | None = None
+    if task_views.cacheable(config):  # Harbor's view of the task, built once per content
+        task, view = await task_views.load(config)
+        download = view.download
+    else:
+        task, download = await Trial._load_task(config)
     if task.has_steps:
         raise ValueError(f"task {task.name}: multi-step tasks are not supported by the gym's trials")
     task.config.verifier.environment_mode = VerifierEnvironmentMode.SEPARATE
     for warning in check_trial_config(task.config, config.environment, config.verifier):
         log.info("task %s: %s", task.name, warning)
-    return SingleStepTrial(config, _task=task, _task_download_result=download)
+    return ViewTrial(config, view=view, _task=task, _task_download_result=download)
+
+
+class ViewTrial(SingleStepTrial):
+    """Harbor's single-step trial whose ``lock.json`` takes its task's entry (the content digest
+    Harbor would hash the directory again for) from the task's view (services/evaluation/task_views.py)."""
+
+    def __init__(self, config: TrialConfig, *, view: TaskView | None, **kwargs: Any) -> None:
+        self._view = view  # read by _write_trial_lock, which Trial.__init__ calls
+        super().__init__(config, **kwargs)
+
+    def _write_trial_lock(self) -> TrialLock:
+        if self._view is None:
+            return super()._write_trial_lock()
+        lock = task_views.trial_lock(self.config, self._view)
+        self.paths.lock_path.write_text(lock.model_dump_json(indent=4, exclude_none=True))
+        return lock
 
 
 def build_trial_config(req: TrialRequest, trial_name: str) -> TrialConfig:
