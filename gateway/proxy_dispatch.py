@@ -9,7 +9,8 @@ call, ~1 ms was that frame (py-spy, cProfile; docs/performance.md). Everything e
 the dispatcher is the innermost of the app's own middleware, so the access log, the request id
 and the body limits wrap it as they wrap every route, and a refusal is answered by the very
 exception handlers the app registered (an exception none of them takes propagates as it did, to
-the server-error handler).
+the server-error handler). The services' own hot routes go the same way
+(services/core/direct_routes.py, which both use).
 
 It takes a path only where the router would have reached the proxy's catch-all anyway: the
 method is one the catch-all serves and the first segment names a service of this gateway. The
@@ -20,11 +21,12 @@ app's routes and checks it), so no route of its own is ever passed over.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from services.core.direct_routes import answer, app_path
 
 Forward = Callable[[Request, str, str], Awaitable[Response]]
 
@@ -51,31 +53,9 @@ class ProxyDispatch:
         if scope["type"] != "http" or scope["method"] not in self.methods:
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
+        path = app_path(scope)
         service, slash, rest = path[1:].partition("/")
         if not slash or not path.startswith("/") or service not in self.services:
             await self.app(scope, receive, send)
             return
-        request = Request(scope, receive)
-        try:
-            response = await self.forward(request, service, rest)
-        except Exception as err:  # noqa: BLE001 - answered by the app's own handler, or raised as before
-            handler = _handler_for(scope["app"].exception_handlers, err)
-            if handler is None:
-                raise
-            response = await handler(request, err)
-        await response(scope, receive, send)
-
-
-def _handler_for(handlers: dict[Any, Any], err: Exception) -> Any:
-    """The handler Starlette's exception middleware would pick: the nearest class in the error's
-    MRO, status-code handlers and the catch-all ``Exception`` (the server-error middleware's) left out."""
-    for cls in type(err).__mro__:
-        if cls is Exception:
-            return None
-        if cls in handlers:
-            return handlers[cls]
-    return None
+        await answer(scope, receive, send, lambda request: self.forward(request, service, rest))

@@ -10,15 +10,17 @@ app's own shutdown in distributed mode (``rsigym serve <service>``), or the gate
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.datastructures import Headers
+from starlette.responses import Response
 from starlette.types import Scope
 
 from services.core.body_limits import BodyLimits, largest_limit
 from services.core.config import GymConfig
+from services.core.direct_routes import DirectRoutes, Handler
 from services.core.errors import AuthenticationFailed, GymError
 from services.core.http import install_error_handlers
 from services.core.identity import IDENTITY_HEADER, SIGNATURE_HEADER, Identity, verify
@@ -35,6 +37,14 @@ async def require_identity(request: Request) -> Identity:
 
 
 CurrentIdentity = Annotated[Identity, Depends(require_identity)]
+IdentifiedEndpoint = Callable[[Request, Identity], Awaitable[Response]]
+
+
+def _identified(endpoint: IdentifiedEndpoint) -> Handler:
+    """``endpoint`` as its route runs it: after the signed identity is verified."""
+    async def handle(request: Request) -> Response:
+        return await endpoint(request, await require_identity(request))
+    return handle
 
 
 def once(fn: Callable[[], None]) -> Callable[[], None]:
@@ -61,14 +71,20 @@ def _signed_only(_scope: Scope, headers: Headers) -> GymError | None:
 
 def create_service_app(name: str, *, internal_secret: str, routers: list[APIRouter],
                        state: Mapping[str, Any] | None = None, close: Callable[[], None] | None = None,
-                       config: GymConfig | None = None) -> FastAPI:
-    """``config``: the gym config whose ``http`` limits bound every request body (defaults when None)."""
+                       config: GymConfig | None = None,
+                       direct: Mapping[tuple[str, str], IdentifiedEndpoint] | None = None) -> FastAPI:
+    """``config``: the gym config whose ``http`` limits bound every request body (defaults when None).
+    ``direct``: (method, path) → the endpoint a router declares there, called with the request
+    and its verified identity past FastAPI's router (services/core/direct_routes.py): for the
+    calls an agent makes thousands of times."""
     app = FastAPI(title=f"rsigym-{name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.internal_secret = internal_secret
     for attr, value in (state or {}).items():
         setattr(app.state, attr, value)
     app.state.close = once(close) if close is not None else None
     install_error_handlers(app)
+    if direct:  # inside the body limits, like every route
+        app.add_middleware(DirectRoutes, routes={route: _identified(endpoint) for route, endpoint in direct.items()})
     config = config or GymConfig()
     limit = largest_limit(config)  # the gateway holds each route to its own class first
     app.add_middleware(BodyLimits, http=config.http, classify=lambda _m, _p: (limit, False), gate=_signed_only)

@@ -11,7 +11,7 @@ from services.core.config import missing_provider_keys
 from services.core.service_app import create_service_app
 from services.core.spec import ServiceContext
 from services.rollout import agent
-from services.rollout.api import router
+from services.rollout.api import chat_completions, router
 from services.rollout.backends import ROLLOUT_BACKENDS
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.service import RolloutService
@@ -29,5 +29,6 @@ def create_app(context: ServiceContext, *, backend: RolloutBackend | None = None
     backend = backend or ROLLOUT_BACKENDS.get(context.config.rollout.backend)(context)
     return create_service_app("rollout", internal_secret=context.internal_secret, routers=[router, agent.router],
                               config=context.config, close=getattr(backend, "close", None),
+                              direct={("POST", "/v1/chat/completions"): chat_completions},
                               state={"rollout": RolloutService(context.config, backend),
                                      "agent": agent.AgentModelService(context.config, backend, context.store)})
