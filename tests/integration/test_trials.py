@@ -328,3 +328,28 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
     assert failed.reward is None and "could not prepare the sandbox" in (failed.error or ""), failed
     assert exited.reward is None and "install exited with code 97" in (exited.error or ""), exited
     assert served.running_sandboxes() == []
+
+
+def test_empty_directories_reach_the_verifier_and_the_reads(served: Served, tasks: dict[str, TaskRef],
+                                                            tmp_path: Path) -> None:
+    """An upload's empty directories are made with the next command, or just before the next read
+    (services/evaluation/harbor_env.py): the agent leaves an empty directory and an empty file in
+    /app, Harbor carries /app to the verifier's sandbox (the directory's make waits for the
+    verifier's next command), and the verifier scores 1 only if both arrived."""
+    task = tmp_path / "empties"
+    shutil.copytree(tasks["sh-0001"].path, task)
+    solve = task / "solution" / "solve.sh"
+    solve.write_text(solve.read_text() + "mkdir -p /app/kept/empty && : > /app/kept/marker\n")
+    test = task / "tests" / "test.sh"
+    test.write_text(test.read_text().replace(
+        "if got=", "[ -d /app/kept/empty ] && [ -f /app/kept/marker ] && if got="))
+    ref = TaskRef("empties", task, "shell", None, TaskConfig.model_validate_toml((task / "task.toml").read_text()))
+    control = tmp_path / "control"
+    shutil.copytree(task, control)
+    (control / "solution" / "solve.sh").write_text(solve.read_text().replace("mkdir -p /app/kept/empty && ", ""))
+    control_ref = TaskRef("control", control, "shell", None, ref.config)
+
+    kept, lost = run(served.request(ref, agent="oracle"), served.request(control_ref, agent="oracle"))
+    assert (kept.error, kept.reward) == (None, 1.0), kept
+    assert (lost.error, lost.reward) == (None, 0.0), lost  # the check can fail: no directory, no reward
+    assert served.running_sandboxes() == []
