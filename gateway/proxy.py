@@ -84,12 +84,14 @@ def _policy_body(raw: bytes, config: GymConfig, policies: list[Policy], service:
     return body, json.dumps(body, separators=(",", ":")).encode()
 
 
-def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Principal) -> tuple[int, int | None]:
-    """The call's worst-case cost and tokens (its operation's hooks). Run in one trip to a worker
-    thread unless the operation declares them pure: a hook may read the store (a checkpoint's
-    base model, say)."""
+def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Principal,
+               count_tokens: bool) -> tuple[int, int | None]:
+    """The call's worst-case cost and, when ``count_tokens`` (a key of the chain limits the
+    service's tokens per minute), its worst-case tokens: its operation's hooks. Run in one trip
+    to a worker thread unless the operation declares them pure: a hook may read the store (a
+    checkpoint's base model, say)."""
     estimate = op.estimate(body, context, payer) if op.estimate is not None else 0
-    return estimate, op.tokens(body, context, payer) if op.tokens is not None else None
+    return estimate, op.tokens(body, context, payer) if count_tokens and op.tokens is not None else None
 
 
 async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
@@ -216,10 +218,11 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
             check_grant(payer, service)
             inline, body, raw = True, {}, await request.body()
         estimate, tokens = 0, None
+        count_tokens = op.tokens is not None and bool(rate_limits.limits_of(principal, service))
         if op.pure_estimates and inline:
-            estimate, tokens = _estimates(op, body, gw.context, payer)
-        elif op.estimate is not None or op.tokens is not None:
-            estimate, tokens = await anyio.to_thread.run_sync(_estimates, op, body, gw.context, payer)
+            estimate, tokens = _estimates(op, body, gw.context, payer, count_tokens)
+        elif op.estimate is not None or count_tokens:
+            estimate, tokens = await anyio.to_thread.run_sync(_estimates, op, body, gw.context, payer, count_tokens)
 
         if tokens is not None:  # before the reservation: a rate-limited call leaves no ledger row
             await limit_tokens(gw, principal, service, tokens)
