@@ -59,7 +59,6 @@ from services.evaluation.harbor_agent import (  # noqa: E402
     TRAJECTORY_FILE,
 )
 from services.evaluation.harbor_env import SandboxCredentials, trial_sandboxes  # noqa: E402
-from services.evaluation.task_views import TaskView  # noqa: E402
 
 log = logging.getLogger("rsigym.evaluation.trials")
 ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
@@ -167,7 +166,7 @@ async def create_trial(config: TrialConfig) -> Trial:
     do-nothing runs of benchmark validation go the same way.
     """
     Trial._resolve_agent_skills(config)
-    view: TaskView | None = None
+    view: task_views.TaskView | None = None
     if task_views.cacheable(config):  # Harbor's view of the task, built once per content
         task, view = await task_views.load(config)
         download = view.download
@@ -185,7 +184,7 @@ class ViewTrial(SingleStepTrial):
     """Harbor's single-step trial whose ``lock.json`` takes its task's entry (the content digest
     Harbor would hash the directory again for) from the task's view (services/evaluation/task_views.py)."""
 
-    def __init__(self, config: TrialConfig, *, view: TaskView | None, **kwargs: Any) -> None:
+    def __init__(self, config: TrialConfig, *, view: task_views.TaskView | None, **kwargs: Any) -> None:
         self._view = view  # read by _write_trial_lock, which Trial.__init__ calls
         super().__init__(config, **kwargs)
 

@@ -115,8 +115,8 @@ class Answer:
     """The server closed the connection after answering."""
 
 
-def read_answer(sock: socket.socket, timeout: float, close_wait_s: float) -> tuple[int | None, dict[str, Any] | None,
-                                                                                  bool]:
+def read_answer(sock: socket.socket, timeout: float,
+                close_wait_s: float) -> tuple[int | None, dict[str, Any] | None, bool]:
     sock.settimeout(timeout)
     data = b""
     try:
