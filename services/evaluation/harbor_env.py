@@ -23,6 +23,12 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   runs or a file is read (the working and log directories, directories an upload leaves empty,
   the modes of uploaded executables) is deferred and run at the head of the next command, in
   the same process start, or alone just before a read (each start is ~15–25 ms of a trial).
+* **known answers** — the environment keeps what it knows of the sandbox's files since the last
+  process start (files it wrote, directories it found empty, whether any process ever ran) and
+  skips what that answers: Harbor's resets of directories that are absent or empty (a look by
+  the files API, the making deferred), ``chmod +x`` of a file it has just written, ``rm -f`` of
+  files in a directory it has just found empty where nothing has ever run, and the second listing
+  of a directory ``is_dir`` has just listed. Anything it does not know runs as Harbor asked.
 
 What our sandboxes do not offer, and how it shows: one unprivileged uid per sandbox (Harbor's
 ``user=`` is accepted and ignored; the root filesystem is the sandbox's own and writable apart
@@ -44,11 +50,12 @@ import contextvars
 import functools
 import logging
 import os
+import posixpath
 import secrets
 import shlex
 import ssl
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -56,11 +63,11 @@ from urllib.parse import urlencode
 
 import httpx
 from e2b import AsyncSandbox, CommandExitException, ConnectionConfig, FileType
-from e2b.exceptions import FileNotFoundException
+from e2b.exceptions import FileNotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 from e2b.template import dockerfile_parser as _dockerfile_parser
 from e2b.template.dockerfile_parser import DockerfileSyntaxError, parse_dockerfile
-from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
+from harbor.environments.base import BaseEnvironment, EnvironmentPath, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import effective_exec_cwd, require_agent_environment_definition
 from harbor.environments.options import EnvironmentOptions
@@ -76,7 +83,8 @@ UPLOAD_BATCH_FILES = 200
 UPLOAD_BATCH_BYTES = 8 * 1024 * 1024
 LIST_DEPTH = 64
 _BOOT_TIMEOUT_S = 60
-_CHMOD_ARGS_PER_COMMAND = 200
+_ARGS_PER_COMMAND = 200
+"""Paths per ``mkdir`` / ``chmod`` in the deferred set-up (a long list is split)."""
 _MKDIR_CALLS_BEFORE_A_READ = 2
 """Deferred directories made by as many files-API calls before a read, rather than a process start."""
 SETUP_FAILED = 97
@@ -333,6 +341,53 @@ def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
 # ----------------------------------------------------------------------------- the environment
 
 
+_MKDIR = "command -p mkdir -p"
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One deferred set-up step (see :meth:`GymSandboxEnvironment._defer`): ``command -- paths``."""
+
+    command: str
+    """``mkdir -p`` or a ``chmod`` with its mode."""
+    paths: tuple[str, ...]
+
+    @property
+    def makes(self) -> tuple[str, ...] | None:
+        """The directories it makes; ``None`` for a mode to set."""
+        return self.paths if self.command == _MKDIR else None
+
+    @property
+    def shell(self) -> str:
+        return f"{self.command} -- " + " ".join(shlex.quote(p) for p in self.paths)
+
+
+def setup_script(steps: list[_Step]) -> str:
+    """The deferred steps as one shell line, in as few programs as it takes: every directory in
+    one ``mkdir -p`` first, then one ``chmod`` per mode (in the steps' own order if a path has
+    more than one mode coming). Making directories first changes nothing: the only modes a
+    directory is given here are 777 (each program start in a sandbox is ~1 ms)."""
+    made = list(dict.fromkeys(d for step in steps if step.makes for d in step.paths))
+    modes: dict[str, list[str]] = {}
+    for step in steps:
+        if not step.makes:
+            modes.setdefault(step.command, []).extend(step.paths)
+    named = [p for paths in modes.values() for p in set(paths)]
+    groups = list(modes.items()) if len(named) == len(set(named)) else [
+        (step.command, list(step.paths)) for step in steps if not step.makes]
+    lines = []
+    for command, paths in ([(_MKDIR, made)] if made else []) + groups:
+        paths = list(dict.fromkeys(paths))
+        for i in range(0, len(paths), _ARGS_PER_COMMAND):
+            lines.append(_Step(command, tuple(paths[i:i + _ARGS_PER_COMMAND])).shell)
+    return " && ".join(lines)
+
+
+def _inside(path: str, directory: str) -> bool:
+    """``path`` names something strictly inside ``directory`` (lexically, ``..`` resolved)."""
+    return posixpath.normpath(path).startswith(posixpath.normpath(directory).rstrip("/") + "/")
+
+
 def sdk_sandbox(view: dict[str, Any], *, api_key: str, api_url: str, sandbox_url: str) -> AsyncSandbox:
     """The e2b SDK's handle on a sandbox from the answer to its create, built as the SDK's own
     ``AsyncSandbox.create`` builds it from that answer. ``AsyncSandbox.connect`` would ask the
@@ -359,12 +414,31 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._trial: TrialSandboxes | None = None
         self.sandbox_id: str | None = None
         self.door_url: str | None = None
-        self._setup: list[tuple[str, tuple[str, ...] | None]] = []
-        """Shell steps (mkdir -p, chmod) not yet run, each with the directories it makes when it
-        only makes directories: they run at the head of the next command, or alone before
-        anything reads the sandbox's files (see :meth:`_defer`)."""
+        self._start_knowing_nothing()
         super().__init__(*args, **kwargs)
         self._gateway = self.options.gateway_url.rstrip("/")
+
+    def _start_knowing_nothing(self) -> None:
+        """What this environment knows of its sandbox's files (nothing yet), which lets it skip a
+        call or a process start where the answer is known: set-up waiting to run, files it wrote,
+        directories it found empty, and whether any process has run there."""
+        self._setup: list[_Step] = []
+        """Shell steps (mkdir -p, chmod) not yet run: they run at the head of the next command, or
+        alone before anything reads the sandbox's files (see :meth:`_defer`)."""
+        self._written: dict[str, int | None] = {}
+        """Files this environment wrote since the last process start, with the mode it gave them
+        (``None``: the daemon's default). Nothing but a process removes a file here, so until the
+        next process start each of these is known to exist (see :meth:`_known_chmod_x`)."""
+        self._known_empty_dirs: set[str] = set()
+        """Directories :meth:`empty_dirs` found empty (or absent, and made) since the last process
+        start, with nothing written or made inside them since (see :meth:`_known_rm_f`)."""
+        self._process_starts = 0
+        self._changes = 0
+        """Counts what this environment did that may change the sandbox's files (a process start, a
+        write, a directory made): a listing taken at one count is only reused at the same count."""
+        self._listing: tuple[str, int, list[Any]] | None = None
+        """The last :meth:`is_dir` listing (path, change count, entries), for the
+        :meth:`download_dir` of that path that follows it (Harbor's artifact collection)."""
 
     # -- identity and capabilities -------------------------------------------------------
 
@@ -425,7 +499,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         if dirs:
             self._mkdirs(dirs)
             if logs:
-                self._defer("command -p chmod 777 -- " + " ".join(shlex.quote(d) for d in logs))
+                self._defer("command -p chmod 777", logs)
         await self._replay_copies()
         await self._upload_environment_dir_after_start()  # docker_image tasks without a Dockerfile
 
@@ -485,6 +559,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         """Run ``command`` with bash in the sandbox. A non-zero exit is a result, not an error;
         a timeout kills the command's process group and raises, as Harbor's Docker environment
         does. ``user`` is accepted and ignored (one uid per sandbox)."""
+        if self._known_chmod_x(command) or self._known_rm_f(command):
+            return ExecResult(stdout="", stderr="", return_code=0)
         cwd = effective_exec_cwd(cwd, self.workdir, None)
         if not self._setup:
             return await self._run_plain(command, cwd=cwd, env=self._merge_env(env), timeout_sec=timeout_sec)
@@ -493,15 +569,107 @@ class GymSandboxEnvironment(BaseEnvironment):
         return await self._with_setup((f"cd -- {shlex.quote(cwd)} || exit 1\n" if cwd else "") + command,
                                       cwd="/" if cwd else None, env=self._merge_env(env), timeout_sec=timeout_sec)
 
-    def _defer(self, step: str, *, makes: list[str] | None = None) -> None:
+    def _defer(self, command: str, paths: list[str]) -> None:
         """Set-up that nothing observes until a command runs or a file is read — a directory to
         make, a mode to set — waits to run at the head of the next command (or alone, before a
-        read: :meth:`_run_setup`). Each step is idempotent (``mkdir -p``, ``chmod``). ``makes``:
-        the directories ``step`` makes, when making them is all it does."""
-        self._setup.append((step, tuple(makes) if makes is not None else None))
+        read: :meth:`_run_setup`). Each step is idempotent (``mkdir -p``, ``chmod``)."""
+        self._setup.append(_Step(command, tuple(paths)))
+        self._forget_empty(paths)
+
+    def _forget_empty(self, paths: Any) -> None:
+        """Something is (or will be) made or written at ``paths``: the directories holding them are not empty."""
+        self._changes += 1
+        if self._known_empty_dirs:
+            self._known_empty_dirs = {d for d in self._known_empty_dirs if not any(_inside(p, d) for p in paths)}
 
     def _mkdirs(self, dirs: list[str]) -> None:
-        self._defer("command -p mkdir -p -- " + " ".join(shlex.quote(d) for d in dirs), makes=dirs)
+        pending = {d for step in self._setup for d in (step.makes or ())}
+        dirs = [d for d in dict.fromkeys(dirs) if d not in pending]  # ``mkdir -p`` twice is once
+        if dirs:
+            self._defer(_MKDIR, dirs)
+
+    def _known_chmod_x(self, command: str) -> bool:
+        """``chmod +x FILE`` (Harbor's, before it runs a task's ``solve.sh`` or ``test.sh``) of a
+        file this environment wrote since the last process start is set-up like an upload's
+        modes: the file exists (only a process removes one), so the command cannot fail and prints
+        nothing; it joins the deferred set-up (or is nothing at all when the mode the file was
+        given already lets everyone execute it) and saves a process start (~10-15 ms). Any other
+        command runs."""
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            return False
+        if len(words) != 3 or words[:2] != ["chmod", "+x"] or not words[2].startswith("/") \
+                or words[2] not in self._written:
+            return False
+        path = words[2]
+        mode = self._written[path]
+        if mode is None or mode & 0o111 != 0o111:
+            self._defer("command -p chmod +x", [path])
+            self._written[path] = None  # what +x leaves depends on the umask: unknown here
+        return True
+
+    def _known_rm_f(self, command: str) -> bool:
+        """``rm -f -- FILE...`` (Harbor's, of the reward files before the verifier runs) where each
+        file is inside a directory :meth:`empty_dirs` has just found empty, in a sandbox where no
+        process has ever run: nothing but this environment has touched its files, so there is
+        nothing to remove and the command is nothing at all. Any other command runs."""
+        if self._process_starts or not self._known_empty_dirs:
+            return False
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            return False
+        if words[:2] != ["rm", "-f"]:
+            return False
+        files = words[3:] if words[2:3] == ["--"] else words[2:]
+        return bool(files) and all(
+            f.startswith("/") and f == posixpath.normpath(f) and any(_inside(f, d) for d in self._known_empty_dirs)
+            for f in files)
+
+    async def ensure_dirs(self, dirs: Sequence[EnvironmentPath], *, chmod: bool = True) -> ExecResult | None:
+        """Harbor's ``mkdir -p`` (and ``chmod 777``) of directories, deferred like the
+        environment's own (nothing observes a directory before a command runs or a file is read;
+        a step that fails there fails that call). Returns ``None``: nothing has run yet."""
+        paths = [str(d) for d in dirs]
+        if paths:
+            self._mkdirs(paths)
+            if chmod:
+                self._defer("command -p chmod 777", paths)
+        return None
+
+    async def empty_dirs(self, dirs: Sequence[EnvironmentPath], *, chmod: bool = True) -> ExecResult | None:
+        """Harbor's reset of directories (each made, emptied, its mode 777), which Harbor runs
+        before it uploads into them — three times in a trial's fresh verifier sandbox, where
+        there is nothing to remove. A directory that does not exist, or exists (not as a link)
+        and is empty, and that no pending step reaches inside, only needs making: deferred, as
+        in :meth:`ensure_dirs`, after a look by the files API (~2-3 ms each, against a process
+        start's ~15-25 ms). Anything else — something to remove, a link or a file in the way —
+        runs Harbor's own command now, with the pending set-up at its head. Returns ``None``
+        when nothing has run yet."""
+        paths = [str(d) for d in dirs]
+        if not paths:
+            return None
+        for path in paths:
+            if not await self._known_empty(path):
+                return await super().empty_dirs(dirs, chmod=chmod)
+        await self.ensure_dirs(dirs, chmod=chmod)
+        self._known_empty_dirs.update(paths)
+        return None
+
+    async def _known_empty(self, path: str) -> bool:
+        """Whether ``path`` is absent, or an empty directory that is not a link — and stays so
+        through the pending set-up (no pending step names anything inside it)."""
+        if not path.startswith("/") or any(_inside(p, path) for step in self._setup for p in step.paths):
+            return False
+        sandbox = self._require()
+        try:
+            info = await idempotent(lambda: sandbox.files.get_info(path), path)
+        except FileNotFoundException:
+            return True
+        if info.type != FileType.DIR or info.symlink_target is not None:
+            return False
+        return not await idempotent(lambda: sandbox.files.list(path, depth=1), path)
 
     async def _run_setup(self) -> None:
         """Run the deferred set-up now, alone (before the sandbox's files are read): a directory
@@ -509,11 +677,12 @@ class GymSandboxEnvironment(BaseEnvironment):
         (~8-12 ms in a trial)."""
         if not self._setup:
             return
-        dirs = [d for _, made in self._setup for d in (made or ())]
-        if len(dirs) > _MKDIR_CALLS_BEFORE_A_READ or any(made is None for _, made in self._setup):
+        dirs = [d for step in self._setup for d in (step.makes or ())]
+        if len(dirs) > _MKDIR_CALLS_BEFORE_A_READ or any(step.makes is None for step in self._setup):
             await self._with_setup("", cwd="/", timeout_sec=_BOOT_TIMEOUT_S)
             return
         sandbox = self._require()
+        self._changes += 1
         for directory in dirs:  # on a failure every step stays deferred: making a directory twice is harmless
             try:
                 await sandbox.files.make_dir(directory)
@@ -529,7 +698,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         failed or was cancelled) runs again with what comes next: every step is idempotent."""
         setup, self._setup = self._setup, []
         mark = f"{SETUP_MARK}-{secrets.token_hex(8)}"
-        head = "{ " + " && ".join(step for step, _ in setup) + f"; }} || {{ echo {mark} >&2; exit {SETUP_FAILED}; }}\n"
+        head = "{ " + setup_script(setup) + f"; }} || {{ echo {mark} >&2; exit {SETUP_FAILED}; }}\n"
         try:
             result = await self._run_plain(head + script, cwd=cwd, env=env, timeout_sec=timeout_sec)
         except BaseException:
@@ -542,6 +711,10 @@ class GymSandboxEnvironment(BaseEnvironment):
     async def _run_plain(self, command: str, *, cwd: str | None, env: dict[str, str] | None = None,
                          timeout_sec: float | None = None) -> ExecResult:
         sandbox = self._require()
+        self._process_starts += 1  # the command (and whatever it leaves running) may change any file:
+        self._changes += 1
+        self._written.clear()  # what this environment wrote may be gone,
+        self._known_empty_dirs.clear()  # an empty directory filled
         callback = self._output_callback()
         handlers: dict[str, Any] = {}
         if callback is not None:
@@ -567,7 +740,9 @@ class GymSandboxEnvironment(BaseEnvironment):
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         source = Path(source_path)
+        self._forget_empty([target_path])  # before: a write that fails may still have landed
         await self._require().files.write(target_path, source.read_bytes())
+        self._written[target_path] = None
         mode = stat.S_IMODE(source.stat().st_mode)
         if mode & 0o111:
             self._chmod({mode: [target_path]})
@@ -587,7 +762,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         await self._upload_many(files, empty_dirs)
 
     async def _upload_many(self, files: list[tuple[str, Path]], dirs: list[str]) -> None:
-        sandbox = self._require()
+        self._require()  # no sandbox, no deferred set-up either
         # A write creates its file's parent directories: only the directories no file lands in
         # are made, with the next command or before the next read (an empty upload — Harbor's
         # log and artifact directories — is usually followed by a command).
@@ -603,20 +778,26 @@ class GymSandboxEnvironment(BaseEnvironment):
             if mode & 0o111:
                 modes.setdefault(mode, []).append(target)
             if batch and (len(batch) >= UPLOAD_BATCH_FILES or size + len(data) > UPLOAD_BATCH_BYTES):
-                await sandbox.files.write_files(batch)
+                await self._write_batch(batch)
                 batch, size = [], 0
             batch.append({"path": target, "data": data})
             size += len(data)
         if batch:
-            await sandbox.files.write_files(batch)
+            await self._write_batch(batch)
         if modes:
             self._chmod(modes)
 
+    async def _write_batch(self, batch: list[WriteEntry]) -> None:
+        self._forget_empty([entry["path"] for entry in batch])  # before: a write that fails may still have landed
+        await self._require().files.write_files(batch)
+        self._written.update((entry["path"], None) for entry in batch)
+
     def _chmod(self, modes: dict[int, list[str]]) -> None:
         for mode, paths in modes.items():
-            for i in range(0, len(paths), _CHMOD_ARGS_PER_COMMAND):
-                chunk = paths[i:i + _CHMOD_ARGS_PER_COMMAND]
-                self._defer(f"command -p chmod {mode:o} -- " + " ".join(shlex.quote(p) for p in chunk))
+            self._defer(f"command -p chmod {mode:o}", paths)
+            for path in paths:
+                if path in self._written:
+                    self._written[path] = mode
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         await self._run_setup()
@@ -633,7 +814,11 @@ class GymSandboxEnvironment(BaseEnvironment):
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         root = PurePosixPath(source_dir)
-        entries = await idempotent(lambda: sandbox.files.list(str(root), depth=LIST_DEPTH), str(root))
+        listing, self._listing = self._listing, None
+        if listing is not None and listing[:2] == (source_dir, self._changes):
+            entries = listing[2]  # is_dir just listed it, and nothing this side did since could change it
+        else:
+            entries = await idempotent(lambda: sandbox.files.list(str(root), depth=LIST_DEPTH), str(root))
         for entry in entries:
             rel = PurePosixPath(entry.path).relative_to(root)
             if not rel.parts or ".." in rel.parts:
@@ -654,7 +839,21 @@ class GymSandboxEnvironment(BaseEnvironment):
                 continue  # removed (or a dangling link) between the listing and the read
 
     async def is_dir(self, path: str, user: str | int | None = None) -> bool:
-        return await self._path_type(path) == FileType.DIR
+        """Asked by Harbor before it downloads an artifact, which for a directory starts with its
+        listing: the question is answered by taking that listing (one call where there were two).
+        A listing refused for any reason but absence gets the plain answer (a file, a directory
+        that cannot be read)."""
+        await self._run_setup()
+        sandbox = self._require()
+        changes = self._changes
+        try:
+            entries = await idempotent(lambda: sandbox.files.list(path, depth=LIST_DEPTH), path)
+        except FileNotFoundException:
+            return False
+        except SandboxException:
+            return await self._path_type(path) == FileType.DIR
+        self._listing = (path, changes, entries)
+        return True
 
     async def is_file(self, path: str, user: str | int | None = None) -> bool:
         return await self._path_type(path) == FileType.FILE
@@ -671,7 +870,7 @@ class GymSandboxEnvironment(BaseEnvironment):
     async def _replay_copies(self) -> None:
         for copy in self._plan.copies:
             sources = [p for s in copy.sources for p in _expand_sources(self.environment_dir, s)]
-            into_dir = copy.dest.endswith("/") or len(sources) > 1 or await self.is_dir(copy.dest)
+            into_dir = copy.dest.endswith("/") or len(sources) > 1 or await self._path_type(copy.dest) == FileType.DIR
             files: list[tuple[str, Path]] = []
             dirs: list[str] = [copy.dest.rstrip("/") or "/"] if into_dir else []
             for src in sources:

@@ -353,3 +353,35 @@ def test_empty_directories_reach_the_verifier_and_the_reads(served: Served, task
     assert (kept.error, kept.reward) == (None, 1.0), kept
     assert (lost.error, lost.reward) == (None, 0.0), lost  # the check can fail: no directory, no reward
     assert served.running_sandboxes() == []
+
+
+def test_the_verifier_sees_the_agents_app_and_no_stale_reward(served: Served, tasks: dict[str, TaskRef],
+                                                              tmp_path: Path) -> None:
+    """The image puts a stale reward of 1 in /logs/verifier and a file in /app — in the agent's
+    sandbox and again in the verifier's fresh one (its Dockerfile is replayed there too). Harbor
+    resets both directories before the verifier runs, and the environment skips a reset or the
+    removal of stale rewards only where it knows there is nothing to remove
+    (services/evaluation/harbor_env.py). The oracle deletes the image's file; test.sh writes a
+    reward only for a right answer with that file gone, and writes nothing otherwise. So the oracle
+    scores 1 only if the verifier's /app is the agent's, and nop (no answer) gets no reward at all
+    rather than the stale 1."""
+    task = tmp_path / "resets"
+    shutil.copytree(tasks["sh-0001"].path, task)
+    env_dir = task / "environment"
+    (env_dir / "app" / "stale.txt").write_text("from the image\n")
+    (env_dir / "seed").mkdir()
+    (env_dir / "seed" / "reward.txt").write_text("1\n")
+    (env_dir / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\nCOPY app/ /app/\n"
+                                        "COPY seed/ /logs/verifier/\n")
+    solve = task / "solution" / "solve.sh"
+    solve.write_text(solve.read_text() + "rm -f /app/stale.txt\n")
+    test = task / "tests" / "test.sh"
+    test.write_text(test.read_text().replace(
+        'echo "$reward" > /logs/verifier/reward.txt',
+        '[ "$reward" = 1 ] && [ ! -e /app/stale.txt ] && echo 1 > /logs/verifier/reward.txt'))
+    ref = TaskRef("resets", task, "shell", None, TaskConfig.model_validate_toml((task / "task.toml").read_text()))
+
+    solved, nothing = run(served.request(ref, agent="oracle"), served.request(ref, agent="nop"))
+    assert (solved.error, solved.reward) == (None, 1.0), solved
+    assert nothing.reward is None and "reward" in (nothing.error or "").lower(), nothing
+    assert served.running_sandboxes() == []

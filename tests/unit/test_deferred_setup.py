@@ -37,11 +37,11 @@ class Sandbox:
 def _env(refuse: str | None = None) -> tuple[GymSandboxEnvironment, list[tuple[str, str]]]:
     env = GymSandboxEnvironment.__new__(GymSandboxEnvironment)  # no Harbor: only what _run_setup touches
     log: list[tuple[str, str]] = []
-    env._setup = []
+    env._start_knowing_nothing()
     env._sandbox = Sandbox(log, refuse)  # type: ignore[assignment]
 
     async def process_start(script: str, **_: Any) -> None:  # stands in for _with_setup: one process start
-        log.append(("process", " && ".join(step for step, _ in env._setup)))
+        log.append(("process", " && ".join(step.shell for step in env._setup)))
         env._setup = []
 
     env._with_setup = process_start  # type: ignore[assignment,method-assign]
@@ -61,7 +61,7 @@ def test_one_or_two_directories_go_by_the_files_api_before_a_read() -> None:
 
 @pytest.mark.parametrize("pending", [
     [(["/a", "/b", "/c"], None)],  # three directories: one process start is cheaper
-    [(["/a"], None), (None, "command -p chmod 777 -- /a")],  # a mode to set: only a command does that
+    [(["/a"], None), (None, "command -p chmod 777")],  # a mode to set: only a command does that
 ])
 def test_anything_more_runs_in_one_process_start_before_the_read(pending: list[tuple[Any, Any]]) -> None:
     env, log = _env()
@@ -69,7 +69,7 @@ def test_anything_more_runs_in_one_process_start_before_the_read(pending: list[t
         if dirs is not None:
             env._mkdirs(dirs)
         else:
-            env._defer(step)
+            env._defer(step, ["/a"])
     asyncio.run(env._path_type("/a"))
     assert [kind for kind, _ in log] == ["process", "get_info"]
     assert env._setup == []
@@ -81,4 +81,4 @@ def test_a_failed_make_raises_and_keeps_the_set_up_pending() -> None:
     with pytest.raises(RuntimeError, match="could not create /app"):
         asyncio.run(env._path_type("/app"))
     assert ("get_info", "/app") not in log  # nothing read past a set-up that did not run
-    assert [made for _, made in env._setup] == [("/logs/artifacts", "/app")]  # runs again with what comes next
+    assert [step.makes for step in env._setup] == [("/logs/artifacts", "/app")]  # runs again with what comes next

@@ -1,0 +1,236 @@
+"""What the trial environment skips because it already knows the answer
+(services/evaluation/harbor_env.py): Harbor's resets of directories that are absent or empty, a
+``chmod +x`` of a file it has just written, an ``rm -f`` of files in a directory it has just found
+empty in a sandbox where nothing has ever run, and the second listing of a directory that
+``is_dir`` has just listed. Each is played against a stand-in sandbox (an in-memory file tree that
+records every call; no Harbor trial, no gateway) — and so is each case where the answer is *not*
+known and the real command must run: something to remove, a link in the way, a process that ran
+(and may have left something running), a file written since."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import shlex
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from e2b import FileType
+from e2b.exceptions import FileNotFoundException, InvalidArgumentException
+from harbor.environments.base import BaseEnvironment
+from harbor.models.task.config import EnvironmentConfig
+
+from services.evaluation.harbor_env import GymSandboxEnvironment, _ImagePlan
+
+
+@dataclass
+class Info:
+    type: FileType
+    symlink_target: str | None = None
+    path: str = ""
+
+
+class Files:
+    """An in-memory tree: path -> "dir" | "file" | ("link", target). Calls are logged."""
+
+    def __init__(self, tree: dict[str, Any], log: list[tuple[str, str]]):
+        self.tree, self.log = tree, log
+
+    def _kind(self, path: str) -> Any:
+        return self.tree.get(str(PurePosixPath(path)))
+
+    async def get_info(self, path: str) -> Info:
+        self.log.append(("stat", path))
+        kind = self._kind(path)
+        if kind is None:
+            raise FileNotFoundException(path)
+        if isinstance(kind, tuple):
+            return Info(FileType.DIR, kind[1], path)
+        return Info(FileType.DIR if kind == "dir" else FileType.FILE, None, path)
+
+    async def list(self, path: str, depth: int = 1) -> list[Info]:
+        self.log.append(("list", path))
+        kind = self._kind(path)
+        if kind is None:
+            raise FileNotFoundException(path)
+        if kind != "dir":
+            raise InvalidArgumentException(f"path is not a directory: {path}")
+        prefix = path.rstrip("/") + "/"
+        return [Info(FileType.DIR if k == "dir" else FileType.FILE, None, p)
+                for p, k in sorted(self.tree.items()) if p.startswith(prefix)]
+
+    async def write_files(self, batch: list[dict[str, Any]]) -> None:
+        for entry in batch:
+            self.log.append(("write", entry["path"]))
+            self.tree[entry["path"]] = "file"
+
+    async def write(self, path: str, data: bytes) -> None:
+        self.log.append(("write", path))
+        self.tree[path] = "file"
+
+    async def make_dir(self, path: str) -> bool:
+        self.log.append(("make_dir", path))
+        self.tree[path] = "dir"
+        return True
+
+    async def read(self, path: str, format: str = "bytes") -> bytearray:
+        self.log.append(("read", path))
+        return bytearray(b"x")
+
+
+class Handle:
+    async def wait(self) -> Any:
+        return type("Done", (), {"stdout": "", "stderr": "", "exit_code": 0})()
+
+
+class Commands:
+    def __init__(self, log: list[tuple[str, str]]):
+        self.log = log
+
+    async def run(self, command: str, **_: Any) -> Handle:
+        self.log.append(("process", command))
+        return Handle()
+
+
+class Sandbox:
+    def __init__(self, tree: dict[str, Any], log: list[tuple[str, str]]):
+        self.files, self.commands = Files(tree, log), Commands(log)
+
+
+def _env(tree: dict[str, Any] | None = None) -> tuple[GymSandboxEnvironment, list[tuple[str, str]]]:
+    env = GymSandboxEnvironment.__new__(GymSandboxEnvironment)  # no Harbor trial: what exec and the files need
+    log: list[tuple[str, str]] = []
+    env._start_knowing_nothing()
+    env._sandbox = Sandbox(dict(tree or {}), log)  # type: ignore[assignment]
+    env._plan = _ImagePlan()
+    env._persistent_env = {}
+    env.task_env_config = EnvironmentConfig()
+    env._output_callbacks = contextvars.ContextVar("output_callbacks", default=())
+    env._exec_env_overlays = contextvars.ContextVar("exec_env_overlays", default=())
+    return env, log
+
+
+def _processes(log: list[tuple[str, str]]) -> list[str]:
+    return [what for kind, what in log if kind == "process"]
+
+
+def _upload(env: GymSandboxEnvironment, tmp: Path, target: str, files: dict[str, int]) -> None:
+    source = tmp / target.strip("/").replace("/", "_")
+    source.mkdir(parents=True, exist_ok=True)
+    for name, mode in files.items():
+        (source / name).write_text("x")
+        (source / name).chmod(mode)
+    asyncio.run(env.upload_dir(source, target))
+
+
+def _rm_rewards() -> str:  # as Harbor's Verifier._remove_reward_files builds it
+    return "rm -f -- " + " ".join(shlex.quote(p) for p in ("/logs/verifier/reward.txt", "/logs/verifier/reward.json"))
+
+
+def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_start(tmp_path: Path) -> None:
+    """Harbor's separate verifier, in its order: three resets, the artifacts, the removal of stale
+    rewards, the tests, ``chmod +x`` of test.sh, test.sh. Nothing to remove anywhere: three looks
+    by the files API and one process start, which makes the directories and sets their modes
+    before the test runs."""
+    env, log = _env({"/": "dir"})
+    asyncio.run(env.empty_dirs([PurePosixPath("/logs/verifier")], chmod=True))
+    asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))
+    _upload(env, tmp_path, "/logs/artifacts", {})
+    asyncio.run(env.empty_dirs(["/app"], chmod=True))
+    _upload(env, tmp_path, "/app", {"answer.txt": 0o644})
+    assert asyncio.run(env.exec(_rm_rewards(), user="root")).return_code == 0
+    _upload(env, tmp_path, "/tests", {"test.sh": 0o755})
+    assert asyncio.run(env.exec("chmod +x /tests/test.sh", user="root")).return_code == 0
+    asyncio.run(env.exec("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"))
+
+    assert [kind for kind, _ in log if kind == "stat"] == ["stat"] * 3
+    (script,) = _processes(log)
+    head, command = script.split("\n", 1)
+    assert "mkdir -p -- /logs/verifier /logs/artifacts /app" in head
+    assert "chmod 777 -- /logs/verifier /logs/artifacts /app" in head
+    assert "chmod 755 -- /tests/test.sh" in head and "+x" not in head
+    assert command.endswith("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1")
+
+
+@pytest.mark.parametrize("tree", [
+    {"/app": "dir", "/app/stale.txt": "file"},  # something to remove: the image's (or an agent's) file
+    {"/app": ("link", "/etc")},  # a link in the way
+    {"/app": "file"},  # a file in the way
+])
+def test_a_directory_that_is_not_absent_or_empty_is_reset_by_harbors_own_command(tree: dict[str, Any]) -> None:
+    env, log = _env(tree)
+    asyncio.run(env.empty_dirs(["/app"], chmod=True))
+    (script,) = _processes(log)
+    assert BaseEnvironment._empty_dirs_command(env, ["/app"], chmod=True) in script
+
+
+def test_a_pending_step_inside_the_directory_sends_it_to_harbors_command() -> None:
+    env, log = _env()
+    env._mkdirs(["/app/build"])  # an upload's empty directory, not made yet
+    asyncio.run(env.empty_dirs(["/app"], chmod=True))
+    (script,) = _processes(log)
+    assert "find /app -mindepth 1" in script and "mkdir -p -- /app/build" in script
+
+
+def test_stale_rewards_are_removed_for_real_once_any_process_has_run() -> None:
+    """A process that ran may have left something running that writes a reward after the reset:
+    from then on ``rm -f`` always runs."""
+    env, log = _env()
+    asyncio.run(env.exec("true"))
+    asyncio.run(env.empty_dirs(["/logs/verifier"], chmod=True))
+    asyncio.run(env.exec(_rm_rewards(), user="root"))
+    assert len(_processes(log)) == 2 and _rm_rewards() in _processes(log)[-1]
+
+
+@pytest.mark.parametrize("command", [
+    _rm_rewards(),  # a reward file was uploaded into the directory after its reset
+    "rm -f -- /logs/verifier/../reward.txt",  # climbs out of the directory found empty
+    "rm -f -- /logs/reward.txt",  # not inside it
+    "rm -rf -- /logs/verifier/reward.txt",  # another command
+])
+def test_rm_f_runs_unless_every_file_is_known_absent(command: str, tmp_path: Path) -> None:
+    env, log = _env()
+    asyncio.run(env.empty_dirs(["/logs/verifier"], chmod=True))
+    if command == _rm_rewards():
+        asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/logs/verifier/reward.txt"))
+    asyncio.run(env.exec(command, user="root"))
+    assert _processes(log) and command in _processes(log)[-1]
+
+
+def _file(tmp: Path, mode: int) -> Path:
+    path = tmp / f"f{mode:o}"
+    path.write_text("x")
+    path.chmod(mode)
+    return path
+
+
+def test_chmod_x_of_a_file_just_written_is_set_up_and_of_anything_else_a_command(tmp_path: Path) -> None:
+    env, log = _env()
+    asyncio.run(env.upload_file(_file(tmp_path, 0o755), "/solution/solve.sh"))
+    asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/solution/data.sh"))
+    asyncio.run(env.exec("chmod +x /solution/solve.sh", user="root"))  # already executable: nothing
+    asyncio.run(env.exec("chmod +x /solution/data.sh", user="root"))  # deferred
+    asyncio.run(env.exec("chmod +x /etc/other.sh", user="root"))  # not ours: runs, with the set-up
+    (script,) = _processes(log)
+    assert "chmod 755 -- /solution/solve.sh" in script and "chmod +x -- /solution/data.sh" in script
+    assert script.endswith("chmod +x /etc/other.sh")
+    asyncio.run(env.exec("chmod +x /solution/data.sh", user="root"))  # after a process start: runs
+    assert _processes(log)[-1] == "chmod +x /solution/data.sh"
+
+
+def test_is_dir_lists_once_for_the_download_that_follows_and_again_after_a_change(tmp_path: Path) -> None:
+    env, log = _env({"/app": "dir", "/app/answer.txt": "file", "/logs/x": "file"})
+    assert asyncio.run(env.is_dir("/app")) is True
+    asyncio.run(env.download_dir("/app", tmp_path / "one"))
+    assert [k for k, _ in log].count("list") == 1 and (tmp_path / "one" / "answer.txt").exists()
+
+    assert asyncio.run(env.is_dir("/app")) is True
+    asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/app/late.txt"))  # the tree changed since
+    asyncio.run(env.download_dir("/app", tmp_path / "two"))
+    assert [k for k, _ in log].count("list") == 3 and (tmp_path / "two" / "late.txt").exists()
+
+    assert asyncio.run(env.is_dir("/logs/x")) is False  # a file: refused listing, then the plain answer
+    assert asyncio.run(env.is_dir("/nowhere")) is False
+    assert ("stat", "/logs/x") in log and ("stat", "/nowhere") not in log
