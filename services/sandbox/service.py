@@ -103,6 +103,8 @@ class _Live:
     meter: SliceMeter
     lease: str | None
     end_at: float
+    reach: _Reach
+    """Who may reach the sandbox: fixed at its create (its state here is always "running")."""
 
 
 class SandboxService:
@@ -192,7 +194,8 @@ class SandboxService:
                 s.add(row)
             undo.pop_all()
         with self._lock:
-            self._live[sandbox_id] = _Live(meter, lease, time.monotonic() + timeout)
+            self._live[sandbox_id] = _Live(meter, lease, time.monotonic() + timeout, _Reach(
+                identity.run_id, identity.key_id, door_port is not None, list(identity.chain_ids), "running", None))
         log.info("sandbox %s started for run %s (template %s)", sandbox_id, identity.run_id, template.name)
         view = self.created_view(row)
         if door_port is not None:
@@ -346,8 +349,15 @@ class SandboxService:
             return row
 
     def check_owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> None:
-        """:meth:`owned` when the row itself is not needed — every envd call asks it: one prepared
-        read, no write transaction (no writer's turn on SQLite)."""
+        """:meth:`owned` when the row itself is not needed — every envd call asks it. A sandbox this
+        replica runs is answered from memory: who may reach it is fixed at its create, and it is
+        running until :meth:`end` takes it out of ``_live`` (before its backend is killed). Any
+        other — ended, unknown, another replica's — by one prepared read, no write transaction (no
+        writer's turn on SQLite), which also says why it ended."""
+        live = self._live.get(sandbox_id)
+        if live is not None:
+            _refuse_unless_reachable(live.reach, identity, sandbox_id, running)
+            return
         with self.store.read() as work:
             found = work.first(_REACH, {"sid": sandbox_id})
         row = None

@@ -69,6 +69,21 @@ def test_a_sibling_key_cannot_reach_a_workers_sandbox(live: LiveGym) -> None:
         sbx.kill()
 
 
+
+def test_a_killed_sandbox_is_out_of_reach_of_its_owner_too(live: LiveGym) -> None:
+    """Who may reach a running sandbox is answered from the serving replica's memory
+    (services/sandbox/service.py, ``check_owned``); a sandbox taken out of it by a kill is answered
+    from its row: not found, and to its owner only, why."""
+    run = live.key()
+    worker, reviewer = _child(live, run, "worker"), _child(live, run, "reviewer")
+    opts = {"api_url": f"{live.url}/sandbox", "sandbox_url": f"{live.url}/sandbox/envd"}
+    sbx = Sandbox.create(template="base", timeout=120, api_key=worker, **opts)
+    sbx.kill()
+    for key, told in ((worker, True), (reviewer, False)):
+        r = httpx.get(f"{live.url}/sandbox/envd/files", params={"path": "/etc/hostname"},
+                      headers={"X-API-Key": key, "E2b-Sandbox-Id": sbx.sandbox_id})
+        assert r.status_code == 404 and ("it ended: killed" in r.text) is told, r.text
+
 def test_no_key_of_the_run_reaches_an_evaluation_trials_sandbox(live: LiveGym) -> None:
     run = live.key(track="harness")
     agent = live.agent(run)
