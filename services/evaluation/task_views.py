@@ -28,6 +28,7 @@ import stat
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,20 +39,75 @@ from harbor.models.job.lock import (
     _build_lock_trial_task,
     _task_verifier_environment_mode,
 )
+from harbor.models.task.file_filter import TaskFileFilter
+from harbor.models.task.paths import TaskPaths
 from harbor.models.task.task import Task
 from harbor.models.task.verifier_mode import VerifierEnvironmentMode
 from harbor.models.trial.config import TrialConfig
 from harbor.tasks.client import TaskClient, TaskDownloadResult
+from harbor.utils.file_selection import FileSelection
 
 MAX_VIEWS = 256
 """Views kept (least recently used dropped): a benchmark's tasks and a few more."""
 
 
+class _ViewPaths(TaskPaths):
+    """Harbor's ``TaskPaths`` whose tree checks are answered once per view. A view is one content
+    (its key), so the same check of the same tree gives the same answer: the verifier's
+    ``resolve_verifier_environment_definition`` walks the tests and environment trees on every
+    trial (~1 ms). Only checks that passed are remembered, and only with no exclusion rule or the
+    task's own ``.harborignore`` rules; anything else is checked every time."""
+
+    def __init__(self, task_dir: Path) -> None:
+        super().__init__(task_dir)
+        self._passed: set[tuple[Path, bool]] = set()
+
+    def validate_input_tree(self, path: Path, *, exclude: Callable[[Path], bool] | None = None) -> None:
+        owner = getattr(exclude, "__self__", None)
+        known = exclude is None or (isinstance(owner, TaskFileFilter) and getattr(exclude, "__name__", "") ==
+                                    "is_excluded" and owner.task_dir == Path(self.task_dir).resolve())
+        key = (Path(os.path.abspath(path)), exclude is None)
+        if known and key in self._passed:
+            return
+        super().validate_input_tree(path, exclude=exclude)
+        if known:
+            self._passed.add(key)
+
+
+class _ViewFileFilter(TaskFileFilter):
+    """Harbor's ``TaskFileFilter`` whose answers (is a path excluded, which files of a tree are
+    selected) are kept for the view's life, for the same reason: the verifier selects the tests
+    and checks test.sh on every trial (~1.4 ms). An answer that raised is not kept."""
+
+    def __init__(self, task_dir: Path) -> None:
+        super().__init__(task_dir)
+        self._excluded: dict[Path, bool] = {}
+        self._selections: dict[Path, FileSelection] = {}
+
+    def is_excluded(self, path: Path) -> bool:
+        key = Path(os.path.abspath(path))
+        if key not in self._excluded:
+            self._excluded[key] = super().is_excluded(path)
+        return self._excluded[key]
+
+    def select(self, source_dir: Path) -> FileSelection:
+        key = Path(os.path.abspath(source_dir))
+        if key not in self._selections:
+            self._selections[key] = super().select(source_dir)
+        return self._selections[key]
+
+
 class ViewTask(Task):
     """Harbor's ``Task`` whose (deprecated) ``checksum`` — a ``dirhash`` of the directory, read
-    once per trial by ``Trial._init_result`` — was computed when its view was built."""
+    once per trial by ``Trial._init_result`` — was computed when its view was built, and whose
+    paths and file filter remember their answers (:class:`_ViewPaths`, :class:`_ViewFileFilter`)."""
 
     _view_checksum: str
+
+    def __init__(self, task_dir: Path | str) -> None:
+        super().__init__(task_dir)
+        self.paths = _ViewPaths(self._task_dir)
+        self.file_filter = _ViewFileFilter(self._task_dir)
 
     @property
     def checksum(self) -> str:

@@ -129,3 +129,25 @@ def test_the_content_digest_sees_names_modes_bytes_and_links(tmp_path: Path) -> 
         digest = task_views.content_digest(root)
         assert digest not in seen
         seen.add(digest)
+
+
+def test_the_views_paths_and_filter_answer_as_harbors_and_keep_no_failure(task_dir: Path, tmp_path: Path) -> None:
+    """The view's ``TaskPaths`` and ``TaskFileFilter`` remember answers (the verifier asks the same
+    on every trial): each answer is Harbor's own, under the task's ``.harborignore``, and a check
+    that failed fails again when asked again."""
+    tests = task_dir / "tests"
+    (tests / "notes.md").write_text("for task authors\n")
+    (tests / ".harborignore").write_text("notes.md\n")
+    view_task = asyncio.run(task_views.load(_trial(_request(task_dir, tmp_path / "t", "nop"), "a").config))[0]
+    harbor = Task(task_dir)
+    for _ in range(2):  # the first answer computed, the second remembered
+        assert view_task.file_filter.select(tests) == harbor.file_filter.select(tests)
+        assert view_task.file_filter.is_excluded(tests / "notes.md") is True
+        assert view_task.file_filter.is_excluded(tests / "test.sh") is False
+        view_task.paths.validate_input_tree(tests, exclude=view_task.file_filter.is_excluded)
+    assert (tests / "notes.md") not in [tests / p for p in view_task.file_filter.select(tests).relative_paths]
+
+    (task_dir / "environment" / "escape").symlink_to("/etc/passwd")  # a tree Harbor refuses
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            view_task.paths.validate_input_tree(task_dir / "environment")
