@@ -665,11 +665,13 @@ class GymSandboxEnvironment(BaseEnvironment):
         sandbox = self._require()
         try:
             info = await idempotent(lambda: sandbox.files.get_info(path), path)
+            if info.type != FileType.DIR or info.symlink_target is not None:
+                return False
+            return not await idempotent(lambda: sandbox.files.list(path, depth=1), path)
         except FileNotFoundException:
             return True
-        if info.type != FileType.DIR or info.symlink_target is not None:
+        except SandboxException:  # cannot look (a parent that is not a directory, no permission): not known
             return False
-        return not await idempotent(lambda: sandbox.files.list(path, depth=1), path)
 
     async def _run_setup(self) -> None:
         """Run the deferred set-up now, alone (before the sandbox's files are read): a directory

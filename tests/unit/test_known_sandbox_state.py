@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from e2b import FileType
-from e2b.exceptions import FileNotFoundException, InvalidArgumentException
+from e2b.exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
 from harbor.environments.base import BaseEnvironment
 from harbor.models.task.config import EnvironmentConfig
 
@@ -44,6 +44,8 @@ class Files:
     async def get_info(self, path: str) -> Info:
         self.log.append(("stat", path))
         kind = self._kind(path)
+        if kind == "unreadable":
+            raise SandboxException(f"permission denied: {path}")
         if kind is None:
             raise FileNotFoundException(path)
         if isinstance(kind, tuple):
@@ -158,6 +160,7 @@ def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_st
     {"/app": "dir", "/app/stale.txt": "file"},  # something to remove: the image's (or an agent's) file
     {"/app": ("link", "/etc")},  # a link in the way
     {"/app": "file"},  # a file in the way
+    {"/app": "unreadable"},  # no answer to the look: not known either
 ])
 def test_a_directory_that_is_not_absent_or_empty_is_reset_by_harbors_own_command(tree: dict[str, Any]) -> None:
     env, log = _env(tree)
