@@ -32,5 +32,5 @@ def test_garbage_is_collected_and_the_rest_frozen(unfrozen: None) -> None:
     del a, b
     frozen = freeze_startup_heap()
     assert gone() is None  # collected, not kept forever in the permanent generation
-    assert frozen == gc.get_freeze_count() > 0
+    assert frozen > 0 and gc.get_freeze_count() > 0  # (other threads may free frozen objects meanwhile)
     assert any(obj is kept for obj in gc.get_objects()) is False  # frozen objects are not tracked by passes
