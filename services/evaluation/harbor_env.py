@@ -595,6 +595,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         nothing; it joins the deferred set-up (or is nothing at all when the mode the file was
         given already lets everyone execute it) and saves a process start (~10-15 ms). Any other
         command runs."""
+        if not command.startswith("chmod +x "):  # before any parsing: every command comes through here
+            return False
         try:
             words = shlex.split(command)
         except ValueError:
@@ -614,7 +616,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         file is inside a directory :meth:`empty_dirs` has just found empty, in a sandbox where no
         process has ever run: nothing but this environment has touched its files, so there is
         nothing to remove and the command is nothing at all. Any other command runs."""
-        if self._process_starts or not self._known_empty_dirs:
+        if self._process_starts or not self._known_empty_dirs or not command.startswith("rm -f "):
             return False
         try:
             words = shlex.split(command)

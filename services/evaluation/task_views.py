@@ -60,12 +60,13 @@ class _ViewPaths(TaskPaths):
 
     def __init__(self, task_dir: Path) -> None:
         super().__init__(task_dir)
+        self._root = Path(self.task_dir).resolve()
         self._passed: set[tuple[Path, bool]] = set()
 
     def validate_input_tree(self, path: Path, *, exclude: Callable[[Path], bool] | None = None) -> None:
         owner = getattr(exclude, "__self__", None)
         known = exclude is None or (isinstance(owner, TaskFileFilter) and getattr(exclude, "__name__", "") ==
-                                    "is_excluded" and owner.task_dir == Path(self.task_dir).resolve())
+                                    "is_excluded" and owner.task_dir == self._root)
         key = (Path(os.path.abspath(path)), exclude is None)
         if known and key in self._passed:
             return
