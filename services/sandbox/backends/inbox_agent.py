@@ -11,35 +11,54 @@ Stdlib only and Python 3.9+: it runs on whatever interpreter the template provid
 
 Protocol: one JSON request per connection (a line), answered by JSON lines; binary data is
 base64. ``start`` and ``connect`` stream events until the process ends.
+
+Threads, not asyncio: every sandbox starts one of these, and the interpreter's start is most
+of a sandbox's cold start (and of the warm pool's work while trials run). Importing asyncio
+(with ssl, logging, concurrent.futures, inspect …) took ~45 ms of the ~80 ms to "ready" on a
+2-core box; the modules this needs take ~25. One thread serves each connection and one watches
+each process (its output, then its exit) — as many as asyncio's child watcher kept on the
+interpreters the templates run — each with a small stack, since every process of the
+sandbox counts against its address-space limit.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import base64
-import functools
 import json
 import os
+import queue
+import selectors
 import shutil
 import signal
+import socket
 import stat
+import subprocess
 import sys
-from typing import Any
+import threading
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing's import is ~2 ms of every sandbox's start; annotations only
+    from typing import Any
 
 CHUNK = 32 * 1024
 MAX_LINE = 96 * 1024 * 1024
 STREAM_EVENTS = 64
 """Output events held per subscriber (services/sandbox/backends/base.py has the same number): a
-subscriber that does not read makes the pump wait, so the process blocks writing its pipe."""
+subscriber that does not read makes the watcher wait, so the process blocks writing its pipe."""
+THREAD_STACK = 1024 * 1024
+"""Each thread's stack (the default is RLIMIT_STACK, 8 MiB, of the sandbox's RLIMIT_AS)."""
+PUT_POLL_S = 0.5
+"""How often a watcher held by a full subscriber queue checks whether that subscriber left."""
 
 
 class Proc:
-    def __init__(self, pid: int, request: dict[str, Any], process: asyncio.subprocess.Process):
+    def __init__(self, pid: int, request: dict[str, Any], process: subprocess.Popen[bytes]):
         self.pid, self.request, self.process = pid, request, process
-        self.subscribers: list[asyncio.Queue[dict[str, Any]]] = []
+        self.subscribers: list[queue.Queue[dict[str, Any]]] = []
         self.done = False
-        self.watcher: asyncio.Future[None] | None = None  # held here: the loop keeps only a weak reference
+        self.lock = threading.Lock()
+        """Guards ``subscribers`` and ``done``: a subscriber joins a running process, or none."""
+        self.stdin_lock = threading.Lock()
 
 
 PROCS: dict[int, Proc] = {}
@@ -140,66 +159,102 @@ def fs_op(req: dict[str, Any]) -> dict[str, Any]:
     return _err("unimplemented", f"unknown operation {op!r}")
 
 
-async def _pump(proc: Proc, stream: asyncio.StreamReader | None, name: str) -> None:
-    if stream is None:
-        return
-    while True:
-        chunk = await stream.read(CHUNK)
-        if not chunk:
-            return
-        event = {name: base64.b64encode(chunk).decode()}
-        for q in list(proc.subscribers):
-            await q.put(event)
+def _publish(proc: Proc, event: dict[str, Any]) -> None:
+    """Hand ``event`` to every subscriber, waiting for room in each (back-pressure: a reader that
+    does not read holds the process's output back) — except one that has left meanwhile."""
+    with proc.lock:
+        subscribers = list(proc.subscribers)
+    for q in subscribers:
+        while True:
+            try:
+                q.put(event, timeout=PUT_POLL_S)
+                break
+            except queue.Full:
+                with proc.lock:
+                    if q not in proc.subscribers:
+                        break
 
 
-async def _watch(proc: Proc) -> None:
-    await asyncio.gather(_pump(proc, proc.process.stdout, "stdout"), _pump(proc, proc.process.stderr, "stderr"))
-    code = await proc.process.wait()
+def _watch(proc: Proc) -> None:
+    """The process's thread: its output, as it comes, until both pipes close; then its exit."""
+    pipes = {proc.process.stdout.fileno(): "stdout", proc.process.stderr.fileno(): "stderr"}  # type: ignore[union-attr]
+    try:
+        with selectors.DefaultSelector() as sel:
+            for fd, name in pipes.items():
+                sel.register(fd, selectors.EVENT_READ, name)
+            while pipes:
+                for key, _ in sel.select():
+                    chunk = os.read(key.fd, CHUNK)
+                    if chunk:
+                        _publish(proc, {key.data: base64.b64encode(chunk).decode()})
+                    else:
+                        sel.unregister(key.fd)
+                        del pipes[key.fd]
+    except OSError:  # its output cannot be read (nothing known causes it): its exit still is
+        pass
+    finally:
+        proc.process.stdout.close()  # type: ignore[union-attr]
+        proc.process.stderr.close()  # type: ignore[union-attr]
+    code = proc.process.wait()
     status = f"exit status {code}" if code >= 0 else f"signal: {signal.Signals(-code).name.lower()[3:]}"
-    proc.done = True
-    for q in list(proc.subscribers):
-        await q.put({"end": {"exit_code": code, "status": status}})
-    await asyncio.sleep(5)
-    PROCS.pop(proc.pid, None)
+    with proc.lock:
+        proc.done = True  # from here no one subscribes: ``connect`` answers not_found
+    _publish(proc, {"end": {"exit_code": code, "status": status}})
+    if PROCS.get(proc.pid) is proc:  # its pid may already be a new process's
+        del PROCS[proc.pid]
 
 
-async def start(req: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+def _thread(target: Any, *args: Any) -> None:
+    """Run ``target`` on a thread of its own; RuntimeError when none can start (the sandbox is at
+    its process cap: threads count)."""
+    threading.Thread(target=target, args=args, daemon=True).start()
+
+
+def start(req: dict[str, Any], conn: socket.socket) -> None:
     env = dict(BASE_ENV)
     env.update({str(k): str(v) for k, v in (req.get("envs") or {}).items()})
     cwd = req.get("cwd") or env.get("HOME", "/")
     try:
-        process = await asyncio.create_subprocess_exec(
-            req["cmd"], *[str(a) for a in req.get("args", [])], cwd=cwd, env=env,
-            stdin=asyncio.subprocess.PIPE if req.get("stdin") else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        process = subprocess.Popen(
+            [req["cmd"], *[str(a) for a in req.get("args", [])]], cwd=cwd, env=env, bufsize=0,
+            stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
     except (OSError, ValueError) as e:
         code = ("not_found" if isinstance(e, FileNotFoundError)
                 else "resource_exhausted" if isinstance(e, BlockingIOError)  # EAGAIN: at the process cap
                 else "invalid_argument")
-        await _send(writer, _err(code, str(e)))
+        _send(conn, _err(code, str(e)))
         return
     proc = Proc(process.pid, {k: req.get(k) for k in ("cmd", "args", "envs", "cwd", "tag")}, process)
+    q: queue.Queue[dict[str, Any]] = queue.Queue(STREAM_EVENTS)
+    proc.subscribers.append(q)  # before its output can come
+    try:
+        _thread(_watch, proc)
+    except RuntimeError:  # no thread to watch it: it does not run unwatched
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+        _send(conn, _err("resource_exhausted", "the sandbox is at its process cap"))
+        return
     PROCS[proc.pid] = proc
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(STREAM_EVENTS)
-    proc.subscribers.append(queue)
-    proc.watcher = asyncio.ensure_future(_watch(proc))
-    await _send(writer, {"start": {"pid": proc.pid}})
-    await _stream(proc, queue, writer)
+    _send(conn, {"start": {"pid": proc.pid}})
+    _stream(proc, q, conn)
 
 
-async def _stream(proc: Proc, queue: asyncio.Queue[dict[str, Any]], writer: asyncio.StreamWriter) -> None:
+def _stream(proc: Proc, q: queue.Queue[dict[str, Any]], conn: socket.socket) -> None:
     try:
         while True:
-            event = await queue.get()
-            await _send(writer, event)
+            event = q.get()
+            _send(conn, event)
             if "end" in event:
                 return
     finally:
-        if queue in proc.subscribers:
-            proc.subscribers.remove(queue)
-        while not queue.empty():  # a pump waiting on this gone subscriber goes on
-            queue.get_nowait()
+        with proc.lock:
+            if q in proc.subscribers:
+                proc.subscribers.remove(q)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -209,99 +264,156 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _running(pid: Any) -> Proc | None:
+    proc = PROCS.get(int(pid))
+    return None if proc is None or proc.done else proc
+
+
+def _read_request(conn: socket.socket) -> dict[str, Any]:
+    with conn.makefile("rb") as f:
+        line = f.readline(MAX_LINE + 1)
+    if len(line) > MAX_LINE:
+        raise ValueError(f"request line over {MAX_LINE} bytes")
+    req = json.loads(line)
+    if not isinstance(req, dict):
+        raise ValueError("a request is a JSON object")
+    return req
+
+
+def handle(conn: socket.socket) -> None:
     try:
-        line = await reader.readline()
-        req = json.loads(line)
+        req = _read_request(conn)
         op = req.get("op")
         if op == "configure":
-            await _send(writer, await configure(req))
+            _send(conn, configure(req))
         elif PENDING["configure"] and op != "ping":
-            await _send(writer, _err("failed_precondition", "this sandbox has not been claimed yet"))
+            _send(conn, _err("failed_precondition", "this sandbox has not been claimed yet"))
         elif op == "start":
-            await start(req, writer)
+            start(req, conn)
         elif op == "connect":
             proc = PROCS.get(int(req.get("pid", -1)))
-            if proc is None or proc.done:
-                await _send(writer, _err("not_found", f"process {req.get('pid')} not found"))
+            q: queue.Queue[dict[str, Any]] = queue.Queue(STREAM_EVENTS)
+            if proc is not None:
+                with proc.lock:
+                    if proc.done:
+                        proc = None
+                    else:
+                        proc.subscribers.append(q)
+            if proc is None:
+                _send(conn, _err("not_found", f"process {req.get('pid')} not found"))
             else:
-                queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(STREAM_EVENTS)
-                proc.subscribers.append(queue)
-                await _send(writer, {"start": {"pid": proc.pid}})
-                await _stream(proc, queue, writer)
+                try:
+                    _send(conn, {"start": {"pid": proc.pid}})
+                except BaseException:
+                    with proc.lock:
+                        proc.subscribers.remove(q)
+                    raise
+                _stream(proc, q, conn)
         elif op == "list":
-            await _send(writer, {"processes": [dict(p.request, pid=p.pid) for p in PROCS.values() if not p.done]})
+            _send(conn, {"processes": [dict(p.request, pid=p.pid) for p in list(PROCS.values()) if not p.done]})
         elif op in ("signal", "input", "close_stdin"):
-            proc = PROCS.get(int(req.get("pid", -1)))
-            if proc is None or proc.done:
-                await _send(writer, _err("not_found", f"process {req.get('pid')} not found"))
+            proc = _running(req.get("pid", -1))
+            if proc is None:
+                _send(conn, _err("not_found", f"process {req.get('pid')} not found"))
             elif op == "signal":
                 _signal_group(proc.pid, int(req.get("signal", signal.SIGKILL)))
-                await _send(writer, {"ok": True})
+                _send(conn, {"ok": True})
             elif proc.process.stdin is None:
-                await _send(writer, _err("failed_precondition", "the process was started without stdin"))
-            elif op == "input":
-                proc.process.stdin.write(base64.b64decode(req.get("data", "")))
-                await proc.process.stdin.drain()
-                await _send(writer, {"ok": True})
+                _send(conn, _err("failed_precondition", "the process was started without stdin"))
             else:
-                proc.process.stdin.close()
-                await _send(writer, {"ok": True})
+                _send(conn, _stdin(proc, op, base64.b64decode(req.get("data", "")) if op == "input" else b""))
         elif op == "ping":
-            await _send(writer, {"ok": True, "pid": os.getpid()})
+            _send(conn, {"ok": True, "pid": os.getpid()})
         else:
-            await _send(writer, await asyncio.get_running_loop().run_in_executor(None, fs_op, req))
-    except (ConnectionError, asyncio.IncompleteReadError):
+            _send(conn, fs_op(req))
+    except ConnectionError:
         pass
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         try:
-            await _send(writer, _err("invalid_argument", f"bad request: {e}"))
-        except ConnectionError:
+            _send(conn, _err("invalid_argument", f"bad request: {e}"))
+        except OSError:
             pass
-    finally:
-        try:
-            writer.close()
-        except ConnectionError:
-            pass
-
-
-async def _send(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
-    writer.write(json.dumps(obj).encode() + b"\n")
-    await writer.drain()
-
-
-async def forward(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, target: str) -> None:
-    """Relay one TCP connection inside the sandbox to the model door's Unix socket."""
-    try:
-        up_r, up_w = await asyncio.open_unix_connection(target)
     except OSError:
-        client_w.close()
-        return
+        pass
+    finally:
+        conn.close()
 
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+
+def _stdin(proc: Proc, op: str, data: bytes) -> dict[str, Any]:
+    stdin = proc.process.stdin
+    assert stdin is not None
+    with proc.stdin_lock:
+        if stdin.closed:
+            return _err("failed_precondition", "the process's stdin is closed")
+        if op == "close_stdin":
+            stdin.close()
+            return {"ok": True}
         try:
-            while chunk := await r.read(CHUNK):
-                w.write(chunk)
-                await w.drain()
-        except ConnectionError:
-            pass
-        finally:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(stdin.fileno(), view):]
+        except BrokenPipeError:
+            return _err("failed_precondition", "the process no longer reads its stdin")
+    return {"ok": True}
+
+
+def _send(conn: socket.socket, obj: dict[str, Any]) -> None:
+    conn.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _relay(client: socket.socket, target: str) -> None:
+    """Relay one TCP connection inside the sandbox to the model door's Unix socket."""
+    up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        up.connect(target)
+        _thread(_pipe, up, client)
+    except (OSError, RuntimeError):
+        up.close()
+        client.close()
+        return
+    _pipe(client, up)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    """One direction of a relay. Its end (EOF or an error) ends the connection both ways."""
+    try:
+        while chunk := src.recv(CHUNK):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
             try:
-                w.close()
-            except ConnectionError:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
                 pass
+            s.close()
 
-    await asyncio.gather(pipe(client_r, up_w), pipe(up_r, client_w))
+
+def _accept(listener: socket.socket, serve: Any, *extra: Any) -> None:
+    """Accept connections forever, each served on a thread of its own. Nothing ends this loop: a
+    full file table or process cap costs the connection that met it, not the agent."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            threading.Event().wait(0.05)
+            continue
+        try:
+            _thread(serve, conn, *extra)
+        except RuntimeError:
+            conn.close()
 
 
-async def open_forwards(specs: list[str]) -> None:
+def open_forwards(specs: list[str]) -> None:
     for spec in specs:
         address, _, target = spec.partition("=")
         host, _, port = address.rpartition(":")
-        await asyncio.start_server(functools.partial(forward, target=target), host, int(port))
+        listener = socket.create_server((host, int(port)), backlog=100)
+        _thread(_accept, listener, _relay, target)
 
 
-async def configure(req: dict[str, Any]) -> dict[str, Any]:
+def configure(req: dict[str, Any]) -> dict[str, Any]:
     """Once, and only on a warm-pool agent before anything ran in it: the claiming sandbox's
     environment and door. Refused afterwards, so code inside cannot re-point the sandbox."""
     if not PENDING["configure"]:
@@ -315,29 +427,53 @@ async def configure(req: dict[str, Any]) -> dict[str, Any]:
         os.chdir(BASE_ENV.get("HOME", "/"))
     except OSError:
         pass
-    await open_forwards([str(f) for f in req.get("forward") or []])
+    try:
+        open_forwards([str(f) for f in req.get("forward") or []])
+    except (OSError, RuntimeError) as e:
+        return _err("unavailable", f"could not open the door: {e}")
     return {"ok": True}
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--env-file", required=True)
-    parser.add_argument("--forward", action="append", default=[], help="HOST:PORT=UNIX_SOCKET")
-    parser.add_argument("--await-configure", action="store_true", help="a warm-pool sandbox, claimed later")
-    args = parser.parse_args()
-    with open(args.env_file) as fh:  # noqa: ASYNC230 - once, before anything is served
+def _options(argv: list[str]) -> dict[str, Any]:
+    """``--socket PATH --env-file PATH [--forward HOST:PORT=UNIX_SOCKET]... [--await-configure]``
+    (by hand: argparse's import is ~5 ms of every sandbox's start)."""
+    opts: dict[str, Any] = {"socket": None, "env-file": None, "forward": [], "await-configure": False}
+    args = iter(argv)
+    for arg in args:
+        name = arg[2:] if arg.startswith("--") else ""
+        if name == "await-configure":
+            opts[name] = True
+        elif name in ("socket", "env-file", "forward"):
+            value = next(args, None)
+            if value is None:
+                sys.exit(f"agent: {arg} needs a value")
+            if name == "forward":
+                opts[name].append(value)
+            else:
+                opts[name] = value
+        else:
+            sys.exit(f"agent: unknown argument {arg!r}")
+    if opts["socket"] is None or opts["env-file"] is None:
+        sys.exit("agent: --socket and --env-file are required")
+    return opts
+
+
+def main() -> None:
+    opts = _options(sys.argv[1:])
+    threading.stack_size(THREAD_STACK)
+    with open(opts["env-file"]) as fh:
         BASE_ENV.update(json.load(fh))
-    PENDING["configure"] = args.await_configure
+    PENDING["configure"] = opts["await-configure"]
     os.chdir(BASE_ENV.get("HOME", "/"))
-    await open_forwards(args.forward)
-    server = await asyncio.start_unix_server(handle, args.socket, limit=MAX_LINE)
-    os.chmod(args.socket, 0o600)
+    open_forwards(opts["forward"])
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(opts["socket"])
+    os.chmod(opts["socket"], 0o600)
+    server.listen(128)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    async with server:
-        await server.serve_forever()
+    _accept(server, handle)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
