@@ -50,6 +50,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from _common import ROOT, free_port, pct, serve
@@ -140,8 +141,10 @@ def phases_of(result_path: str | None, t0: float, t1: float) -> dict[str, float]
 class Baseline:
     """One bare sandbox lifecycle, create → exec ``true`` → kill, two ways."""
 
-    def __init__(self, url: str, key: str):
+    def __init__(self, url: str, key: str, gym_pool: Callable[[], int] | None = None):
         self.url, self.key = url, key
+        self.gym_pool = gym_pool
+        """Ready sandboxes in the gym's warm pool (see :meth:`sample`)."""
         self.backend = LocalBackend(None, 230_000)
         self.backend_s: list[float] = []
         self.gateway_s: list[float] = []
@@ -170,8 +173,17 @@ class Baseline:
         return time.perf_counter() - t0
 
     async def sample(self) -> None:
+        """One sample of each. The gateway's sandbox comes from the gym's warm pool: before the
+        trial that follows, wait (≤ 2 s) until the pool holds again what it held before, so the
+        trial meets the pool as the trials before it left it, not a pool refilling the bench's own
+        sandbox on the other core while the trial runs."""
+        ready = self.gym_pool() if self.gym_pool else 0
         self.backend_s.append(await asyncio.to_thread(self._backend_once))
         self.gateway_s.append(await self._gateway_once())
+        for _ in range(400):  # ≤ 2 s
+            if self.gym_pool is None or self.gym_pool() >= ready:
+                break
+            await asyncio.sleep(0.005)
 
     def close(self) -> None:
         self.backend.close()
@@ -277,7 +289,7 @@ def main() -> None:
                                     benchmark=bench_row.name, split="dev", model=gym.gateway.context.config.models[0].name
                                     if gym.gateway.context.config.models else "tiny", harness=MINIMAL, attempts=1,
                                     sampling={}, task_ids=task_ids, gateway_url="", trials_total=2 * len(task_ids)))
-            baseline = Baseline(url, baseline_key)
+            baseline = Baseline(url, baseline_key, gym.service_apps["sandbox"].state.sandbox.backend.warm_count)
             timed = TimedRunner(baseline, app)
             runner = EvaluationRunner(store, registry, HarnessStore(store, root / "harnesses"), root / "trials",
                                       trial_concurrency=args.concurrency, runner=timed, gateway_url=lambda: url,
