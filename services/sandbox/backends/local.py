@@ -23,8 +23,8 @@ for why memory is not capped by a cgroup).
 
 Warm pool (``[sandbox] warm_pool``): once a template has been used, the backend keeps that many
 of its sandboxes started ahead — namespaces built, limits set, agent listening, nothing run —
-and a create claims one instead of starting bubblewrap (~150 ms here) on the request path. A
-pool sandbox belongs to nobody and costs nobody until claimed: the service takes the key's slot
+and a create claims one instead of starting bubblewrap and the agent's interpreter (~60 ms here)
+on the request path. A pool sandbox belongs to nobody and costs nobody until claimed: the service takes the key's slot
 and opens its meter exactly as for a cold start. Claiming tells the waiting agent, once, the
 sandbox's id, environment and door (the agent refuses everything else until then, and any second
 ``configure`` after), so a claimed sandbox is one no other owner ever reached; it is never
