@@ -35,6 +35,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's import is ~2 ms of every sandbox's start; annotations only
@@ -229,9 +230,11 @@ def start(req: dict[str, Any], conn: socket.socket) -> None:
     proc = Proc(process.pid, {k: req.get(k) for k in ("cmd", "args", "envs", "cwd", "tag")}, process)
     q: queue.Queue[dict[str, Any]] = queue.Queue(STREAM_EVENTS)
     proc.subscribers.append(q)  # before its output can come
+    PROCS[proc.pid] = proc  # before its watcher, which takes it out again when it ends
     try:
         _thread(_watch, proc)
     except RuntimeError:  # no thread to watch it: it does not run unwatched
+        del PROCS[proc.pid]
         _signal_group(process.pid, signal.SIGKILL)
         process.wait()
         for pipe in (process.stdin, process.stdout, process.stderr):
@@ -239,7 +242,6 @@ def start(req: dict[str, Any], conn: socket.socket) -> None:
                 pipe.close()
         _send(conn, _err("resource_exhausted", "the sandbox is at its process cap"))
         return
-    PROCS[proc.pid] = proc
     _send(conn, {"start": {"pid": proc.pid}})
     _stream(proc, q, conn)
 
@@ -397,7 +399,7 @@ def _accept(listener: socket.socket, serve: Any, *extra: Any) -> None:
         try:
             conn, _ = listener.accept()
         except OSError:
-            threading.Event().wait(0.05)
+            time.sleep(0.05)
             continue
         try:
             _thread(serve, conn, *extra)
