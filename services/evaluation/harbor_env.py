@@ -26,9 +26,12 @@ environment it starts, execs in, and copies files to and from. This one is a gym
 * **known answers** — the environment keeps what it knows of the sandbox's files since the last
   process start (files it wrote, directories it found empty, whether any process ever ran) and
   skips what that answers: Harbor's resets of directories that are absent or empty (a look by
-  the files API, the making deferred), ``chmod +x`` of a file it has just written, ``rm -f`` of
-  files in a directory it has just found empty where nothing has ever run, and the second listing
-  of a directory ``is_dir`` has just listed. Anything it does not know runs as Harbor asked.
+  the files API — one listing of "/" for every directory whose first component is missing —
+  the making deferred), ``chmod +x`` of a file it has just written, ``rm -f`` of
+  files in a directory it has just found empty where nothing has ever run, the second listing
+  of a directory ``is_dir`` has just listed, and the second read of a file it has just read —
+  or the write of the very bytes it has just read back (Harbor reads the oracle's log, downloads
+  its directory, then uploads the log back). Anything it does not know runs as Harbor asked.
 
 What our sandboxes do not offer, and how it shows: one unprivileged uid per sandbox (Harbor's
 ``user=`` is accepted and ignored; the root filesystem is the sandbox's own and writable apart
@@ -94,6 +97,10 @@ SETUP_MARK = "rsigym-sandbox-setup-failed"
 exit 97 nor its output (a verifier running an agent's program, say) can pass for a failed set-up."""
 
 READ_ATTEMPTS = 3
+REMEMBERED_READ_BYTES = 256 * 1024
+"""Reads the environment keeps (see ``GymSandboxEnvironment._reads``): files this small or smaller, …"""
+REMEMBERED_READS_TOTAL = 4 * 1024 * 1024
+"""… up to this much in all; beyond it, reads are not kept."""
 """A read of the sandbox's files (idempotent) is tried this often when the connection fails."""
 
 log = logging.getLogger("rsigym.evaluation.harbor_env")
@@ -439,6 +446,18 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._listing: tuple[str, int, list[Any]] | None = None
         """The last :meth:`is_dir` listing (path, change count, entries), for the
         :meth:`download_dir` of that path that follows it (Harbor's artifact collection)."""
+        self._mutations = 0
+        """Counts what this environment did that changed the sandbox's files already (a process
+        start, a write, a directory made) — set-up deferred changes nothing until it runs."""
+        self._top_names: tuple[int, frozenset[str]] | None = None
+        """The names in "/" at a mutation count (see :meth:`_top_absent`)."""
+        self._reads: dict[str, bytes] = {}
+        self._reads_at = 0
+        """Small files read at change count ``_reads_at``, by path: read again at that count, the
+        answer is these bytes, and writing these bytes there changes nothing (see :meth:`_read`).
+        Like the listing above, this knows only what this environment did: a process left
+        running in the sandbox may change a file at any moment, and an answer kept from a
+        moment earlier is one its download could have got by running a moment earlier."""
 
     # -- identity and capabilities -------------------------------------------------------
 
@@ -664,6 +683,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         through the pending set-up (no pending step names anything inside it)."""
         if not path.startswith("/") or any(_inside(p, path) for step in self._setup for p in step.paths):
             return False
+        if await self._top_absent(path):
+            return True
         sandbox = self._require()
         try:
             info = await idempotent(lambda: sandbox.files.get_info(path), path)
@@ -674,6 +695,24 @@ class GymSandboxEnvironment(BaseEnvironment):
             return True
         except SandboxException:  # cannot look (a parent that is not a directory, no permission): not known
             return False
+
+    async def _top_absent(self, path: str) -> bool:
+        """Whether the first directory of ``path`` (absolute) is missing from "/" — then so is
+        ``path``. One listing of "/" answers it for every path until the sandbox changes: Harbor's
+        verifier resets ``/logs/verifier``, ``/logs/artifacts`` and ``/app`` in a fresh sandbox,
+        one look each where one listing tells all three. A listing refused is no answer."""
+        parts = PurePosixPath(posixpath.normpath(path)).parts
+        if len(parts) < 2 or parts[0] != "/":
+            return False
+        if self._top_names is None or self._top_names[0] != self._mutations:
+            mutations, sandbox = self._mutations, self._require()
+            try:
+                entries = await idempotent(lambda: sandbox.files.list("/", depth=1), "/")
+            except SandboxException:
+                return False
+            names = (PurePosixPath(e.path).parts for e in entries)
+            self._top_names = (mutations, frozenset(p[1] for p in names if len(p) > 1 and p[0] == "/"))
+        return parts[1] not in self._top_names[1]
 
     async def _run_setup(self) -> None:
         """Run the deferred set-up now, alone (before the sandbox's files are read): a directory
@@ -687,6 +726,7 @@ class GymSandboxEnvironment(BaseEnvironment):
             return
         sandbox = self._require()
         self._changes += 1
+        self._mutations += 1
         for directory in dirs:  # on a failure every step stays deferred: making a directory twice is harmless
             try:
                 await sandbox.files.make_dir(directory)
@@ -717,6 +757,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         sandbox = self._require()
         self._process_starts += 1  # the command (and whatever it leaves running) may change any file:
         self._changes += 1
+        self._mutations += 1
         self._written.clear()  # what this environment wrote may be gone,
         self._known_empty_dirs.clear()  # an empty directory filled
         callback = self._output_callback()
@@ -744,8 +785,11 @@ class GymSandboxEnvironment(BaseEnvironment):
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         source = Path(source_path)
-        self._forget_empty([target_path])  # before: a write that fails may still have landed
-        await self._require().files.write(target_path, source.read_bytes())
+        data = source.read_bytes()
+        if not self._holds(target_path, data):
+            self._forget_empty([target_path])  # before: a write that fails may still have landed
+            self._mutations += 1
+            await self._require().files.write(target_path, data)
         self._written[target_path] = None
         mode = stat.S_IMODE(source.stat().st_mode)
         if mode & 0o111:
@@ -781,6 +825,9 @@ class GymSandboxEnvironment(BaseEnvironment):
             mode = stat.S_IMODE(local.stat().st_mode)
             if mode & 0o111:
                 modes.setdefault(mode, []).append(target)
+            if self._holds(target, data):
+                self._written[target] = None  # as if written: it exists, its mode as the daemon left it
+                continue
             if batch and (len(batch) >= UPLOAD_BATCH_FILES or size + len(data) > UPLOAD_BATCH_BYTES):
                 await self._write_batch(batch)
                 batch, size = [], 0
@@ -793,8 +840,29 @@ class GymSandboxEnvironment(BaseEnvironment):
 
     async def _write_batch(self, batch: list[WriteEntry]) -> None:
         self._forget_empty([entry["path"] for entry in batch])  # before: a write that fails may still have landed
+        self._mutations += 1
         await self._require().files.write_files(batch)
         self._written.update((entry["path"], None) for entry in batch)
+
+    async def _read(self, path: str, *, size: int | None = None) -> bytes:
+        """A file's bytes: kept ones if this environment read it at the current change count (and,
+        when the caller's listing gives a size, of that size), else read and, if small, kept."""
+        kept = self._reads.get(path) if self._reads_at == self._changes else None
+        if kept is not None and (size is None or size == len(kept)):
+            return kept
+        changes = self._changes
+        data = bytes(await idempotent(functools.partial(_read_bytes, self._require(), path), path))
+        if self._reads_at != changes:
+            self._reads, self._reads_at = {}, changes
+        if len(data) <= REMEMBERED_READ_BYTES and \
+                sum(map(len, self._reads.values())) + len(data) <= REMEMBERED_READS_TOTAL:
+            self._reads[path] = data
+        return data
+
+    def _holds(self, path: str, data: bytes) -> bool:
+        """Whether the file at ``path`` is known to hold exactly ``data`` (read at the current
+        change count): writing it there again would change nothing."""
+        return self._reads_at == self._changes and self._reads.get(path) == data
 
     def _chmod(self, modes: dict[int, list[str]]) -> None:
         for mode, paths in modes.items():
@@ -807,8 +875,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         await self._run_setup()
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        sandbox = self._require()
-        target.write_bytes(await idempotent(functools.partial(_read_bytes, sandbox, source_path), source_path))
+        target.write_bytes(await self._read(source_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         """Copy a sandbox directory here: one recursive listing, then each file's bytes.
@@ -838,7 +905,7 @@ class GymSandboxEnvironment(BaseEnvironment):
             if local.is_symlink():
                 local.unlink()
             try:
-                local.write_bytes(await idempotent(functools.partial(_read_bytes, sandbox, entry.path), entry.path))
+                local.write_bytes(await self._read(entry.path, size=entry.size))
             except FileNotFoundException:
                 continue  # removed (or a dangling link) between the listing and the read
 

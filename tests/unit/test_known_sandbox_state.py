@@ -1,8 +1,9 @@
 """What the trial environment skips because it already knows the answer
 (services/evaluation/harbor_env.py): Harbor's resets of directories that are absent or empty, a
 ``chmod +x`` of a file it has just written, an ``rm -f`` of files in a directory it has just found
-empty in a sandbox where nothing has ever run, and the second listing of a directory that
-``is_dir`` has just listed. Each is played against a stand-in sandbox (an in-memory file tree that
+empty in a sandbox where nothing has ever run, the second listing of a directory that
+``is_dir`` has just listed, and the second read of a file — or the write of the bytes just read
+back. Each is played against a stand-in sandbox (an in-memory file tree that
 records every call; no Harbor trial, no gateway) — and so is each case where the answer is *not*
 known and the real command must run: something to remove, a link in the way, a process that ran
 (and may have left something running), a file written since."""
@@ -30,6 +31,7 @@ class Info:
     type: FileType
     symlink_target: str | None = None
     path: str = ""
+    size: int = 0
 
 
 class Files:
@@ -37,6 +39,8 @@ class Files:
 
     def __init__(self, tree: dict[str, Any], log: list[tuple[str, str]]):
         self.tree, self.log = tree, log
+        self.data: dict[str, bytes] = {}
+        """Files' bytes (a file with none here holds b"x")."""
 
     def _kind(self, path: str) -> Any:
         return self.tree.get(str(PurePosixPath(path)))
@@ -60,17 +64,24 @@ class Files:
         if kind != "dir":
             raise InvalidArgumentException(f"path is not a directory: {path}")
         prefix = path.rstrip("/") + "/"
-        return [Info(FileType.DIR if k == "dir" else FileType.FILE, None, p)
+        return [Info(FileType.DIR if k == "dir" else FileType.FILE, None, p, len(self.data.get(p, b"x")))
                 for p, k in sorted(self.tree.items()) if p.startswith(prefix)]
 
     async def write_files(self, batch: list[dict[str, Any]]) -> None:
         for entry in batch:
             self.log.append(("write", entry["path"]))
-            self.tree[entry["path"]] = "file"
+            self._put(entry["path"], entry["data"])
 
     async def write(self, path: str, data: bytes) -> None:
         self.log.append(("write", path))
+        self._put(path, data)
+
+    def _put(self, path: str, data: bytes) -> None:
+        """As the daemon writes: the file's missing parents are made."""
+        for parent in PurePosixPath(path).parents:
+            self.tree.setdefault(str(parent), "dir")
         self.tree[path] = "file"
+        self.data[path] = bytes(data)
 
     async def make_dir(self, path: str) -> bool:
         self.log.append(("make_dir", path))
@@ -79,7 +90,9 @@ class Files:
 
     async def read(self, path: str, format: str = "bytes") -> bytearray:
         self.log.append(("read", path))
-        return bytearray(b"x")
+        if self._kind(path) is None:
+            raise FileNotFoundException(path)
+        return bytearray(self.data.get(path, b"x"))
 
 
 class Handle:
@@ -133,9 +146,9 @@ def _rm_rewards() -> str:  # as Harbor's Verifier._remove_reward_files builds it
 
 def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_start(tmp_path: Path) -> None:
     """Harbor's separate verifier, in its order: three resets, the artifacts, the removal of stale
-    rewards, the tests, ``chmod +x`` of test.sh, test.sh. Nothing to remove anywhere: three looks
-    by the files API and one process start, which makes the directories and sets their modes
-    before the test runs."""
+    rewards, the tests, ``chmod +x`` of test.sh, test.sh. Nothing to remove anywhere: one listing
+    of "/" (neither ``/logs`` nor ``/app`` is there, so none of the three is) and one process
+    start, which makes the directories and sets their modes before the test runs."""
     env, log = _env({"/": "dir"})
     asyncio.run(env.empty_dirs([PurePosixPath("/logs/verifier")], chmod=True))
     asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))
@@ -147,7 +160,7 @@ def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_st
     assert asyncio.run(env.exec("chmod +x /tests/test.sh", user="root")).return_code == 0
     asyncio.run(env.exec("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"))
 
-    assert [kind for kind, _ in log if kind == "stat"] == ["stat"] * 3
+    assert [(kind, path) for kind, path in log if kind in ("stat", "list")] == [("list", "/")]
     (script,) = _processes(log)
     head, command = script.split("\n", 1)
     assert "mkdir -p -- /logs/verifier /logs/artifacts /app" in head
@@ -237,3 +250,90 @@ def test_is_dir_lists_once_for_the_download_that_follows_and_again_after_a_chang
     assert asyncio.run(env.is_dir("/logs/x")) is False  # a file: refused listing, then the plain answer
     assert asyncio.run(env.is_dir("/nowhere")) is False
     assert ("stat", "/logs/x") in log and ("stat", "/nowhere") not in log
+
+
+def _logged(log: list[tuple[str, str]], kind: str, path: str) -> int:
+    return log.count((kind, path))
+
+
+def test_a_file_just_read_is_not_read_again_nor_written_back_unchanged(tmp_path: Path) -> None:
+    """Harbor's agent-log round trip for the oracle: the log read (download_file), its directory
+    downloaded, then the log uploaded back — one read and no write where there were two and one."""
+    env, log = _env({"/logs/agent": "dir", "/logs/agent/oracle.txt": "file"})
+    env._sandbox.files.data["/logs/agent/oracle.txt"] = b"solved\n"  # type: ignore[union-attr]
+    asyncio.run(env.download_file("/logs/agent/oracle.txt", tmp_path / "host" / "oracle.txt"))
+    asyncio.run(env.download_dir("/logs/agent", tmp_path / "host"))
+    assert (tmp_path / "host" / "oracle.txt").read_bytes() == b"solved\n"
+    asyncio.run(env.upload_dir(tmp_path / "host", "/logs/agent"))
+    assert _logged(log, "read", "/logs/agent/oracle.txt") == 1 and _logged(log, "write", "/logs/agent/oracle.txt") == 0
+    asyncio.run(env.exec("chmod +x /logs/agent/oracle.txt"))  # "written": known to exist, so set-up
+    assert _processes(log) == []
+
+    (tmp_path / "host" / "oracle.txt").write_bytes(b"edited\n")  # other bytes: written
+    asyncio.run(env.upload_dir(tmp_path / "host", "/logs/agent"))
+    assert _logged(log, "write", "/logs/agent/oracle.txt") == 1
+
+    asyncio.run(env.download_file("/logs/agent/oracle.txt", tmp_path / "again.txt"))
+    asyncio.run(env.exec("true"))  # a process ran since the read: the same bytes are written for real
+    asyncio.run(env.upload_dir(tmp_path / "host", "/logs/agent"))
+    assert _logged(log, "write", "/logs/agent/oracle.txt") == 2
+
+
+def test_reads_are_fresh_after_a_command_a_write_or_a_size_that_differs(tmp_path: Path) -> None:
+    env, log = _env({"/logs": "dir", "/logs/reward.txt": "file", "/logs/other.txt": "file"})
+    files = env._sandbox.files  # type: ignore[union-attr]
+    files.data["/logs/reward.txt"] = b"0"
+    asyncio.run(env.download_file("/logs/reward.txt", tmp_path / "a"))
+    asyncio.run(env.exec("echo 1 > /logs/reward.txt"))  # a process ran: it may have changed anything
+    files.data["/logs/reward.txt"] = b"1"
+    asyncio.run(env.download_file("/logs/reward.txt", tmp_path / "b"))
+    assert (tmp_path / "b").read_bytes() == b"1" and _logged(log, "read", "/logs/reward.txt") == 2
+
+    asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/logs/other.txt"))  # a write: everything read is stale
+    asyncio.run(env.download_file("/logs/reward.txt", tmp_path / "c"))
+    assert _logged(log, "read", "/logs/reward.txt") == 3
+
+    files.data["/logs/reward.txt"] = b"1.0"  # changed behind the environment's back, and the listing says so
+    asyncio.run(env.download_dir("/logs", tmp_path / "d"))
+    assert (tmp_path / "d" / "reward.txt").read_bytes() == b"1.0" and _logged(log, "read", "/logs/reward.txt") == 4
+
+
+def test_big_reads_are_not_kept(tmp_path: Path) -> None:
+    from services.evaluation.harbor_env import REMEMBERED_READ_BYTES
+
+    env, log = _env({"/out": "dir", "/out/big.bin": "file"})
+    env._sandbox.files.data["/out/big.bin"] = b"b" * (REMEMBERED_READ_BYTES + 1)  # type: ignore[union-attr]
+    asyncio.run(env.download_file("/out/big.bin", tmp_path / "one"))
+    asyncio.run(env.download_dir("/out", tmp_path / "two"))
+    assert _logged(log, "read", "/out/big.bin") == 2
+
+
+def test_one_listing_of_the_root_answers_until_the_sandbox_changes() -> None:
+    env, log = _env({"/": "dir", "/etc": "dir", "/app": "dir", "/app/stale.txt": "file"})
+    asyncio.run(env.empty_dirs(["/logs/verifier"], chmod=True))  # /logs absent: known from the listing
+    asyncio.run(env.empty_dirs(["/app"], chmod=True))  # /app is there: looked at, not empty, Harbor's reset
+    assert [(k, p) for k, p in log if k in ("stat", "list")] == [("list", "/"), ("stat", "/app"), ("list", "/app")]
+    assert len(_processes(log)) == 1  # Harbor's own reset of /app, with the pending set-up at its head
+    asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))  # a process ran since: the listing is taken again
+    assert [(k, p) for k, p in log if k == "list"][-1] == ("list", "/")
+    assert [k for k, _ in log].count("list") == 3
+
+
+def test_a_root_that_cannot_be_listed_leaves_each_look_to_its_own_call() -> None:
+    env, log = _env({"/app": "dir", "/app/x": "file"})  # the stand-in refuses to list "/" here
+    asyncio.run(env.empty_dirs(["/logs/verifier"], chmod=True))
+    assert ("stat", "/logs/verifier") in log and _processes(log) == []
+
+
+@pytest.mark.parametrize("how", ["upload_file", "upload_dir"])
+def test_a_write_makes_the_root_listing_stale(how: str, tmp_path: Path) -> None:
+    """A write makes its parents: ``/data`` was missing from "/", and after a file lands in it,
+    Harbor's reset of ``/data`` has that file to remove."""
+    env, log = _env({"/": "dir", "/etc": "dir"})
+    asyncio.run(env.empty_dirs(["/logs/verifier"], chmod=True))
+    if how == "upload_file":
+        asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/data/f.txt"))
+    else:
+        _upload(env, tmp_path, "/data", {"f.txt": 0o644})
+    asyncio.run(env.empty_dirs(["/data"], chmod=True))
+    assert BaseEnvironment._empty_dirs_command(env, ["/data"], chmod=True) in _processes(log)[-1]
