@@ -101,14 +101,32 @@ class _ViewFileFilter(TaskFileFilter):
 class ViewTask(Task):
     """Harbor's ``Task`` whose (deprecated) ``checksum`` — a ``dirhash`` of the directory, read
     once per trial by ``Trial._init_result`` — was computed when its view was built, and whose
-    paths and file filter remember their answers (:class:`_ViewPaths`, :class:`_ViewFileFilter`)."""
+    paths and file filter remember their answers (:class:`_ViewPaths`, :class:`_ViewFileFilter`).
+
+    They remember from the start: ``Task.__init__`` makes Harbor's plain ones and checks the
+    task's trees with them at once, and the setters below hand it the remembering kind instead,
+    so the checks in ``__init__``, the verifier's and the checksum's ask each question once
+    (building a view: ~9.5 → ~5.2 ms for the task and its checksum, timed in process)."""
 
     _view_checksum: str
+    _view_paths: _ViewPaths
+    _view_filter: _ViewFileFilter
 
-    def __init__(self, task_dir: Path | str) -> None:
-        super().__init__(task_dir)
-        self.paths = _ViewPaths(self._task_dir)
-        self.file_filter = _ViewFileFilter(self._task_dir)
+    @property
+    def paths(self) -> _ViewPaths:
+        return self._view_paths
+
+    @paths.setter
+    def paths(self, value: TaskPaths) -> None:
+        self._view_paths = value if isinstance(value, _ViewPaths) else _ViewPaths(value.task_dir)
+
+    @property
+    def file_filter(self) -> _ViewFileFilter:
+        return self._view_filter
+
+    @file_filter.setter
+    def file_filter(self, value: TaskFileFilter) -> None:
+        self._view_filter = value if isinstance(value, _ViewFileFilter) else _ViewFileFilter(value.task_dir)
 
     @property
     def checksum(self) -> str:

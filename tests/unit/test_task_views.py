@@ -14,6 +14,8 @@ import shutil
 import warnings
 from pathlib import Path
 
+from typing import Any
+
 import pytest
 from harbor.models.job.lock import build_trial_lock
 from harbor.models.task.task import Task
@@ -147,7 +149,28 @@ def test_the_views_paths_and_filter_answer_as_harbors_and_keep_no_failure(task_d
         view_task.paths.validate_input_tree(tests, exclude=view_task.file_filter.is_excluded)
     assert (tests / "notes.md") not in [tests / p for p in view_task.file_filter.select(tests).relative_paths]
 
-    (task_dir / "environment" / "escape").symlink_to("/etc/passwd")  # a tree Harbor refuses
+    # A tree Harbor refuses (one the view's build never checked: a view is one content, and what
+    # its build checked stays checked — a changed directory is a new view, see the test above)
+    (task_dir / "environment" / "more").mkdir()
+    (task_dir / "environment" / "more" / "escape").symlink_to("/etc/passwd")
     for _ in range(2):
         with pytest.raises(ValueError):
-            view_task.paths.validate_input_tree(task_dir / "environment")
+            view_task.paths.validate_input_tree(task_dir / "environment" / "more")
+
+
+@pytest.mark.parametrize("where", ["tests", "solution"])
+def test_a_task_harbor_refuses_is_refused_by_its_view_too(task_dir: Path, tmp_path: Path, where: str) -> None:
+    """The view's paths and filter remember from inside ``Task.__init__``; a check that fails
+    there still fails the build, as Harbor's own ``Task`` fails, and no view is kept."""
+    (task_dir / where / "escape").symlink_to("/etc/passwd")
+    with pytest.raises(ValueError) as harbor:
+        Task(task_dir)
+    config = _trial_config(task_dir, tmp_path)
+    for _ in range(2):
+        with pytest.raises(ValueError) as view:
+            asyncio.run(task_views.load(config))
+        assert str(view.value) == str(harbor.value)
+
+
+def _trial_config(task_dir: Path, tmp_path: Path) -> Any:
+    return build_trial_config(_request(task_dir, tmp_path / "t", "nop"), "a")
