@@ -47,10 +47,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from _common import ROOT, free_port, pct, serve

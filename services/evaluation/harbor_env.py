@@ -97,11 +97,11 @@ SETUP_MARK = "rsigym-sandbox-setup-failed"
 exit 97 nor its output (a verifier running an agent's program, say) can pass for a failed set-up."""
 
 READ_ATTEMPTS = 3
+"""A read of the sandbox's files (idempotent) is tried this often when the connection fails."""
 REMEMBERED_READ_BYTES = 256 * 1024
 """Reads the environment keeps (see ``GymSandboxEnvironment._reads``): files this small or smaller, …"""
 REMEMBERED_READS_TOTAL = 4 * 1024 * 1024
 """… up to this much in all; beyond it, reads are not kept."""
-"""A read of the sandbox's files (idempotent) is tried this often when the connection fails."""
 
 log = logging.getLogger("rsigym.evaluation.harbor_env")
 T = TypeVar("T")
@@ -452,6 +452,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._top_names: tuple[int, frozenset[str]] | None = None
         """The names in "/" at a mutation count (see :meth:`_top_absent`)."""
         self._reads: dict[str, bytes] = {}
+        self._reads_bytes = 0
         self._reads_at = 0
         """Small files read at change count ``_reads_at``, by path: read again at that count, the
         answer is these bytes, and writing these bytes there changes nothing (see :meth:`_read`).
@@ -853,10 +854,11 @@ class GymSandboxEnvironment(BaseEnvironment):
         changes = self._changes
         data = bytes(await idempotent(functools.partial(_read_bytes, self._require(), path), path))
         if self._reads_at != changes:
-            self._reads, self._reads_at = {}, changes
-        if len(data) <= REMEMBERED_READ_BYTES and \
-                sum(map(len, self._reads.values())) + len(data) <= REMEMBERED_READS_TOTAL:
+            self._reads, self._reads_bytes, self._reads_at = {}, 0, changes
+        self._reads_bytes -= len(self._reads.pop(path, b""))  # a newer read replaces a kept one
+        if len(data) <= REMEMBERED_READ_BYTES and self._reads_bytes + len(data) <= REMEMBERED_READS_TOTAL:
             self._reads[path] = data
+            self._reads_bytes += len(data)
         return data
 
     def _holds(self, path: str, data: bytes) -> bool:

@@ -296,6 +296,10 @@ def test_reads_are_fresh_after_a_command_a_write_or_a_size_that_differs(tmp_path
     files.data["/logs/reward.txt"] = b"1.0"  # changed behind the environment's back, and the listing says so
     asyncio.run(env.download_dir("/logs", tmp_path / "d"))
     assert (tmp_path / "d" / "reward.txt").read_bytes() == b"1.0" and _logged(log, "read", "/logs/reward.txt") == 4
+    old = tmp_path / "old"
+    old.write_bytes(b"1")  # the bytes read before: the file holds others now, so they are written
+    asyncio.run(env.upload_file(old, "/logs/reward.txt"))
+    assert _logged(log, "write", "/logs/reward.txt") == 1 and files.data["/logs/reward.txt"] == b"1"
 
 
 def test_big_reads_are_not_kept(tmp_path: Path) -> None:
