@@ -109,11 +109,11 @@ async def record(sandbox_id: str, request: Request, identity: CurrentIdentity) -
 # -- the daemon's plain HTTP routes ----------------------------------------------------
 
 
-def _sandbox_of(request: Request, identity: Identity) -> str:
+async def _sandbox_of(request: Request, identity: Identity) -> str:
     sandbox_id = request.headers.get(SANDBOX_HEADER)
     if not sandbox_id:
         raise InvalidRequest("the E2b-Sandbox-Id header is required")
-    _svc(request).check_owned(identity, sandbox_id)
+    await _svc(request).check_owned_async(identity, sandbox_id)
     return sandbox_id
 
 
@@ -123,9 +123,13 @@ async def health(request: Request, identity: CurrentIdentity) -> Response:
 
 
 @router.get("/envd/files")
-async def read_file(request: Request, identity: CurrentIdentity, path: str) -> Response:
+async def read_file(request: Request, identity: CurrentIdentity) -> Response:
+    """A direct route too (app.py: every agent's file reads): the query is read here, not by FastAPI."""
+    path = request.query_params.get("path")
+    if path is None:
+        raise Unprocessable("the path query parameter is required", param="path")
     svc = _svc(request)
-    sandbox_id = await _run(_sandbox_of, request, identity)
+    sandbox_id = await _sandbox_of(request, identity)
     limit = svc.config.max_file_transfer_mb * 1024 * 1024
     answer = await svc.backend.call(sandbox_id, {"op": "read", "path": path, "limit": limit})
     if "error" in answer:
@@ -134,18 +138,20 @@ async def read_file(request: Request, identity: CurrentIdentity, path: str) -> R
 
 
 @router.post("/envd/files")
-async def write_files(request: Request, identity: CurrentIdentity, path: str | None = None) -> list[dict[str, Any]]:
+async def write_files(request: Request, identity: CurrentIdentity) -> JSONResponse:
+    """A direct route too (app.py: every agent's file writes): the query is read here, not by FastAPI."""
+    path = request.query_params.get("path")
     svc = _svc(request)
-    sandbox_id = await _run(_sandbox_of, request, identity)
+    sandbox_id = await _sandbox_of(request, identity)
     limit = svc.config.max_file_transfer_mb * 1024 * 1024
     uploads: list[tuple[str, bytes]] = []
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        form = await request.form(max_files=1000, max_part_size=limit)
-        for item in form.getlist("file"):
-            if isinstance(item, str) or not hasattr(item, "read"):
-                raise Unprocessable("each 'file' part must be a file")
-            target = path if path and len(form.getlist("file")) == 1 else item.filename
-            uploads.append((target or "", await item.read()))
+        async with request.form(max_files=1000, max_part_size=limit) as form:  # its spooled files closed after
+            for item in form.getlist("file"):
+                if isinstance(item, str) or not hasattr(item, "read"):
+                    raise Unprocessable("each 'file' part must be a file")
+                target = path if path and len(form.getlist("file")) == 1 else item.filename
+                uploads.append((target or "", await item.read()))
     else:
         if not path:
             raise Unprocessable("the path query parameter is required", param="path")
@@ -160,7 +166,7 @@ async def write_files(request: Request, identity: CurrentIdentity, path: str | N
             raise _http_error(answer["error"])
         e = answer["entry"]
         written.append({"name": e["name"], "type": e["type"], "path": e["path"]})
-    return written
+    return JSONResponse(written)
 
 
 def _http_error(error: dict[str, Any]) -> GymError:

@@ -12,7 +12,7 @@ from services.core.errors import GymError, error_response
 from services.core.identity import verify
 from services.core.service_app import create_service_app
 from services.core.spec import ServiceContext
-from services.sandbox.api import router
+from services.sandbox.api import read_file, router, write_files
 from services.sandbox.backends import SANDBOX_BACKENDS
 from services.sandbox.backends.base import SandboxBackend
 from services.sandbox.envd import CURRENT_IDENTITY, connect_apps
@@ -81,5 +81,6 @@ def create_app(context: ServiceContext, backend: SandboxBackend | None = None) -
     service = SandboxService(context, backend or make_backend(context))
     service.recover()
     app = create_service_app("sandbox", internal_secret=context.internal_secret, routers=[router],
-                             config=context.config, state={"sandbox": service}, close=service.shutdown)
+                             config=context.config, state={"sandbox": service}, close=service.shutdown,
+                             direct={("GET", "/envd/files"): read_file, ("POST", "/envd/files"): write_files})
     return EnvdDispatch(app, service, context.internal_secret)

@@ -46,18 +46,18 @@ class _Envd:
     def __init__(self, service: SandboxService):
         self.service = service
 
-    def _sandbox(self, ctx: Any) -> str:
+    async def _sandbox(self, ctx: Any) -> str:
         sandbox_id = ctx.request_headers.get(SANDBOX_HEADER)
         if not sandbox_id:
             raise ConnectError(Code.INVALID_ARGUMENT, "the E2b-Sandbox-Id header is required")
         try:
-            self.service.check_owned(CURRENT_IDENTITY.get(), sandbox_id)
+            await self.service.check_owned_async(CURRENT_IDENTITY.get(), sandbox_id)
         except GymError as err:
             raise _connect_error(err) from err
         return sandbox_id
 
     async def _call(self, ctx: Any, request: dict[str, Any]) -> dict[str, Any]:
-        sandbox_id = self._sandbox(ctx)
+        sandbox_id = await self._sandbox(ctx)
         try:
             answer = await self.service.backend.call(sandbox_id, request)
         except GymError as err:
@@ -91,7 +91,7 @@ class ProcessService(_Envd, Process):
             yield ppb.ConnectResponse(event=event)
 
     async def _events(self, ctx: Any, body: dict[str, Any]) -> AsyncIterator[ppb.ProcessEvent]:
-        sandbox_id = self._sandbox(ctx)
+        sandbox_id = await self._sandbox(ctx)
         try:
             async for ev in self.service.backend.stream(sandbox_id, body):
                 if "error" in ev:

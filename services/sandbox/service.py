@@ -11,6 +11,7 @@ slot and records why the sandbox ended.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any, cast
 
 import json
 
+import anyio
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
@@ -348,15 +350,29 @@ class SandboxService:
             s.expunge(row)
             return row
 
+    def check_live(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> bool:
+        """:meth:`check_owned` for a sandbox this replica runs, from memory (no store, so safe on an
+        event loop): True when answered (a refusal raises), False when the sandbox is not live here
+        and :meth:`check_owned` must ask the store."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            return False
+        _refuse_unless_reachable(live.reach, identity, sandbox_id, running)
+        return True
+
+    async def check_owned_async(self, identity: Identity, sandbox_id: str) -> None:
+        """:meth:`check_owned` from an event loop: from memory for a sandbox live here (no thread
+        hop: every envd call asks), else its store read on a worker thread."""
+        if not self.check_live(identity, sandbox_id):
+            await anyio.to_thread.run_sync(functools.partial(self.check_owned, identity, sandbox_id))
+
     def check_owned(self, identity: Identity, sandbox_id: str, *, running: bool = True) -> None:
         """:meth:`owned` when the row itself is not needed — every envd call asks it. A sandbox this
         replica runs is answered from memory: who may reach it is fixed at its create, and it is
         running until :meth:`end` takes it out of ``_live`` (before its backend is killed). Any
         other — ended, unknown, another replica's — by one prepared read, no write transaction (no
         writer's turn on SQLite), which also says why it ended."""
-        live = self._live.get(sandbox_id)
-        if live is not None:
-            _refuse_unless_reachable(live.reach, identity, sandbox_id, running)
+        if self.check_live(identity, sandbox_id, running=running):
             return
         with self.store.read() as work:
             found = work.first(_REACH, {"sid": sandbox_id})
