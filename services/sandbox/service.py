@@ -179,6 +179,8 @@ class SandboxService:
                                dict(req.metadata), timeout, door_port)
             ref = self.backend.create(spec)
             undo.callback(self.backend.kill, sandbox_id)
+            made = self.backend.make_dirs(sandbox_id, [(d.path, d.mode) for d in req.rsigym_dirs]) \
+                if req.rsigym_dirs else None
             if req.rsigym_door is not None:
                 self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "",
                                 self.context.settings.gateway_url or "", req.rsigym_door.key)
@@ -202,6 +204,8 @@ class SandboxService:
         view = self.created_view(row)
         if door_port is not None:
             view["rsigymDoorUrl"] = f"http://127.0.0.1:{door_port}/inference/v1"
+        if made is not None:
+            view["rsigymDirsMade"] = made  # absent before (parents included): each holds only the others
         return view
 
     def _check_door_key(self, identity: Identity, key: str) -> None:

@@ -3,6 +3,7 @@ exit code, write/read/list files, kill — and what the sandbox may not see or d
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from e2b import Sandbox
 from e2b import CommandExitException
 from e2b.exceptions import NotFoundException, SandboxException
 
+from services.sandbox.service import SLOT_SERVICE
 from tests.conftest import create_key
 from tests.fakes.servers import serve_gym
 
@@ -110,5 +112,69 @@ def test_a_run_sees_only_its_own_sandboxes(served: tuple[str, Any]) -> None:
                                "E2b-Sandbox-Id": sbx.sandbox_id})
             assert r.status_code == 401
             assert sbx.is_running()
+        finally:
+            sbx.kill()
+
+
+def test_directories_made_at_create_are_the_sandboxs_own(served: tuple[str, Any]) -> None:
+    """The gym's ``rsigymDirs`` extension (what Harbor's environment asks for its log
+    directories): made inside the sandbox, with their modes, before the create answers, and
+    named in the answer with the parents the create made. Nothing lands on the host; a
+    directory that cannot be made, or a path that climbs, refuses the create in the standard
+    shape and leaves no sandbox, no slot and no reservation behind."""
+    url, gym = served
+    marker = f"/tmp/rsigym-made-at-create-{time.monotonic_ns()}"  # /tmp: the sandbox's own tmpfs
+    with httpx.Client(base_url=url, timeout=60) as c:
+        made_key = create_key(c, budget_usd=1.0)
+        key = made_key["key"]
+        body = {"templateID": "base", "timeout": 60,
+                "rsigymDirs": [{"path": f"{marker}/logs/verifier", "mode": 0o777}, {"path": "/app"}]}
+        r = c.post("/sandbox/v2/sandboxes", json=body, headers={"X-API-Key": key})
+        assert r.status_code == 201, r.text
+        created = r.json()
+        assert created["rsigymDirsMade"] == [marker, f"{marker}/logs", f"{marker}/logs/verifier", "/app"]
+        sbx = Sandbox.connect(created["sandboxID"], **e2b_opts(url, key))
+        try:
+            seen = sbx.commands.run(f"stat -c '%a %U' {marker}/logs/verifier /app; ls -A /app | wc -l").stdout.split("\n")
+            assert seen[0].split()[0] == "777" and seen[1].split()[0] == "755" and seen[2] == "0"
+            assert seen[0].split()[1] == seen[1].split()[1]  # the sandbox's own user made them
+        finally:
+            sbx.kill()
+        assert not os.path.exists(marker)  # made in the sandbox, not on the host
+
+        for dirs, said in (([{"path": "/usr/bin/env/under"}], "/usr/bin/env/under"),
+                           ([{"path": "/tmp/../etc/x"}], "normal absolute path"),
+                           ([{"path": "/app", "mode": 0o4777}], "less than or equal")):
+            r = c.post("/sandbox/v2/sandboxes", json={"templateID": "base", "rsigymDirs": dirs},
+                       headers={"X-API-Key": key})
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert said in error["message"] and "rsigymDirs" in (error.get("param") or ""), error
+        assert c.get("/sandbox/v2/sandboxes", headers={"X-API-Key": key}).json() == []
+        balance = c.get("/v1/balance", headers={"Authorization": f"Bearer {key}"}).json()
+        assert balance["reserved_usd"] == 0, balance
+        service = gym.service_apps["sandbox"].state.sandbox
+        assert service.slots.in_flight(made_key["id"], SLOT_SERVICE) == 0
+
+
+def test_the_file_routes_refuse_in_the_standard_shape(served: tuple[str, Any]) -> None:
+    """``/envd/files`` is served past FastAPI's router (services/sandbox/app.py), so it reads its
+    own query: a read or a plain-body write without ``path`` is a 422 naming ``path``, a
+    directory read is refused, and nothing is written by a refused call."""
+    url, _ = served
+    with httpx.Client(base_url=url, timeout=60) as c:
+        key = create_key(c, budget_usd=1.0)["key"]
+        sbx = Sandbox.create(template="base", timeout=60, **e2b_opts(url, key))
+        try:
+            headers = {"X-API-Key": key, "E2b-Sandbox-Id": sbx.sandbox_id}
+            for method, kwargs in (("GET", {}), ("POST", {"content": b"data"})):
+                r = c.request(method, "/sandbox/envd/files", headers=headers, **kwargs)
+                assert r.status_code == 422 and r.json()["error"]["param"] == "path", r.text
+            r = c.get("/sandbox/envd/files", params={"path": "/tmp"}, headers=headers)
+            assert r.status_code == 400 and "directory" in r.json()["error"]["message"], r.text
+            r = c.post("/sandbox/envd/files", params={"path": "/tmp/x.txt"}, content=b"hello", headers=headers)
+            assert r.status_code == 200 and r.json() == [{"name": "x.txt", "type": "file", "path": "/tmp/x.txt"}]
+            assert sbx.files.read("/tmp/x.txt") == "hello"
+            assert [e.name for e in sbx.files.list("/tmp")] == ["x.txt"]
         finally:
             sbx.kill()

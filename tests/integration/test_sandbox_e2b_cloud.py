@@ -128,6 +128,26 @@ def test_create_stamps_owner_metadata_and_denies_internet(make_backend: Callable
     assert fake.api_keys == {PLATFORM_KEY}
 
 
+def test_make_dirs_is_one_command_that_names_what_it_made(make_backend: Callable[..., E2BCloudBackend],
+                                                          fake_e2b: tuple[str, FakeE2BState], tmp_path: Path) -> None:
+    """The create's ``rsigymDirs`` on E2B: one command makes each directory with its parents and
+    its mode and names what it made; a directory under a file is refused as the local backend
+    refuses it. (The fake runs commands on this host: the paths are this test's own.)"""
+    _, fake = fake_e2b
+    backend = make_backend()
+    backend.create(spec())
+    base = tmp_path / "made"
+    (tmp_path / "file").write_text("x")
+    made = backend.make_dirs("sbx_gym1", [(f"{base}/logs/verifier", 0o777), (f"{base}/app", None)])
+    assert made == [str(base), f"{base}/logs", f"{base}/logs/verifier", f"{base}/app"]
+    assert (base / "logs" / "verifier").stat().st_mode & 0o777 == 0o777 and (base / "app").is_dir()
+    assert backend.make_dirs("sbx_gym1", [(f"{base}/app", 0o700)]) == []
+    assert (base / "app").stat().st_mode & 0o777 == 0o700
+    with pytest.raises(Unprocessable) as refused:
+        backend.make_dirs("sbx_gym1", [(f"{tmp_path}/file/under", None)])
+    assert refused.value.param == "rsigymDirs" and "Not a directory" in refused.value.message
+
+
 def test_agent_protocol_round_trip_through_the_sdk(make_backend: Callable[..., E2BCloudBackend],
                                                    fake_e2b: tuple[str, FakeE2BState]) -> None:
     _, fake = fake_e2b

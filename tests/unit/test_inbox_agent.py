@@ -181,3 +181,33 @@ def test_the_door_forward_relays_both_ways(start_agent: Any, tmp_path: Path) -> 
     assert got == b"THROUGH THE DOOR\n"
     server.close()
     os.unlink(door)
+
+
+def test_mkdirs_makes_each_with_its_parents_and_mode_and_names_what_it_made(start_agent: Any, tmp_path: Path) -> None:
+    """The create's ``rsigymDirs``: ``mkdir -p`` then ``chmod`` of each, in order, without a
+    program; the answer names every directory made, parents first, and none that was there."""
+    agent = start_agent()
+    (tmp_path / "there").mkdir(mode=0o700)
+    base = str(tmp_path)
+    answer = agent.call({"op": "mkdirs", "dirs": [[f"{base}/logs/verifier", 0o777], [f"{base}/logs/agent", 0o777],
+                                                  [f"{base}/there", 0o755], [f"{base}/app", None]]})
+    assert answer == {"made": [f"{base}/logs", f"{base}/logs/verifier", f"{base}/logs/agent", f"{base}/app"]}
+    modes = {name: os.stat(tmp_path / name).st_mode & 0o777 for name in ("logs/verifier", "logs/agent", "there")}
+    assert modes == {"logs/verifier": 0o777, "logs/agent": 0o777, "there": 0o755}
+    assert (tmp_path / "app").is_dir() and not any((tmp_path / "app").iterdir())
+
+
+def test_mkdirs_refuses_what_is_not_a_plain_directory_to_make(start_agent: Any, tmp_path: Path) -> None:
+    """A path that is not normal, a mode beyond 0o777 and a file in the way are refused in the
+    error shape; the directories named before the failure stay made, as a shell's would."""
+    agent = start_agent()
+    (tmp_path / "file").write_text("x")
+    base = str(tmp_path)
+    for bad in ([f"{base}/a/../../etc", None], ["relative", None], [f"{base}/ok", 0o4777]):
+        answer = agent.call({"op": "mkdirs", "dirs": [bad]})
+        assert answer["error"]["code"] == "invalid_argument", (bad, answer)
+    answer = agent.call({"op": "mkdirs", "dirs": [[f"{base}/first", None], [f"{base}/file/under", None],
+                                                  [f"{base}/never", None]]})
+    assert answer["error"]["code"] == "invalid_argument" and "file/under" in answer["error"]["message"]
+    assert (tmp_path / "first").is_dir() and not (tmp_path / "never").exists() and not (tmp_path / "ok").exists()
+    assert agent.call({"op": "mkdirs", "dirs": [[f"{base}/file", None]]})["error"]["code"] == "already_exists"

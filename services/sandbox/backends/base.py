@@ -3,7 +3,9 @@
 Requests and events are the small JSON vocabulary of the in-sandbox agent
 (services/sandbox/backends/inbox_agent.py): ``start``/``connect`` stream
 ``{"start": {"pid"}}``, ``{"stdout"|"stderr": b64}``, ``{"end": {"exit_code", "status"}}``;
-everything else answers one object, or ``{"error": {"code", "message"}}``.
+everything else answers one object, or ``{"error": {"code", "message"}}``. ``mkdirs``
+(``{"dirs": [[path, mode | null], ...]}``) answers ``{"made": [path, ...]}``: every directory it
+made, parents included and first.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ class SandboxBackend(Protocol):
 
     def create(self, spec: SandboxSpec) -> str:
         """Start the sandbox; returns the backend's own reference. Raises GymError."""
+
+    def make_dirs(self, sandbox_id: str, dirs: list[tuple[str, int | None]]) -> list[str]:
+        """Make directories in a sandbox just created, before anything runs there (its create's
+        ``rsigymDirs``): each with its parents, then its mode if one is named. Returns every
+        directory it made (absent before), parents included and first; raises GymError (the first
+        that could not be made) otherwise."""
 
     def kill(self, sandbox_id: str) -> None:
         """Stop every process of the sandbox and free what it held. Idempotent."""

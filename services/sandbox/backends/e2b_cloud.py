@@ -141,6 +141,33 @@ class E2BCloudBackend:
         log.info("sandbox %s is E2B sandbox %s (template %s)", spec.sandbox_id, sandbox.sandbox_id, template)
         return sandbox.sandbox_id
 
+    def make_dirs(self, sandbox_id: str, dirs: list[tuple[str, int | None]]) -> list[str]:
+        """One command in the new sandbox (E2B's daemon makes a directory but sets no mode): for
+        each directory, the number of each of it and its parents that is absent (the numbers
+        index ``named``), then ``mkdir -p`` and its ``chmod``; it stops at the first that fails."""
+        cloud = self._sandboxes.get(sandbox_id)
+        if cloud is None:
+            raise NotFound(f"sandbox {sandbox_id} is not running")
+        named: list[str] = []
+        lines = []
+        for path, mode in dirs:
+            parts = path.strip("/").split("/")
+            for depth in range(1, len(parts) + 1):
+                named.append("/" + "/".join(parts[:depth]))
+                lines.append(f"[ -e {shlex.quote(named[-1])} ] || echo {len(named) - 1}")
+            quoted = shlex.quote(path)
+            lines.append(f"mkdir -p -- {quoted} || exit 1")
+            if mode is not None:
+                lines.append(f"chmod {mode:o} -- {quoted} || exit 1")
+        try:
+            result = Sandbox.connect(cloud.e2b_id, **self._opts).commands.run("\n".join(lines), timeout=60)
+        except CommandExitException as err:
+            raise Unprocessable(f"could not make the sandbox's directories: {err.stderr.strip()[-500:]}",
+                                param="rsigymDirs") from None
+        except Exception as err:  # noqa: BLE001 - the SDK's errors, mapped to the gym's
+            raise _gym_error(err, f"making the directories of sandbox {sandbox_id}", param="rsigymDirs") from None
+        return [named[int(i)] for i in result.stdout.split()]
+
     def kill(self, sandbox_id: str) -> None:
         cloud = self._sandboxes.get(sandbox_id)
         if cloud is None:

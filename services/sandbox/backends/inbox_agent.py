@@ -96,6 +96,39 @@ def _abs(path: str, default_dir: str) -> str:
     return os.path.normpath(path if path.startswith("/") else os.path.join(default_dir, path))
 
 
+def make_dirs(req: dict[str, Any]) -> dict[str, Any]:
+    """The directories a sandbox starts with (its create's ``rsigymDirs``), in order: each made
+    with its parents, then given its mode when one is named — what ``mkdir -p`` then ``chmod``
+    do, without starting either program. Answers every directory it made, parents included,
+    parents first (each absent before: it holds only what else is listed), or the first
+    failure; the directories before it stay made, as a shell's would."""
+    made: list[str] = []
+    for item in req.get("dirs") or []:
+        path, mode = item
+        if (not isinstance(path, str) or not path.startswith("/") or path.startswith("//")
+                or os.path.normpath(path) != path or "\0" in path):
+            return _err("invalid_argument", f"not a normal absolute path: {path!r}")
+        if mode is not None and (not isinstance(mode, int) or not 0 <= mode <= 0o777):
+            return _err("invalid_argument", f"not a mode: {mode!r}")
+        absent: list[str] = []
+        try:
+            up = path
+            while up != "/" and not os.path.lexists(up):
+                absent.append(up)
+                up = os.path.dirname(up)
+            os.makedirs(path, exist_ok=True)
+            if mode is not None:
+                os.chmod(path, mode)
+        except FileExistsError:
+            return _err("already_exists", f"not a directory: {path}")
+        except PermissionError:
+            return _err("permission_denied", f"permission denied: {path}")
+        except OSError as e:
+            return _err("invalid_argument", f"{path}: {e.strerror or e}")
+        made.extend(reversed(absent))
+    return {"made": made}
+
+
 def fs_op(req: dict[str, Any]) -> dict[str, Any]:
     home = BASE_ENV.get("HOME", "/")
     op = req["op"]
@@ -326,6 +359,8 @@ def handle(conn: socket.socket) -> None:
                 _send(conn, _stdin(proc, op, base64.b64decode(req.get("data", "")) if op == "input" else b""))
         elif op == "ping":
             _send(conn, {"ok": True, "pid": os.getpid()})
+        elif op == "mkdirs":
+            _send(conn, make_dirs(req))
         else:
             _send(conn, fs_op(req))
     except ConnectionError:

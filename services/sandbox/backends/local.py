@@ -153,6 +153,22 @@ class LocalBackend:
             self._sandboxes[spec.sandbox_id] = local
         return spec.sandbox_id
 
+    def make_dirs(self, sandbox_id: str, dirs: list[tuple[str, int | None]]) -> list[str]:
+        """By the sandbox's own agent (the agent protocol's ``mkdirs``, as the sandbox's user,
+        inside its namespaces): one request where ``mkdir -p`` and ``chmod`` in its first command
+        were two program starts (~1.5 ms each on a 2-core box)."""
+        local = self._sandboxes.get(sandbox_id)
+        if local is None:
+            raise ServiceUnavailable(f"sandbox {sandbox_id} is not running")
+        try:
+            answer = _call_sync(local.socket, {"op": "mkdirs", "dirs": [[path, mode] for path, mode in dirs]})
+        except OSError as err:
+            raise ServiceUnavailable(f"sandbox {sandbox_id} did not answer: {err}") from None
+        if "error" in answer:
+            raise Unprocessable(f"could not make the sandbox's directories: {answer['error'].get('message')}",
+                                param="rsigymDirs")
+        return [str(p) for p in answer.get("made", [])]
+
     def _start_new(self, spec: SandboxSpec, name: str, env: dict[str, str], *, pooled: bool) -> _Local:
         uid = self.uids.take() if self.privileged else None
         base = self.root / name
