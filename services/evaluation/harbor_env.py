@@ -349,6 +349,8 @@ def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
 
 
 _MKDIR = "command -p mkdir -p"
+DIRS_AT_CREATE = 32
+"""The most directories a sandbox create makes (``rsigymDirs``); more go the deferred way."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +390,12 @@ def setup_script(steps: list[_Step]) -> str:
         for i in range(0, len(paths), _ARGS_PER_COMMAND):
             lines.append(_Step(command, tuple(paths[i:i + _ARGS_PER_COMMAND])).shell)
     return " && ".join(lines)
+
+
+def _normal_absolute(path: str) -> bool:
+    """What the sandbox service takes as a directory to make at create (services/sandbox/schemas.py)."""
+    return path.startswith("/") and not path.startswith("//") and posixpath.normpath(path) == path \
+        and "\0" not in path and len(path) <= 1024 and path != "/"
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -437,8 +445,16 @@ class GymSandboxEnvironment(BaseEnvironment):
         (``None``: the daemon's default). Nothing but a process removes a file here, so until the
         next process start each of these is known to exist (see :meth:`_known_chmod_x`)."""
         self._known_empty_dirs: set[str] = set()
-        """Directories :meth:`empty_dirs` found empty (or absent, and made) since the last process
-        start, with nothing written or made inside them since (see :meth:`_known_rm_f`)."""
+        """Directories :meth:`empty_dirs` found empty (or absent, and made; or made at the create)
+        since the last process start, with nothing written or made inside them since (see
+        :meth:`_known_rm_f`)."""
+        self._made_listing: dict[str, set[str]] = {}
+        """Directories the create made (absent before), each with the names in it (the others it
+        made), while nothing else is known to be made or written inside it since the create."""
+        self._known_dirs: dict[str, int | None] = {}
+        """Directories known to exist since the last process start (made at the create), with
+        their mode when known (``None``: not known). Only a process removes a directory or
+        changes a mode here; a ``chmod`` deferred on one makes its mode unknown."""
         self._process_starts = 0
         self._changes = 0
         """Counts what this environment did that may change the sandbox's files (a process start, a
@@ -506,24 +522,34 @@ class GymSandboxEnvironment(BaseEnvironment):
         for note in self._plan.ignored:
             self.logger.info("Dockerfile: ignoring %s", note)
 
+        # Harbor's log directories (what a Docker run would bind-mount, mode 777) and the working
+        # directory, made by the sandbox service before its create answers (``rsigymDirs``): no
+        # program starts for them in the first command. A path that is not normal goes the
+        # deferred way (the shell makes sense of it, as it would have).
+        logs = [str(d) for d in self._mount_targets(writable_only=True)]
+        wanted: dict[str, int | None] = {d: 0o777 for d in logs}
+        if self.workdir:
+            wanted.setdefault(self.workdir, None)
+        made_at_create = {d: mode for d, mode in wanted.items() if _normal_absolute(d)}
+        if len(made_at_create) > DIRS_AT_CREATE:
+            made_at_create = {}
+
         self._trial = trial
-        view = await self._create(trial)
+        view = await self._create(trial, made_at_create)
         self.sandbox_id = view["sandboxID"]
         self.door_url = view.get("rsigymDoorUrl")
         self._sandbox = sdk_sandbox(view, api_key=credentials.sandbox_key, api_url=f"{self._gateway}/sandbox",
                                     sandbox_url=f"{self._gateway}/sandbox/envd")
-
-        # Harbor's log directories (what a Docker run would bind-mount) and the working directory.
-        logs = [str(d) for d in self._mount_targets(writable_only=True)]
-        dirs = [*logs, *([self.workdir] if self.workdir else [])]
-        if dirs:
-            self._mkdirs(dirs)
-            if logs:
-                self._defer("command -p chmod 777", logs)
+        self._learn_made(made_at_create, [str(d) for d in view.get("rsigymDirsMade") or ()])
+        rest = [d for d in wanted if d not in made_at_create]
+        if rest:
+            self._mkdirs(rest)
+            if moded := [d for d in rest if wanted[d] is not None]:
+                self._defer("command -p chmod 777", moded)
         await self._replay_copies()
         await self._upload_environment_dir_after_start()  # docker_image tasks without a Dockerfile
 
-    async def _create(self, trial: TrialSandboxes) -> dict[str, Any]:
+    async def _create(self, trial: TrialSandboxes, dirs: dict[str, int | None]) -> dict[str, Any]:
         metadata = {
             "harbor.session_id": self.session_id[:200],
             "harbor.trial_name": self.trial_paths.trial_dir.name[:200],
@@ -536,6 +562,8 @@ class GymSandboxEnvironment(BaseEnvironment):
                                 "metadata": metadata}
         if self.options.door and self.is_agent_environment:
             body["rsigymDoor"] = {"key": trial.credentials.door_key}
+        if dirs:
+            body["rsigymDirs"] = [{"path": d, **({"mode": mode} if mode is not None else {})} for d, mode in dirs.items()]
         # The run's live-sandbox cap is shared with its own sandboxes and other jobs:
         # at the cap (429), wait for a slot rather than fail the trial.
         for wait in (0.5, 1, 2, 4, 8, 15, 30, 30, 30, 30, 60, 60, 60):
@@ -589,22 +617,40 @@ class GymSandboxEnvironment(BaseEnvironment):
         return await self._with_setup((f"cd -- {shlex.quote(cwd)} || exit 1\n" if cwd else "") + command,
                                       cwd="/" if cwd else None, env=self._merge_env(env), timeout_sec=timeout_sec)
 
+    def _learn_made(self, dirs: dict[str, int | None], made: list[str]) -> None:
+        """What the create's answer tells: ``dirs`` (with their modes) exist, and ``made`` — every
+        directory the create made, parents first — were absent, so each holds only the others."""
+        self._known_dirs.update(dirs)
+        for path in made:
+            self._made_listing[path] = set()
+            if (parent := posixpath.dirname(path)) in self._made_listing:
+                self._made_listing[parent].add(posixpath.basename(path))
+        self._known_empty_dirs.update(d for d, names in self._made_listing.items() if not names)
+
     def _defer(self, command: str, paths: list[str]) -> None:
         """Set-up that nothing observes until a command runs or a file is read — a directory to
         make, a mode to set — waits to run at the head of the next command (or alone, before a
         read: :meth:`_run_setup`). Each step is idempotent (``mkdir -p``, ``chmod``)."""
         self._setup.append(_Step(command, tuple(paths)))
         self._forget_empty(paths)
+        if command != _MKDIR:
+            for path in paths:
+                if path in self._known_dirs:
+                    self._known_dirs[path] = None
 
     def _forget_empty(self, paths: Any) -> None:
         """Something is (or will be) made or written at ``paths``: the directories holding them are not empty."""
         self._changes += 1
         if self._known_empty_dirs:
             self._known_empty_dirs = {d for d in self._known_empty_dirs if not any(_inside(p, d) for p in paths)}
+        if self._made_listing:
+            self._made_listing = {d: names for d, names in self._made_listing.items()
+                                  if not any(_inside(p, d) for p in paths)}
 
     def _mkdirs(self, dirs: list[str]) -> None:
         pending = {d for step in self._setup for d in (step.makes or ())}
-        dirs = [d for d in dict.fromkeys(dirs) if d not in pending]  # ``mkdir -p`` twice is once
+        # ``mkdir -p`` twice is once, and of a directory known to exist is nothing
+        dirs = [d for d in dict.fromkeys(dirs) if d not in pending and d not in self._known_dirs]
         if dirs:
             self._defer(_MKDIR, dirs)
 
@@ -656,8 +702,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         paths = [str(d) for d in dirs]
         if paths:
             self._mkdirs(paths)
-            if chmod:
-                self._defer("command -p chmod 777", paths)
+            if chmod and (moded := [p for p in paths if self._known_dirs.get(p) != 0o777]):
+                self._defer("command -p chmod 777", moded)
         return None
 
     async def empty_dirs(self, dirs: Sequence[EnvironmentPath], *, chmod: bool = True) -> ExecResult | None:
@@ -684,6 +730,11 @@ class GymSandboxEnvironment(BaseEnvironment):
         through the pending set-up (no pending step names anything inside it)."""
         if not path.startswith("/") or any(_inside(p, path) for step in self._setup for p in step.paths):
             return False
+        if path in self._known_empty_dirs:
+            return True
+        parent, name = posixpath.split(posixpath.normpath(path))
+        if name not in self._made_listing.get(parent, {name}):  # its directory was made at the create without it
+            return True
         if await self._top_absent(path):
             return True
         sandbox = self._require()
@@ -760,7 +811,9 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._changes += 1
         self._mutations += 1
         self._written.clear()  # what this environment wrote may be gone,
-        self._known_empty_dirs.clear()  # an empty directory filled
+        self._known_empty_dirs.clear()  # an empty directory filled,
+        self._known_dirs.clear()  # a directory removed or its mode changed,
+        self._made_listing.clear()  # a made directory filled
         callback = self._output_callback()
         handlers: dict[str, Any] = {}
         if callback is not None:
@@ -886,6 +939,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         sandbox = self._require()
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
+        if posixpath.normpath(source_dir) in self._known_empty_dirs:
+            return  # made empty (at the create, say) with nothing run or written there since: no listing
         root = PurePosixPath(source_dir)
         listing, self._listing = self._listing, None
         if listing is not None and listing[:2] == (source_dir, self._changes):
@@ -915,8 +970,12 @@ class GymSandboxEnvironment(BaseEnvironment):
         """Asked by Harbor before it downloads an artifact, which for a directory starts with its
         listing: the question is answered by taking that listing (one call where there were two).
         A listing refused for any reason but absence gets the plain answer (a file, a directory
-        that cannot be read)."""
+        that cannot be read). A directory known to exist (made at the create, or made empty, with
+        no process run since) needs no call at all."""
         await self._run_setup()
+        normal = posixpath.normpath(path)
+        if normal in self._known_dirs or normal in self._known_empty_dirs:
+            return True
         sandbox = self._require()
         changes = self._changes
         try:

@@ -281,11 +281,13 @@ def test_a_trial_cut_short_during_its_sandbox_create_leaves_no_sandbox(
 def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
     served: Served, tasks: dict[str, TaskRef], tmp_path: Path
 ) -> None:
-    """The environment's set-up (its working directory, Harbor's log directories, the modes of
-    copied files) runs at the head of the first command instead of in process starts of its own.
-    The oracle still finds its working directory made and a copied file executable, a command
-    that exits 97 by itself (printing the set-up's marker, even) is not taken for a failed set-up, and a set-up that fails (the
-    working directory under a copied file) fails the trial with the reason, never scores it."""
+    """The environment's set-up (Harbor's log directories and the working directory, made by the
+    sandbox's create; the modes of copied files, at the head of the first command) starts no
+    process of its own. The oracle still finds its working directory made and a copied file
+    executable, a command that exits 97 by itself (printing the set-up's marker, even) is not
+    taken for a failed set-up, a set-up that fails (a working directory the create does not take,
+    under a copied file) fails the trial with the reason, and so does a working directory the
+    create cannot make (under a file of the template); neither is ever scored."""
     deferred = tmp_path / "deferred"
     shutil.copytree(tasks["sh-0001"].path, deferred)
     env_dir = deferred / "environment"
@@ -305,11 +307,19 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
 
     broken = tmp_path / "broken-setup"
     shutil.copytree(deferred, broken)
-    (broken / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app/app.log/under\n"
+    # A trailing "/" is no normal path: the create leaves it to the set-up, which runs after the COPY.
+    (broken / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app/app.log/under/\n"
                                                       "COPY app/ /app/\n")
-    text = (broken / "task.toml").read_text().replace('workdir = "/srv/deep/work"', 'workdir = "/app/app.log/under"')
+    text = (broken / "task.toml").read_text().replace('workdir = "/srv/deep/work"', 'workdir = "/app/app.log/under/"')
     (broken / "task.toml").write_text(text)
     failed_setup = TaskRef("broken-setup", broken, "qa", "/app/answer.txt", TaskConfig.model_validate_toml(text))
+
+    unmade = tmp_path / "unmade-workdir"
+    shutil.copytree(deferred, unmade)
+    (unmade / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /usr/bin/env/under\n")
+    text = (unmade / "task.toml").read_text().replace('workdir = "/srv/deep/work"', 'workdir = "/usr/bin/env/under"')
+    (unmade / "task.toml").write_text(text)
+    refused_create = TaskRef("unmade-workdir", unmade, "qa", "/app/answer.txt", TaskConfig.model_validate_toml(text))
 
     own_97 = tmp_path / "exits-97"
     own_97.mkdir()
@@ -317,16 +327,19 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
     (own_97 / "harness.toml").write_text('[harness]\nname = "exits-97"\n'
                                          'install = "echo rsigym-sandbox-setup-failed >&2; exit 97"\nrun = "true"\n')
 
-    ok, nothing_ran, failed, exited = run(
+    ok, nothing_ran, failed, exited, refused = run(
         served.request(held, agent="oracle"),
         served.request(held, agent="nop"),  # no command before the agent's logs are read: set-up runs alone
         served.request(failed_setup, agent="oracle"),
         served.request(held, harness_dir=own_97),  # the install is the first command: set-up at its head
+        served.request(refused_create, agent="oracle"),
     )
     assert (ok.error, ok.reward) == (None, 1.0), ok
     assert (nothing_ran.error, nothing_ran.reward) == (None, 0.0), nothing_ran
     assert failed.reward is None and "could not prepare the sandbox" in (failed.error or ""), failed
     assert exited.reward is None and "install exited with code 97" in (exited.error or ""), exited
+    assert refused.reward is None and "/usr/bin/env/under" in (refused.error or "") \
+        and "could not make the sandbox's directories" in (refused.error or ""), refused
     assert served.running_sandboxes() == []
 
 

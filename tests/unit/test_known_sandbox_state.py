@@ -341,3 +341,78 @@ def test_a_write_makes_the_root_listing_stale(how: str, tmp_path: Path) -> None:
         _upload(env, tmp_path, "/data", {"f.txt": 0o644})
     asyncio.run(env.empty_dirs(["/data"], chmod=True))
     assert BaseEnvironment._empty_dirs_command(env, ["/data"], chmod=True) in _processes(log)[-1]
+
+
+def _created(dirs: dict[str, int | None], tree: dict[str, Any]) -> tuple[GymSandboxEnvironment, list[tuple[str, str]]]:
+    """An environment whose sandbox's create made ``dirs`` (the service's ``rsigymDirs``): the
+    tree holds what the create made, and the environment learns what its answer said."""
+    made = []
+    for path in dirs:
+        for parent in [*reversed(PurePosixPath(path).parents), PurePosixPath(path)]:
+            if str(parent) not in tree:
+                tree[str(parent)] = "dir"
+                made.append(str(parent))
+    env, log = _env(tree)
+    env._learn_made(dirs, made)
+    return env, log
+
+
+def test_directories_made_at_the_create_need_no_look_and_no_program(tmp_path: Path) -> None:
+    """Harbor's separate verifier on a sandbox whose create made ``/logs/verifier`` (777) and the
+    working directory ``/app``: the reset of the first is nothing at all; ``/logs/artifacts`` is
+    known absent (the create made ``/logs`` holding only ``verifier``) and ``/app`` known empty,
+    so no listing or look is taken, and the one process start sets up only what the create did
+    not: the artifacts directory, ``/app``'s mode 777 and test.sh's mode."""
+    env, log = _created({"/logs/verifier": 0o777, "/app": None}, {"/": "dir"})
+    asyncio.run(env.empty_dirs([PurePosixPath("/logs/verifier")], chmod=True))
+    asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))
+    _upload(env, tmp_path, "/logs/artifacts", {})
+    asyncio.run(env.empty_dirs(["/app"], chmod=True))
+    _upload(env, tmp_path, "/app", {"answer.txt": 0o644})
+    assert asyncio.run(env.exec(_rm_rewards(), user="root")).return_code == 0
+    _upload(env, tmp_path, "/tests", {"test.sh": 0o755})
+    assert asyncio.run(env.exec("chmod +x /tests/test.sh", user="root")).return_code == 0
+    asyncio.run(env.exec("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"))
+
+    assert [(kind, path) for kind, path in log if kind in ("stat", "list")] == []
+    (script,) = _processes(log)
+    head = script.split("\n", 1)[0]
+    assert "mkdir -p -- /logs/artifacts;" in head or "mkdir -p -- /logs/artifacts &&" in head
+    assert "/logs/verifier" not in head
+    assert "chmod 777 -- /logs/artifacts /app" in head and "chmod 755 -- /tests/test.sh" in head
+
+
+def test_an_agent_sandbox_where_nothing_ran_is_collected_without_a_call(tmp_path: Path) -> None:
+    """A nop agent: Harbor downloads the agent's logs and the artifacts, each after asking
+    whether it is a directory; all were made empty at the create and nothing ran since."""
+    env, log = _created({"/logs/agent": 0o777, "/logs/artifacts": 0o777, "/app": None}, {"/": "dir"})
+    asyncio.run(env.download_dir("/logs/agent", tmp_path / "agent"))
+    assert asyncio.run(env.is_dir("/logs/artifacts")) is True
+    asyncio.run(env.download_dir("/logs/artifacts", tmp_path / "artifacts"))
+    assert asyncio.run(env.is_dir("/app")) is True
+    asyncio.run(env.download_dir("/app", tmp_path / "app"))
+    assert log == [] and (tmp_path / "agent").is_dir() and not any((tmp_path / "app").iterdir())
+
+
+@pytest.mark.parametrize("change", ["process", "write", "chmod", "existed"])
+def test_what_the_create_made_is_not_trusted_after_anything_changed_it(change: str, tmp_path: Path) -> None:
+    """After a process start, a file written inside, or a mode deferred on it, a made directory's
+    emptiness and mode are no longer known; nor is a directory the create found already there."""
+    tree: dict[str, Any] = {"/": "dir"}
+    if change == "existed":
+        tree.update({"/app": "dir", "/app/old.txt": "file"})
+    env, log = _created({"/app": 0o777}, tree)
+    if change == "process":
+        asyncio.run(env.exec("true"))
+    elif change == "write":
+        asyncio.run(env.upload_file(_file(tmp_path, 0o644), "/app/new.txt"))
+    elif change == "chmod":
+        env._chmod({0o700: ["/app"]})
+    asyncio.run(env.download_dir("/app", tmp_path / "got"))
+    assert ("list", "/app") in log
+    asyncio.run(env.ensure_dirs(["/app"], chmod=True))
+    asyncio.run(env.exec("true"))
+    if change in ("process", "chmod"):  # the 777 the create gave may be gone
+        assert "chmod 777 -- /app" in _processes(log)[-1]
+    else:
+        assert "chmod 777" not in _processes(log)[-1]
