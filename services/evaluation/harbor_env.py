@@ -4,10 +4,12 @@ Harbor (``harbor.environments.base.BaseEnvironment``) runs a trial's agent and v
 environment it starts, execs in, and copies files to and from. This one is a gym sandbox:
 
 * **create** — a plain ``POST {gateway}/sandbox/v2/sandboxes`` with the trial's sandbox key
-  and the gym's ``rsigymDoor`` extension, which opens the sandbox's only way out: a loopback
+  and two gym extensions: ``rsigymDoor``, which opens the sandbox's only way out: a loopback
   port (``rsigymDoorUrl``) that leads to ``/inference/v1/*`` alone and puts the door key on
-  every request. The door key goes to the sandbox service in that body and never into the
-  sandbox; the sandbox sees only the URL.
+  every request (the door key goes to the sandbox service in that body and never into the
+  sandbox; the sandbox sees only the URL); and ``rsigymDirs``, Harbor's log directories (mode
+  777, what a Docker run bind-mounts) and the working directory, made inside the sandbox before
+  the create answers, which names every directory it made.
 * **drive** — the unmodified ``e2b`` SDK, its handle built from the create's answer as the SDK's
   own ``AsyncSandbox.create`` builds it (:func:`sdk_sandbox`; the gateway is its API and daemon
   URL), as Harbor's own E2B environment does: ``commands.run`` for exec, the files
@@ -20,14 +22,15 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   that needs a real image build (``RUN``, ``COPY --from``, a multi-stage file) is refused
   before any sandbox is created, rather than silently skipped.
 * **set-up** — what the environment does to the sandbox that nothing observes until a command
-  runs or a file is read (the working and log directories, directories an upload leaves empty,
-  the modes of uploaded executables) is deferred and run at the head of the next command, in
+  runs or a file is read (directories an upload leaves empty or Harbor resets, the modes of
+  uploaded executables) is deferred and run at the head of the next command, in
   the same process start, or alone just before a read (each start is ~15–25 ms of a trial).
 * **known answers** — the environment keeps what it knows of the sandbox's files since the last
-  process start (files it wrote, directories it found empty, whether any process ever ran) and
-  skips what that answers: Harbor's resets of directories that are absent or empty (a look by
-  the files API — one listing of "/" for every directory whose first component is missing —
-  the making deferred), ``chmod +x`` of a file it has just written, ``rm -f`` of
+  process start (files it wrote, directories it found empty or the create made, whether any
+  process ever ran) and skips what that answers: Harbor's resets of directories that are absent
+  or empty (no look for one the create made or made a parent of, else a look by the files API —
+  one listing of "/" for every directory whose first component is missing — the making
+  deferred), the listing of such a directory when Harbor collects it, ``chmod +x`` of a file it has just written, ``rm -f`` of
   files in a directory it has just found empty where nothing has ever run, the second listing
   of a directory ``is_dir`` has just listed, and the second read of a file it has just read —
   or the write of the very bytes it has just read back (Harbor reads the oracle's log, downloads
