@@ -5,9 +5,14 @@ bench's own environment, ``--litellm-python``; no database, one model ``teacher`
 stand-in as an OpenAI-compatible upstream, a master key so it checks auth) and the gym in its own
 process (served as ``rsigym up`` serves it, with the same ``teacher``: auth, policy, reserve/settle
 on SQLite, the OpenAI pass-through; bench/_common.py:gym_process), so no target shares the client's
-GIL. Then interleaves identical chat completions direct / LiteLLM / gym (the order rotates each round) with one sequential keep-alive httpx client per target, first plain, then
-``"stream": true``. Prints p50 / p99 of each target, what LiteLLM and the gym add over direct (paired
-per round) and the ratio gym-added / LiteLLM-added; for streams the same for time to first body byte
+GIL. A fourth target is the floor under any gateway on the gym's stack: a pass-through that only
+puts the provider's key on each call and relays it, served as the gym serves (uvicorn, the gym's
+h11 protocol) on the gym's provider client (aiohttp) — no auth, no policy, no ledger
+(bench/_passthrough.py). Then interleaves identical chat completions direct / LiteLLM / gym /
+floor (the order rotates each round) with one sequential keep-alive httpx client per target,
+first plain, then ``"stream": true``. Prints p50 / p99 of each target, what LiteLLM, the gym and the
+floor add over direct (paired per round), the ratio gym-added / LiteLLM-added, and what the gym
+adds over the floor (paired: its own work); for streams the same for time to first body byte
 (TTFB) and to the end of the stream (TTLB).
 
     python3.12 -m venv .bench-venv && .bench-venv/bin/pip install 'litellm[proxy]'   # once
@@ -47,7 +52,7 @@ model_list:
 general_settings:
   master_key: {master_key}
 """
-TARGETS = ("direct", "litellm", "gym")
+TARGETS = ("direct", "litellm", "gym", "floor")
 
 
 @dataclass
@@ -101,6 +106,30 @@ def litellm_proxy(python: Path, provider_url: str, provider_key: str, master_key
                 proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def passthrough_process(provider_url: str, provider_key: str) -> Iterator[str]:
+    """bench/_passthrough.py in its own process, relaying to the stand-in; stopped by its PID."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_passthrough.py"), str(port), provider_url,
+                             TEACHER_KEY_ENV], cwd=ROOT, env={**os.environ, TEACHER_KEY_ENV: provider_key},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the pass-through did not start") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def timed_call(client: httpx.Client, url: str, key: str, raw: bytes) -> float:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     t0 = time.perf_counter()
@@ -148,13 +177,17 @@ def rounds(calls: int, probes: dict[str, Callable[[], Any]]) -> dict[str, list[A
 
 def report(title: str, times: dict[str, list[float]]) -> None:
     direct = times["direct"]
-    added = {name: [t - d for t, d in zip(times[name], direct, strict=True)] for name in ("litellm", "gym")}
+    added = {name: [t - d for t, d in zip(times[name], direct, strict=True)] for name in ("litellm", "gym", "floor")}
+    over_floor = [g - f for g, f in zip(times["gym"], times["floor"], strict=True)]
     print(f"  {title}")
-    for name, label in (("direct", "direct to stand-in"), ("litellm", "via LiteLLM proxy"), ("gym", "via gym gateway")):
+    for name, label in (("direct", "direct to stand-in"), ("litellm", "via LiteLLM proxy"), ("gym", "via gym gateway"),
+                        ("floor", "via pass-through")):
         print(f"    {label:<19}: {summary(times[name])}")
-    for name, label in (("litellm", "LiteLLM added"), ("gym", "gym added")):
+    for name, label in (("litellm", "LiteLLM added"), ("gym", "gym added"), ("floor", "floor added")):
         print(f"    {label:<19}: p50 {pct(added[name], 50) * 1000:7.2f} ms  p99 {pct(added[name], 99) * 1000:7.2f} ms"
               "  (paired per round)")
+    print(f"    {'gym over the floor':<19}: p50 {pct(over_floor, 50) * 1000:7.2f} ms  p99 {pct(over_floor, 99) * 1000:7.2f} ms"
+          "  (paired per round: the gym's own work)")
     ratio = {q: pct(added["gym"], q) / pct(added["litellm"], q) if pct(added["litellm"], q) > 0 else float("nan")
              for q in (50, 99)}
     print(f"    ratio gym-added / LiteLLM-added: p50 {ratio[50]:.2f}  p99 {ratio[99]:.2f}")
@@ -187,14 +220,18 @@ def main() -> None:
     with standin_process(provider_key) as provider, \
             litellm_proxy(python, provider, provider_key, master_key) as proxy, \
             gym_process(teacher_config(provider), {TEACHER_KEY_ENV: provider_key}) as gym, \
-            httpx.Client(timeout=60) as c_direct, httpx.Client(timeout=60) as c_proxy, httpx.Client(timeout=60) as c_gym:
+            passthrough_process(provider, provider_key) as floor, \
+            httpx.Client(timeout=60) as c_direct, httpx.Client(timeout=60) as c_proxy, \
+            httpx.Client(timeout=60) as c_gym, httpx.Client(timeout=60) as c_floor:
         proxy.wait_ready()  # it started while the gym was built
         targets = {
             "direct": (c_direct, provider + CHAT, provider_key),
             "litellm": (c_proxy, proxy.url + CHAT, master_key),
             "gym": (c_gym, gym.url + "/rollout" + CHAT, gym.key),
+            "floor": (c_floor, floor + CHAT, "unused"),  # it checks no key: the floor of what checks them
         }
-        refused = {name: wrong_key_status(client, url, raw) for name, (client, url, _) in targets.items()}
+        refused = {name: wrong_key_status(client, url, raw) for name, (client, url, _) in targets.items()
+                   if name != "floor"}
 
         def plain(name: str) -> Callable[[], float]:
             client, url, key = targets[name]
@@ -215,7 +252,7 @@ def main() -> None:
         measured = time.monotonic() - started
         balance = c_gym.get(gym.url + "/v1/balance", headers={"Authorization": f"Bearer {gym.key}"}).json()
 
-    print(f"gateway vs LiteLLM proxy: {args.calls} rounds per mode (direct / LiteLLM / gym interleaved, "
+    print(f"gateway vs LiteLLM proxy: {args.calls} rounds per mode (direct / LiteLLM / gym / floor interleaved, "
           f"sequential keep-alive clients), {measured:.1f} s measured after {startup:.1f} s of start-up and warm-up")
     print(f"  machine: {os.cpu_count()} CPUs, 1-min load average {load_before:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")

@@ -1,0 +1,64 @@
+"""The floor under any gateway on the gym's stack: a pass-through that does nothing but relay.
+
+Served as the gym serves (uvicorn, the gym's h11 protocol and its options), it takes each
+``POST /v1/chat/completions``, puts the provider's key on it (the one thing any proxy must do),
+sends it to the upstream on one pooled aiohttp session (the gym's provider client), and relays
+the answer as it arrives (status, content type, body chunk by chunk): no authentication, no
+policy, no ledger, no metering, no logs. What it adds over a direct call is what the server and
+client stack alone add on this box — the part of the gym's added latency no work of the gym's
+can remove.
+
+    python bench/_passthrough.py PORT UPSTREAM_URL KEY_ENV
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+from services.core.body_limits import server_options
+from services.core.config import GymConfig
+
+
+class PassThrough:
+    def __init__(self, upstream: str, key: str):
+        self.url = upstream.rstrip("/") + "/v1/chat/completions"
+        self.key = key
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            if self.session is not None:
+                await self.session.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if self.session is None:
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        async with self.session.post(self.url, data=body, headers=headers) as upstream:
+            await send({"type": "http.response.start", "status": upstream.status,
+                        "headers": [(b"content-type", upstream.headers.get("content-type", "").encode())]})
+            async for chunk in upstream.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def main() -> None:
+    port, upstream, key_env = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    uvicorn.run(PassThrough(upstream, os.environ[key_env]), host="127.0.0.1", port=port, log_level="warning",
+                access_log=False, **server_options(GymConfig()))
+
+
+if __name__ == "__main__":
+    main()
