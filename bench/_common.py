@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,22 +33,29 @@ if TYPE_CHECKING:
 @contextlib.contextmanager
 def standin_process(api_key: str) -> Iterator[str]:
     """The stand-in provider in its own process (so it does not share the bench's GIL)."""
+    with server_process(lambda port: [sys.executable, "-m", "gateway.cli.main", "standin", "--port", str(port),
+                                      "--api-key-env", "BENCH_STANDIN_KEY"],
+                        {"BENCH_STANDIN_KEY": api_key}, "/v1/models", "stand-in provider") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(argv: Callable[[int], list[str]], env: dict[str, str], probe: str, what: str) -> Iterator[str]:
+    """``argv(port)`` run from the repository root with ``env`` added to this environment, until
+    any answer to ``GET {url}{probe}``; stopped by its PID when the block ends."""
     port = free_port()
-    env = {**os.environ, "BENCH_STANDIN_KEY": api_key}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "standin", "--port", str(port), "--api-key-env", "BENCH_STANDIN_KEY"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen(argv(port), cwd=ROOT, env={**os.environ, **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                httpx.get(url + "/v1/models", timeout=1)
+                httpx.get(url + probe, timeout=1)
                 break
             except httpx.HTTPError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("stand-in provider did not start") from None
+                    raise RuntimeError(f"{what} did not start") from None
                 time.sleep(0.2)
         yield url
     finally:
@@ -158,4 +165,4 @@ def summary(values: list[float]) -> str:
 
 
 __all__ = ["BENCH_ADMIN_TOKEN", "PG_URL", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "embedded_gym",
-           "free_port", "fresh_pg_schema", "gym_process", "pct", "serve", "standin_process", "summary", "teacher_config"]
+           "free_port", "fresh_pg_schema", "gym_process", "pct", "serve", "server_process", "standin_process", "summary", "teacher_config"]

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, TEACHER_KEY_ENV, free_port, gym_process, pct, standin_process, summary, teacher_config
+from _common import (ROOT, TEACHER_KEY_ENV, free_port, gym_process, pct, server_process, standin_process, summary,
+                     teacher_config)
 
 import httpx
 
@@ -109,25 +110,10 @@ def litellm_proxy(python: Path, provider_url: str, provider_key: str, master_key
 @contextlib.contextmanager
 def passthrough_process(provider_url: str, provider_key: str) -> Iterator[str]:
     """bench/_passthrough.py in its own process, relaying to the stand-in; stopped by its PID."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "_passthrough.py"), str(port), provider_url,
-                             TEACHER_KEY_ENV], cwd=ROOT, env={**os.environ, TEACHER_KEY_ENV: provider_key},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(url + "/", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the pass-through did not start") from None
-                time.sleep(0.2)
+    with server_process(lambda port: [sys.executable, str(ROOT / "bench" / "_passthrough.py"), str(port), provider_url,
+                                      TEACHER_KEY_ENV],
+                        {TEACHER_KEY_ENV: provider_key}, "/", "the pass-through") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def timed_call(client: httpx.Client, url: str, key: str, raw: bytes) -> float:

@@ -144,12 +144,9 @@ def _rm_rewards() -> str:  # as Harbor's Verifier._remove_reward_files builds it
     return "rm -f -- " + " ".join(shlex.quote(p) for p in ("/logs/verifier/reward.txt", "/logs/verifier/reward.json"))
 
 
-def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_start(tmp_path: Path) -> None:
+def _harbor_verifier(env: GymSandboxEnvironment, tmp_path: Path) -> None:
     """Harbor's separate verifier, in its order: three resets, the artifacts, the removal of stale
-    rewards, the tests, ``chmod +x`` of test.sh, test.sh. Nothing to remove anywhere: one listing
-    of "/" (neither ``/logs`` nor ``/app`` is there, so none of the three is) and one process
-    start, which makes the directories and sets their modes before the test runs."""
-    env, log = _env({"/": "dir"})
+    rewards, the tests, ``chmod +x`` of test.sh, test.sh."""
     asyncio.run(env.empty_dirs([PurePosixPath("/logs/verifier")], chmod=True))
     asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))
     _upload(env, tmp_path, "/logs/artifacts", {})
@@ -159,6 +156,15 @@ def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_st
     _upload(env, tmp_path, "/tests", {"test.sh": 0o755})
     assert asyncio.run(env.exec("chmod +x /tests/test.sh", user="root")).return_code == 0
     asyncio.run(env.exec("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"))
+
+
+def test_a_fresh_verifier_sandbox_is_reset_filled_and_verified_in_one_process_start(tmp_path: Path) -> None:
+    """Harbor's separate verifier, in its order: three resets, the artifacts, the removal of stale
+    rewards, the tests, ``chmod +x`` of test.sh, test.sh. Nothing to remove anywhere: one listing
+    of "/" (neither ``/logs`` nor ``/app`` is there, so none of the three is) and one process
+    start, which makes the directories and sets their modes before the test runs."""
+    env, log = _env({"/": "dir"})
+    _harbor_verifier(env, tmp_path)
 
     assert [(kind, path) for kind, path in log if kind in ("stat", "list")] == [("list", "/")]
     (script,) = _processes(log)
@@ -364,15 +370,7 @@ def test_directories_made_at_the_create_need_no_look_and_no_program(tmp_path: Pa
     so no listing or look is taken, and the one process start sets up only what the create did
     not: the artifacts directory, ``/app``'s mode 777 and test.sh's mode."""
     env, log = _created({"/logs/verifier": 0o777, "/app": None}, {"/": "dir"})
-    asyncio.run(env.empty_dirs([PurePosixPath("/logs/verifier")], chmod=True))
-    asyncio.run(env.empty_dirs(["/logs/artifacts"], chmod=True))
-    _upload(env, tmp_path, "/logs/artifacts", {})
-    asyncio.run(env.empty_dirs(["/app"], chmod=True))
-    _upload(env, tmp_path, "/app", {"answer.txt": 0o644})
-    assert asyncio.run(env.exec(_rm_rewards(), user="root")).return_code == 0
-    _upload(env, tmp_path, "/tests", {"test.sh": 0o755})
-    assert asyncio.run(env.exec("chmod +x /tests/test.sh", user="root")).return_code == 0
-    asyncio.run(env.exec("/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"))
+    _harbor_verifier(env, tmp_path)
 
     assert [(kind, path) for kind, path in log if kind in ("stat", "list")] == []
     (script,) = _processes(log)
