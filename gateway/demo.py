@@ -125,6 +125,10 @@ def _evaluate(gym: Gym, base: str, checkpoint: str, tasks: int = 30) -> tuple[fl
             done[m] = gym.evaluation.wait(job.id, timeout=900)
     for m, job in done.items():
         console.print(f"evaluation {job.id}: {m} + minimal → {job.score:.3f} ({job.progress.done} trials)")
+        unverified = [r.error for r in gym.evaluation.results(job.id) if r.reward is None]
+        if job.status != "succeeded" or job.progress.done != job.progress.total or unverified:
+            raise SystemExit(f"evaluation {job.id} ended {job.status} with {len(unverified)} trials unverified: "
+                             f"{unverified[:1]}")
     return done[base].score or 0.0, done[checkpoint].score or 0.0
 
 
@@ -268,9 +272,13 @@ max_context = 2048
         charts = sorted(p.name for p in (data / "report").glob("*.png"))
         console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
                       f"${gym.balance().spent_usd - spent_before_scoring:.6f}")
+        # The checkpoint must beat the base on the 50 held-out questions, and through the harness on
+        # the benchmark: strictly over the full run's 30 tasks; a shortened run's few tasks are a coin
+        # flip for a checkpoint right on ~1 in 5 (all 4 missed: p ~ 0.45), so there it must not lose.
+        evaluated = tuned_eval > base_eval if tasks_per_split is None else tuned_eval >= base_eval
         ok = (balance.spent_usd <= balance.budget_usd and balance.reserved_usd == 0 and refused is not None
               and audited["status"] == "accepted"
-              and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc and tuned_eval > base_eval
+              and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc and evaluated
               and (data / "report" / "report.json").exists() and charts
               and gym.balance().spent_usd == spent_before_scoring)
         console.rule("[green]demo passed" if ok else "[red]demo failed")
