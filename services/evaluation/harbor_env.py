@@ -543,6 +543,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         self.door_url = view.get("rsigymDoorUrl")
         self._sandbox = sdk_sandbox(view, api_key=credentials.sandbox_key, api_url=f"{self._gateway}/sandbox",
                                     sandbox_url=f"{self._gateway}/sandbox/envd")
+        if not isinstance(view.get("rsigymDirsMade"), list):
+            made_at_create = {}  # not made (a service that ignores the extension): the set-up makes them
         self._learn_made(made_at_create, [str(d) for d in view.get("rsigymDirsMade") or ()])
         rest = [d for d in wanted if d not in made_at_create]
         if rest:
