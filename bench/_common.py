@@ -131,7 +131,8 @@ def gym_process(config_toml: str, env: dict[str, str] | None = None,
     saved = {name: os.environ.get(name) for name in env or {}}
     os.environ.update(env or {})  # the child inherits it; put back below
     try:
-        with start(Path(tempfile.mkdtemp(prefix="rsigym-bench-")), config_toml) as gym:
+        with tempfile.TemporaryDirectory(prefix="rsigym-bench-", ignore_cleanup_errors=True) as data, \
+                start(Path(data), config_toml) as gym:  # the process stops before its data dir goes
             r = httpx.post(f"{gym.url}/admin/v1/keys",
                            json=key_request or {"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
                            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)

@@ -47,7 +47,8 @@ def main() -> None:
         gyms: list[tuple[str, str, str]] = []
         for tree in (args.a, args.b):
             started.ROOT = tree.resolve()  # the gym's process runs from this tree's code
-            gym = stack.enter_context(started.gym_process(Path(tempfile.mkdtemp(prefix="rsigym-ab-")),
+            data = stack.enter_context(tempfile.TemporaryDirectory(prefix="rsigym-ab-", ignore_cleanup_errors=True))
+            gym = stack.enter_context(started.gym_process(Path(data),
                                                           teacher_config(provider)))
             r = client.post(f"{gym.url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
                             headers={"Authorization": f"Bearer {started.ADMIN_TOKEN}"})
