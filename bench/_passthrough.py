@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import uvicorn
+from starlette.requests import Request
 
 from services.core.body_limits import server_options
 from services.core.config import GymConfig
@@ -38,11 +39,7 @@ class PassThrough:
                 await self.session.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
+        body = await Request(scope, receive).body()
         if self.session is None:
             self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}

@@ -82,6 +82,8 @@ from harbor.utils.path_safety import validate_output_path
 from packaging.version import Version
 from pydantic import Field
 
+from services.sandbox.schemas import MAX_DIRS, normal_dir_path
+
 ENVIRONMENT_TYPE = "rsigym-sandbox"
 CREATE_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=60.0)
 _CLEANUP_TIMEOUT = httpx.Timeout(10.0, read=30.0)
@@ -352,8 +354,6 @@ def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
 
 
 _MKDIR = "command -p mkdir -p"
-DIRS_AT_CREATE = 32
-"""The most directories a sandbox create makes (``rsigymDirs``); more go the deferred way."""
 
 
 @dataclass(frozen=True)
@@ -393,12 +393,6 @@ def setup_script(steps: list[_Step]) -> str:
         for i in range(0, len(paths), _ARGS_PER_COMMAND):
             lines.append(_Step(command, tuple(paths[i:i + _ARGS_PER_COMMAND])).shell)
     return " && ".join(lines)
-
-
-def _normal_absolute(path: str) -> bool:
-    """What the sandbox service takes as a directory to make at create (services/sandbox/schemas.py)."""
-    return path.startswith("/") and not path.startswith("//") and posixpath.normpath(path) == path \
-        and "\0" not in path and len(path) <= 1024 and path != "/"
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -533,8 +527,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         wanted: dict[str, int | None] = {d: 0o777 for d in logs}
         if self.workdir:
             wanted.setdefault(self.workdir, None)
-        made_at_create = {d: mode for d, mode in wanted.items() if _normal_absolute(d)}
-        if len(made_at_create) > DIRS_AT_CREATE:
+        made_at_create = {d: mode for d, mode in wanted.items() if normal_dir_path(d)}
+        if len(made_at_create) > MAX_DIRS:  # more than one create makes: all the deferred way
             made_at_create = {}
 
         self._trial = trial

@@ -14,6 +14,18 @@ class DoorRequest(BaseModel):
     """The key the door puts on every request it lets through (never shown to the sandbox)."""
 
 
+MAX_DIRS = 32
+"""The most directories one create makes (``rsigymDirs``)."""
+MAX_DIR_PATH = 1024
+
+
+def normal_dir_path(path: str) -> bool:
+    """Whether ``path`` is one ``rsigymDirs`` takes: absolute and normal (no ``..``, ``.``, ``//``
+    or trailing ``/``), not "/" itself, no NUL, at most :data:`MAX_DIR_PATH` characters."""
+    return (1 < len(path) <= MAX_DIR_PATH and path.startswith("/") and not path.startswith("//")
+            and posixpath.normpath(path) == path and "\0" not in path)
+
+
 class DirRequest(BaseModel):
     """A directory the sandbox starts with (the gym's extension ``rsigymDirs``): what a Docker
     run's mount points are to a container, and what Harbor would otherwise make with its first
@@ -21,15 +33,16 @@ class DirRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(min_length=2, max_length=1024)
+    path: str
     mode: int | None = Field(default=None, ge=0, le=0o777)
     """Permission bits (a JSON number: 511 is 0o777); none: the sandbox's default."""
 
     @field_validator("path")
     @classmethod
     def _normal_absolute(cls, path: str) -> str:
-        if not path.startswith("/") or path.startswith("//") or posixpath.normpath(path) != path or "\0" in path:
-            raise ValueError("must be a normal absolute path (no '..', '.', '//' or trailing '/')")
+        if not normal_dir_path(path):
+            raise ValueError(f"must be a normal absolute path (no '..', '.', '//' or trailing '/'), "
+                             f"at most {MAX_DIR_PATH} characters")
         return path
 
 
@@ -47,5 +60,5 @@ class CreateSandbox(BaseModel):
     auto_pause: bool | None = Field(default=None, alias="autoPause")
     rsigym_door: DoorRequest | None = Field(default=None, alias="rsigymDoor")
     """The gym's extension: a model door (keys with a platform-granted ``door`` only)."""
-    rsigym_dirs: list[DirRequest] = Field(default_factory=list, alias="rsigymDirs", max_length=32)
+    rsigym_dirs: list[DirRequest] = Field(default_factory=list, alias="rsigymDirs", max_length=MAX_DIRS)
     """The gym's extension: directories made (and given their modes) before the create answers."""

@@ -142,9 +142,13 @@ def test_directories_made_at_create_are_the_sandboxs_own(served: tuple[str, Any]
             sbx.kill()
         assert not os.path.exists(marker)  # made in the sandbox, not on the host
 
+        # /run/rsigym is the one directory the gym's host side binds writable into a sandbox (its
+        # agent's socket; root's, 0711, once the agent is ready): nothing may be made or opened there.
         for dirs, said in (([{"path": "/usr/bin/env/under"}], "/usr/bin/env/under"),
                            ([{"path": "/tmp/../etc/x"}], "normal absolute path"),
-                           ([{"path": "/app", "mode": 0o4777}], "less than or equal")):
+                           ([{"path": "/app", "mode": 0o4777}], "less than or equal"),
+                           ([{"path": "/run/rsigym/planted"}], "permission denied"),
+                           ([{"path": "/run/rsigym", "mode": 0o777}], "permission denied")):
             r = c.post("/sandbox/v2/sandboxes", json={"templateID": "base", "rsigymDirs": dirs},
                        headers={"X-API-Key": key})
             assert r.status_code == 422, r.text
@@ -155,6 +159,8 @@ def test_directories_made_at_create_are_the_sandboxs_own(served: tuple[str, Any]
         assert balance["reserved_usd"] == 0, balance
         service = gym.service_apps["sandbox"].state.sandbox
         assert service.slots.in_flight(made_key["id"], SLOT_SERVICE) == 0
+        planted = [root for root, dirs, _ in os.walk(service.backend.root) if "planted" in dirs]
+        assert planted == []  # nothing reached the host's side of the bind
 
 
 def test_the_file_routes_refuse_in_the_standard_shape(served: tuple[str, Any]) -> None:
