@@ -69,9 +69,10 @@ def _naive_utc(value: datetime) -> datetime:
 def _sqlite_utc_text(value: datetime | None) -> str | None:
     if value is None:
         return None
-    value = _naive_utc(value)
-    return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031 - the fastest of the forms measured
-        value.year, value.month, value.day, value.hour, value.minute, value.second, value.microsecond)
+    if value.tzinfo is not UTC:
+        value = _naive_utc(value)
+    # The fastest of the forms measured (C's isoformat; an aware UTC value's "+00:00" cut off).
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 class Base(DeclarativeBase):

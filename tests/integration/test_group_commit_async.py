@@ -257,6 +257,50 @@ def test_a_coroutine_that_waits_too_long_is_refused_and_its_work_never_runs(stor
     assert loop.start(reserve(ledger, key, 100)).result(30).estimate_nusd == 100  # the store goes on
 
 
+def test_callers_that_wait_too_long_are_each_refused_after_their_own_wait_on_every_loop(
+    store: Store, loop: Loop
+) -> None:
+    """One watch per event loop refuses its callers (not one timer per call): two loops, callers
+    arriving at different times behind a stuck leader. Each is refused once its own wait is over,
+    not before; a caller that arrives after the others were refused is refused too (the watch is
+    armed again), and none of their work ever runs."""
+    ledger = Ledger(store)
+    key = make_key(store, 10_000)
+    store.group.wait_s = 0.4
+    other = Loop()
+    callers = Callers()
+    try:
+        with held_leader(store, callers):
+            started = {}
+
+            def late(on: Loop, estimate: int) -> Any:
+                async def timed() -> float:
+                    begun = asyncio.get_running_loop().time()
+                    try:
+                        await reserve(ledger, key, estimate)
+                    except StoreUnavailable:
+                        return asyncio.get_running_loop().time() - begun
+                    raise AssertionError("a reservation ran behind a stuck leader")
+                started[estimate] = on.start(timed())
+                return started[estimate]
+
+            late(loop, 1)
+            late(other, 2)
+            wait_until(lambda: queued(store) == 2)
+            threading.Event().wait(0.2)
+            late(loop, 3)  # half a wait behind the first on the same loop
+            waited = {estimate: future.result(30) for estimate, future in started.items()}
+            assert all(0.4 <= w < 0.4 + 0.5 for w in waited.values()), waited
+            assert queued(store) == 0
+            again = late(other, 4)  # the other loop's watch has fired; a new one refuses this
+            assert 0.4 <= again.result(30) < 0.9
+            assert queued(store) == 0
+        callers.join()
+    finally:
+        other.close()
+    assert account(store, key) == (0, 0) and entries(store) == []
+
+
 def test_the_writer_thread_leaves_when_idle_and_a_new_one_serves(
     store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
