@@ -52,6 +52,8 @@ T = TypeVar("T")
 log = logging.getLogger("rsigym.store")
 WRITER_IDLE_S = 5.0
 """The writer thread leaves after this long with nothing to lead (a new one starts when needed)."""
+KEEP_IDLE_S = 1.0
+"""The writer thread gives its kept connection back to the pool after this long without a batch."""
 SWEEP_GRAIN_S = 0.05
 """A coroutine caller whose wait is over is refused within this much after it (see :meth:`GroupCommit._sweep`)."""
 
@@ -283,16 +285,20 @@ class GroupCommit:
             self._writer_turn.set()
 
     def _write(self) -> None:
-        """The writer thread: leads whenever handed the lead; leaves after WRITER_IDLE_S without."""
-        while True:
-            if not self._writer_turn.wait(WRITER_IDLE_S):
-                with self._lock:
-                    if not self._writer_turn.is_set():
-                        self._writer = None
-                        return
-                continue
-            self._writer_turn.clear()
-            self._lead()
+        """The writer thread: leads whenever handed the lead; leaves after WRITER_IDLE_S without.
+        Its batches share one pooled connection while it lives (:meth:`Store.keeping_connection`)."""
+        with self._store.keeping_connection():
+            while True:
+                if not self._writer_turn.wait(KEEP_IDLE_S):
+                    self._store.release_kept()  # idle: the connection goes back (to be tested when taken again)
+                    if not self._writer_turn.wait(WRITER_IDLE_S - KEEP_IDLE_S):
+                        with self._lock:
+                            if not self._writer_turn.is_set():
+                                self._writer = None
+                                return
+                        continue
+                self._writer_turn.clear()
+                self._lead()
 
     def _await(self, unit: _Unit[Any]) -> bool:
         """Wait until the unit is done (False) or this caller is to lead (True)."""

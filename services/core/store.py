@@ -348,7 +348,8 @@ class Store:
         SQLAlchemy's (so :meth:`guard` refuses with 503 ``store_unavailable``), a connection
         lost mid-call invalidated, not pooled again."""
         with self.guard(), self._turn():
-            conn = self._connection()
+            keep = self._held.depth == 1 and getattr(self._held, "keep", False)
+            conn = self._kept() if keep else self._connection()
             try:
                 try:
                     if self._writer is not None:
@@ -367,7 +368,25 @@ class Store:
                         conn.rollback()
                 raise
             finally:
-                conn.close()
+                if not keep:
+                    conn.close()
+                elif not conn.is_valid:  # lost: the next transaction takes a fresh one from the pool
+                    self._held.kept = None
+                    conn.close()
+
+    @contextlib.contextmanager
+    def keeping_connection(self) -> Iterator[None]:
+        """Inside, this thread's :meth:`begin` transactions share one pooled connection, taken
+        at the first and given back here, instead of one checkout (and, on PostgreSQL, one
+        pre-ping round trip) each: for the store's writer thread (services/core/group_commit.py),
+        which runs one batch after another. Only the outermost transaction uses it; one found
+        lost is replaced at the next."""
+        self._held.keep, self._held.kept = True, None
+        try:
+            yield
+        finally:
+            self._held.keep = False
+            self.release_kept()
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Work]:
@@ -380,6 +399,22 @@ class Store:
                 yield Work(self, conn)
             finally:
                 conn.close()
+
+    def _kept(self) -> PoolProxiedConnection:
+        """This thread's kept connection (:meth:`keeping_connection`), taken from the pool (and
+        tested there, PostgreSQL's pre-ping) when it has none."""
+        kept = self._held.kept
+        if kept is None:
+            kept = self._held.kept = self._connection()
+        return kept
+
+    def release_kept(self) -> None:
+        """Give this thread's kept connection back to the pool (it stays in keeping mode: the next
+        transaction takes one again). The writer thread does when it has been idle a while, so a
+        connection the server dropped meanwhile is found by the pool's test, not by a batch."""
+        kept, self._held.kept = getattr(self._held, "kept", None), None
+        if kept is not None:
+            kept.close()
 
     def _connection(self) -> PoolProxiedConnection:
         """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`)."""

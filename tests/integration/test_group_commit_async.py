@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select
 
 from services.core import group_commit
 from services.core.errors import BudgetExhausted, StoreUnavailable
 from services.core.ledger import Ledger, Reservation
 from services.core.store import Store, Work
 from services.core.tables import LedgerEntry
+from tests.conftest import PG_URL
 from tests.integration.test_group_commit import Callers, held_leader, queued, wait_until
 from tests.integration.test_ledger import account, make_key
 
@@ -299,6 +300,51 @@ def test_callers_that_wait_too_long_are_each_refused_after_their_own_wait_on_eve
     finally:
         other.close()
     assert account(store, key) == (0, 0) and entries(store) == []
+
+
+BACKEND_PID = select(func.pg_backend_pid())
+
+
+def test_the_writer_keeps_one_connection_between_batches_and_a_dropped_one_never_fails_a_call(
+    store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread runs batch after batch on one connection; idle, it gives it back, so a
+    connection the server dropped meanwhile is caught by the pool's test, not by a caller. One
+    dropped while kept fails at most the batch that meets it (503, nothing held), and the next
+    call is served."""
+    if store.dialect != "postgresql":
+        pytest.skip("needs a server whose connection can be dropped")
+    import psycopg
+
+    monkeypatch.setattr(group_commit, "KEEP_IDLE_S", 0.2)
+    ledger = Ledger(store)
+    key = make_key(store, 10_000)
+
+    def backend() -> int:
+        return int(loop.start(store.batched_async(lambda work: work.one(BACKEND_PID, {})[0])).result(30))
+
+    def drop(pid: int) -> None:
+        dsn = make_url(PG_URL).set(drivername="postgresql").render_as_string(hide_password=False)
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+
+    first = backend()
+    assert backend() == first  # kept: the same connection for the next batch
+    threading.Event().wait(0.6)  # idle past KEEP_IDLE_S: given back to the pool
+    drop(first)
+    assert loop.start(reserve(ledger, key, 100)).result(30).estimate_nusd == 100  # no caller met it
+    assert backend() != first
+
+    kept = backend()
+    drop(kept)  # while kept: the next batch meets it
+    try:
+        loop.start(reserve(ledger, key, 200)).result(30)
+        met = False
+    except StoreUnavailable:
+        met = True
+    assert loop.start(reserve(ledger, key, 400)).result(30).estimate_nusd == 400
+    assert backend() != kept
+    assert account(store, key) == (0, 100 + (0 if met else 200) + 400)
 
 
 def test_the_writer_thread_leaves_when_idle_and_a_new_one_serves(
