@@ -63,6 +63,14 @@ def server_process(argv: Callable[[int], list[str]], env: dict[str, str], probe:
         proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def bench_dir(prefix: str = "rsigym-bench-") -> Iterator[Path]:
+    """A data directory for one bench run, removed when the block ends (close the gym or store
+    on it inside the block)."""
+    with tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True) as data:
+        yield Path(data)
+
+
 TEACHER_KEY_ENV = "BENCH_TEACHER_KEY"
 """The env name the gym's (and the LiteLLM proxy's) "teacher" model reads the stand-in's key from."""
 BENCH_ADMIN_TOKEN = "bench-admin"
@@ -90,15 +98,15 @@ def embedded_gym(provider_url: str, provider_key: str, store: Store | None = Non
     config = GymConfig.model_validate({"rollout": {"models": [{
         "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider_url + "/v1",
         "api_key_env": TEACHER_KEY_ENV, "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}]}})
-    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-    settings = GymSettings(data_dir=data, admin_token=BENCH_ADMIN_TOKEN, internal_secret=secrets.token_hex(16))
-    gym = build_embedded(settings, config=config, store=store,
-                         provider_secrets=ProviderSecrets({TEACHER_KEY_ENV: provider_key}), run_reaper=False)
-    with serve(gym.app) as url:
-        r = httpx.post(f"{url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
-                       headers={"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}, timeout=60)
-        r.raise_for_status()
-        yield BenchGym(gym=gym, settings=settings, url=url, key=r.json()["key"])
+    with bench_dir() as data:
+        settings = GymSettings(data_dir=data, admin_token=BENCH_ADMIN_TOKEN, internal_secret=secrets.token_hex(16))
+        gym = build_embedded(settings, config=config, store=store,
+                             provider_secrets=ProviderSecrets({TEACHER_KEY_ENV: provider_key}), run_reaper=False)
+        with serve(gym.app) as url:
+            r = httpx.post(f"{url}/admin/v1/keys", json={"policy": {"services": {"rollout": {}}}, "budget_usd": 1000},
+                           headers={"Authorization": f"Bearer {BENCH_ADMIN_TOKEN}"}, timeout=60)
+            r.raise_for_status()
+            yield BenchGym(gym=gym, settings=settings, url=url, key=r.json()["key"])
 
 
 @dataclass
@@ -165,5 +173,5 @@ def summary(values: list[float]) -> str:
     return f"p50 {pct(values, 50) * 1000:7.2f} ms  p99 {pct(values, 99) * 1000:7.2f} ms  mean {statistics.mean(values) * 1000:7.2f} ms"
 
 
-__all__ = ["BENCH_ADMIN_TOKEN", "PG_URL", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "embedded_gym",
+__all__ = ["BENCH_ADMIN_TOKEN", "PG_URL", "ROOT", "TEACHER_KEY_ENV", "BenchGym", "BenchGymProcess", "bench_dir", "embedded_gym",
            "free_port", "fresh_pg_schema", "gym_process", "pct", "serve", "server_process", "standin_process", "summary", "teacher_config"]

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, serve
+from _common import ROOT, bench_dir, serve
 
 import httpx
 
@@ -44,29 +43,29 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=5)
     parser.add_argument("--models-dir", type=Path, default=default_models_dir())
     args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-    gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin", models_dir=args.models_dir),
-                         provider_secrets=ProviderSecrets({}), run_reaper=False)
-    with serve(gym.app) as url, httpx.Client(base_url=url, timeout=300) as http:
-        admin = {"Authorization": "Bearer bench-admin"}
-        key = http.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 100}, headers=admin).json()["key"]
-        auth = {"Authorization": f"Bearer {key}"}
-        ds = http.post("/training/v1/datasets", content=ROWS.encode(), headers=auth).json()["id"]
-        for _ in range(3):
-            first_token_s(http, key, "tiny")  # warm the base model
-        base_times, ckpt_times = [], []
-        for i in range(args.checkpoints):
-            known = {c["id"] for c in http.get("/training/v1/checkpoints", headers=auth).json()["data"]}
-            http.post("/training/v1/jobs", headers=auth, json={"datasets": [ds], "base_model": "tiny", "steps": 1,
-                                                                "batch_size": 4, "max_length": 32, "seed": i})
-            while True:
-                fresh = [c["id"] for c in http.get("/training/v1/checkpoints", headers=auth).json()["data"] if c["id"] not in known]
-                if fresh:
-                    break
-                time.sleep(0.005)
-            ckpt_times.append(first_token_s(http, key, fresh[0]))
-            base_times.append(first_token_s(http, key, "tiny"))
-    gym.service_apps["training"].state.training.runner.shutdown()
+    with bench_dir() as data:
+        gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin", models_dir=args.models_dir),
+                             provider_secrets=ProviderSecrets({}), run_reaper=False)
+        with serve(gym.app) as url, httpx.Client(base_url=url, timeout=300) as http:
+            admin = {"Authorization": "Bearer bench-admin"}
+            key = http.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 100}, headers=admin).json()["key"]
+            auth = {"Authorization": f"Bearer {key}"}
+            ds = http.post("/training/v1/datasets", content=ROWS.encode(), headers=auth).json()["id"]
+            for _ in range(3):
+                first_token_s(http, key, "tiny")  # warm the base model
+            base_times, ckpt_times = [], []
+            for i in range(args.checkpoints):
+                known = {c["id"] for c in http.get("/training/v1/checkpoints", headers=auth).json()["data"]}
+                http.post("/training/v1/jobs", headers=auth, json={"datasets": [ds], "base_model": "tiny", "steps": 1,
+                                                                    "batch_size": 4, "max_length": 32, "seed": i})
+                while True:
+                    fresh = [c["id"] for c in http.get("/training/v1/checkpoints", headers=auth).json()["data"] if c["id"] not in known]
+                    if fresh:
+                        break
+                    time.sleep(0.005)
+                ckpt_times.append(first_token_s(http, key, fresh[0]))
+                base_times.append(first_token_s(http, key, "tiny"))
+        gym.service_apps["training"].state.training.runner.shutdown()
     med_c, med_b = statistics.median(ckpt_times), statistics.median(base_times)
     print(f"checkpoint first token, {args.checkpoints} fresh checkpoints (tiny base, embedded gym, through the gateway)")
     print(f"  fresh checkpoint: median {med_c * 1000:7.1f} ms  max {max(ckpt_times) * 1000:7.1f} ms")

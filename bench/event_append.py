@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import secrets
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-from _common import PG_URL, ROOT, fresh_pg_schema, summary
+from _common import PG_URL, ROOT, bench_dir, fresh_pg_schema, summary
 
 from services.core.events import TRAINING_JOB, EventLog
 from services.core.settings import StoreSettings
@@ -33,10 +31,11 @@ from services.core.store import Store, sqlite_url
 @contextlib.contextmanager
 def store_of(kind: str) -> Iterator[Store]:
     if kind == "sqlite":
-        store = Store(sqlite_url(Path(tempfile.mkdtemp(prefix="rsigym-bench-"))), StoreSettings())
-        store.migrate()
-        yield store
-        store.dispose()
+        with bench_dir() as data:
+            store = Store(sqlite_url(data), StoreSettings())
+            store.migrate()
+            yield store
+            store.dispose()
         return
     with fresh_pg_schema() as schema:
         store = Store(PG_URL, StoreSettings(), schema=schema)

@@ -27,14 +27,13 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, serve
+from _common import ROOT, bench_dir, serve
 
 import httpx
 
@@ -97,25 +96,25 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    data = Path(tempfile.mkdtemp(prefix="rsigym-bench-"))
-    gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin", models_dir=args.models_dir),
-                         provider_secrets=ProviderSecrets({}), run_reaper=False)
-    engine = gym.service_apps["inference"].state.inference.engine.engines["local"]
-    bodies = [{"model": "tiny", "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-               "max_tokens": args.max_tokens, "temperature": 0,
-               "min_tokens": args.max_tokens if args.min_tokens is None else args.min_tokens}
-              for i in range(args.requests)]
-    with serve(gym.app) as url:
-        admin = {"Authorization": "Bearer bench-admin"}
-        key = httpx.post(f"{url}/admin/v1/keys", json={"track": "joint", "budget_usd": 1000}, headers=admin,
-                         timeout=60).json()["key"]
-        run_clients(url, key, args.concurrency, bodies[: args.concurrency])  # warm: the model loaded
-        engine.batch_sizes.clear()
-        one_s, one = run_clients(url, key, 1, bodies)
-        one_rows = list(engine.batch_sizes)
-        engine.batch_sizes.clear()
-        many_s, many = run_clients(url, key, args.concurrency, bodies)
-        many_rows = list(engine.batch_sizes)
+    with bench_dir() as data:
+        gym = build_embedded(GymSettings(data_dir=data, admin_token="bench-admin", models_dir=args.models_dir),
+                             provider_secrets=ProviderSecrets({}), run_reaper=False)
+        engine = gym.service_apps["inference"].state.inference.engine.engines["local"]
+        bodies = [{"model": "tiny", "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                   "max_tokens": args.max_tokens, "temperature": 0,
+                   "min_tokens": args.max_tokens if args.min_tokens is None else args.min_tokens}
+                  for i in range(args.requests)]
+        with serve(gym.app) as url:
+            admin = {"Authorization": "Bearer bench-admin"}
+            key = httpx.post(f"{url}/admin/v1/keys", json={"track": "joint", "budget_usd": 1000}, headers=admin,
+                             timeout=60).json()["key"]
+            run_clients(url, key, args.concurrency, bodies[: args.concurrency])  # warm: the model loaded
+            engine.batch_sizes.clear()
+            one_s, one = run_clients(url, key, 1, bodies)
+            one_rows = list(engine.batch_sizes)
+            engine.batch_sizes.clear()
+            many_s, many = run_clients(url, key, args.concurrency, bodies)
+            many_rows = list(engine.batch_sizes)
     assert one == many, "greedy completions differ between the two passes"
     tokens = sum(n for n, _ in one)
     print(f"local inference throughput, tiny base model, embedded gym through the gateway "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -149,6 +150,7 @@ def main() -> None:
     for side in sides:
         print(f"  0-overspend {side.name}: {overspend(side)}")
         side.store.dispose()
+        shutil.rmtree(side.wal.parent, ignore_errors=True)  # the side's data directory
 
 
 if __name__ == "__main__":
