@@ -245,21 +245,24 @@ class GroupCommit:
         with self._lock:
             del self._watches[loop]
             for unit in self._queue:
-                if unit.loop is not loop:
+                # A unit whose future is done was cancelled: its coroutine withdraws it itself.
+                if unit.loop is not loop or unit.future is None or unit.future.done():
                     continue
                 if unit.deadline <= now:
                     expired.append(unit)
                 elif later is None or unit.deadline < later:
                     later = unit.deadline
-            for unit in expired:
-                self._queue.remove(unit)
+            if expired:
+                gone = {id(unit) for unit in expired}
+                waiting = [unit for unit in self._queue if id(unit) not in gone]
+                self._queue.clear()
+                self._queue.extend(waiting)
             if later is not None:
                 # Not sooner than SWEEP_GRAIN_S from now: under a backlog, one sweep a grain, not one a caller.
                 self._watches[loop] = loop.call_at(max(later, now + SWEEP_GRAIN_S), self._sweep, loop)
         for unit in expired:
             assert unit.future is not None
-            if not unit.future.done():
-                unit.future.set_exception(StoreUnavailable("the gym's store is busy; the call was refused"))
+            unit.future.set_exception(StoreUnavailable("the gym's store is busy; the call was refused"))
 
     @staticmethod
     def _orphan(unit: _Unit[T], orphaned: Callable[[T], None]) -> None:

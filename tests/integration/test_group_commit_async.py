@@ -7,6 +7,7 @@ inside its work while the others queue behind it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -300,6 +301,42 @@ def test_callers_that_wait_too_long_are_each_refused_after_their_own_wait_on_eve
     finally:
         other.close()
     assert account(store, key) == (0, 0) and entries(store) == []
+
+
+def test_a_caller_cancelled_as_its_wait_runs_out_is_cancelled_and_nothing_else_breaks(
+    store: Store, loop: Loop
+) -> None:
+    """The sweep and a cancellation meet: the caller's task was cancelled (its future is done)
+    and, before its coroutine withdraws its work, the sweep finds that work past its wait. The
+    sweep leaves it to the coroutine, which ends cancelled (not with an error of the queue's),
+    the queue is empty and nothing is held."""
+    ledger = Ledger(store)
+    key = make_key(store, 10_000)
+    group = store.group
+    callers = Callers()
+    with held_leader(store, callers):
+        caller = loop.start(reserve(ledger, key, 100))
+        wait_until(lambda: queued(store) == 1)
+        task: dict[str, Any] = {}
+
+        def cancel_then_sweep() -> None:  # on the loop: nothing runs between the two
+            (unit,) = list(group._queue)  # noqa: SLF001 - the race is built by hand
+            running = [t for t in asyncio.all_tasks(loop.loop) if not t.done()]
+            for t in running:
+                t.cancel()  # the awaited future is cancelled now; the coroutine runs later
+            unit.deadline = 0.0  # its wait is over
+            group._watches.pop(loop.loop).cancel()  # noqa: SLF001 - the sweep runs now, by hand
+            group._watches[loop.loop] = loop.loop.call_later(3600, lambda: None)  # noqa: SLF001
+            group._sweep(loop.loop)  # noqa: SLF001
+            task["swept"] = True
+
+        loop.loop.call_soon_threadsafe(cancel_then_sweep)
+        with pytest.raises(concurrent.futures.CancelledError):
+            caller.result(30)
+        assert task == {"swept": True} and queued(store) == 0
+    callers.join()
+    assert account(store, key) == (0, 0) and entries(store) == []
+    assert loop.start(reserve(ledger, key, 200)).result(30).estimate_nusd == 200  # the store goes on
 
 
 BACKEND_PID = select(func.pg_backend_pid())
