@@ -103,6 +103,12 @@ class StoreUnavailable(GymError):
     status, type = 503, "store_unavailable"
 
 
+class KeptConnectionLost(StoreUnavailable):
+    """A transaction on the store writer's kept connection (services/core/store.py,
+    ``Store.keeping_connection``) found it lost before its commit was sent: nothing was written,
+    and the work may run again on a fresh connection."""
+
+
 class ServiceUnavailable(GymError):
     status, type = 503, "service_unavailable"
 

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from services.core.errors import StoreUnavailable
+from services.core.errors import KeptConnectionLost, StoreUnavailable
 
 if TYPE_CHECKING:
     from services.core.store import Store, Work
@@ -405,9 +405,18 @@ class GroupCommit:
                 raise _Abort(unit) from err
 
     def _alone(self, unit: _Unit[Any]) -> None:
-        unit.result, unit.error = None, None
-        try:
-            with self._store.begin() as work:
-                unit.result = unit.fn(work)
-        except BaseException as err:  # noqa: BLE001 - the unit's own outcome, raised in its caller's thread
-            unit.result, unit.error = None, err
+        for again in (True, False):
+            unit.result, unit.error = None, None
+            try:
+                with self._store.begin() as work:
+                    unit.result = unit.fn(work)
+            except KeptConnectionLost as err:
+                # The writer's kept connection was dropped by the server while it sat between
+                # batches; nothing was written: once more, on a fresh (tested) connection. (In a
+                # batch the same failure aborts it, and its units run again alone.)
+                unit.result, unit.error = None, err
+                if again:
+                    continue
+            except BaseException as err:  # noqa: BLE001 - the unit's own outcome, raised in its caller's thread
+                unit.result, unit.error = None, err
+            return

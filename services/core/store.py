@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from services.core.errors import StoreUnavailable
+from services.core.errors import KeptConnectionLost, StoreUnavailable
 from services.core.fanout import KeyEvents
 from services.core.group_commit import GroupCommit
 from services.core.settings import StoreSettings
@@ -350,6 +350,7 @@ class Store:
         with self.guard(), self._turn():
             keep = self._held.depth == 1 and getattr(self._held, "keep", False)
             conn = self._kept() if keep else self._connection()
+            committing = False
             try:
                 try:
                     if self._writer is not None:
@@ -359,13 +360,19 @@ class Store:
                         begin.execute("BEGIN IMMEDIATE")
                         begin.close()
                     yield Work(self, conn)
+                    committing = True
                     conn.commit()
                 except self.dbapi_error as err:  # BEGIN or COMMIT (Work raises its own wrapped)
                     raise self.wrapped(err, conn, None) from err
-            except BaseException:
+            except BaseException as err:
                 if conn.is_valid:
                     with contextlib.suppress(self.dbapi_error):
                         conn.rollback()
+                elif keep and not committing and isinstance(err, exc.DBAPIError):
+                    # The kept connection was found lost before anything could commit (the
+                    # server dropped it while it sat between batches): nothing happened, and
+                    # the caller may run the work again on a fresh one (GroupCommit._alone).
+                    raise KeptConnectionLost("the gym's store connection was lost; the call was refused") from err
                 raise
             finally:
                 if not keep:
