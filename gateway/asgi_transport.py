@@ -89,6 +89,13 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
                 if not started.done():
                     started.set_result(message)
             elif message["type"] == "http.response.body":
+                if disconnected.is_set():
+                    # The reader has gone: nothing more is read, so nothing may wait for room.
+                    # An app that answers its cancellation by sending (Connect RPC's server
+                    # sends its end-of-stream message) would otherwise wait on a full queue
+                    # forever, and the reader's close with it.
+                    ended = ended or not message.get("more_body", False)
+                    return
                 await queue.put(message.get("body", b""))
                 if not message.get("more_body", False):
                     ended = True

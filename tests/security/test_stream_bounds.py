@@ -66,6 +66,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            # A stream an attacker stalled and then dropped must not keep the gym from stopping
+            # (it once did: the relay waited forever on the sandbox service's last message).
+            pytest.fail("the gym did not stop within 30 s of SIGTERM after the stalled streams")
         log.close()
 
 
