@@ -18,6 +18,7 @@ from sqlalchemy import func, make_url, select
 from services.core import group_commit
 from services.core.errors import BudgetExhausted, StoreUnavailable
 from services.core.ledger import Ledger, Reservation
+from services.core.settings import StoreSettings
 from services.core.store import Store, Work
 from services.core.tables import LedgerEntry
 from tests.conftest import PG_URL
@@ -342,17 +343,25 @@ def test_a_caller_cancelled_as_its_wait_runs_out_is_cancelled_and_nothing_else_b
 BACKEND_PID = select(func.pg_backend_pid())
 
 
+@pytest.fixture
+def pg_store(pg_schema: str) -> Iterator[Store]:
+    """A migrated PostgreSQL store (a server whose connections a test can drop)."""
+    s = Store(PG_URL, StoreSettings(), schema=pg_schema)
+    s.migrate()
+    yield s
+    s.dispose()
+
+
 def test_the_writer_keeps_one_connection_between_batches_and_a_dropped_one_never_fails_a_call(
-    store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
+    pg_store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The writer thread runs batch after batch on one connection; idle, it gives it back, so a
     connection the server dropped meanwhile is caught by the pool's test, not by a caller. One
     dropped while kept is found lost before anything could commit, and the work runs again on a
-    fresh connection: no caller sees it either."""
-    if store.dialect != "postgresql":
-        pytest.skip("needs a server whose connection can be dropped")
+    fresh connection: no caller sees it either. (PostgreSQL: SQLite has no server to drop it.)"""
     import psycopg
 
+    store = pg_store
     monkeypatch.setattr(group_commit, "KEEP_IDLE_S", 0.2)
     ledger = Ledger(store)
     key = make_key(store, 10_000)
