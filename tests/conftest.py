@@ -85,6 +85,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 @pytest.fixture
+def pg_store(pg_schema: str) -> Iterator[Store]:
+    """A migrated PostgreSQL store of the test's own (for what only a server shows: a
+    transaction's locks, a connection the server drops)."""
+    s = Store(PG_URL, StoreSettings(), schema=pg_schema)
+    s.migrate()
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
 def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     """A migrated SQLite store of the test's own (for tests that hand it to an embedded gym and
     read it back; ``store`` runs on both backends)."""

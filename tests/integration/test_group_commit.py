@@ -19,10 +19,8 @@ from sqlalchemy import exc, func, select
 
 from services.core.errors import BudgetExhausted, StoreUnavailable
 from services.core.ledger import HOLD, Ledger
-from services.core.settings import StoreSettings
 from services.core.store import Store, Work
 from services.core.tables import LedgerEntry, utcnow
-from tests.conftest import PG_URL
 from tests.integration.test_ledger import account, make_key
 
 
@@ -188,14 +186,6 @@ def test_a_call_that_waits_too_long_for_its_turn_is_refused_and_never_runs(store
     assert account(store, key) == (0, 0)
     # The store goes on: the next call leads and runs.
     assert ledger.reserve(key, service="rollout", operation="x", estimate_nusd=100).estimate_nusd == 100
-
-
-@pytest.fixture
-def pg_store(pg_schema: str) -> Iterator[Store]:
-    s = Store(PG_URL, StoreSettings(), schema=pg_schema)
-    s.migrate()
-    yield s
-    s.dispose()
 
 
 def test_a_reservation_inside_an_open_transaction_does_not_queue(pg_store: Store) -> None:

@@ -18,7 +18,6 @@ from sqlalchemy import func, make_url, select
 from services.core import group_commit
 from services.core.errors import BudgetExhausted, StoreUnavailable
 from services.core.ledger import Ledger, Reservation
-from services.core.settings import StoreSettings
 from services.core.store import Store, Work
 from services.core.tables import LedgerEntry
 from tests.conftest import PG_URL
@@ -341,15 +340,6 @@ def test_a_caller_cancelled_as_its_wait_runs_out_is_cancelled_and_nothing_else_b
 
 
 BACKEND_PID = select(func.pg_backend_pid())
-
-
-@pytest.fixture
-def pg_store(pg_schema: str) -> Iterator[Store]:
-    """A migrated PostgreSQL store (a server whose connections a test can drop)."""
-    s = Store(PG_URL, StoreSettings(), schema=pg_schema)
-    s.migrate()
-    yield s
-    s.dispose()
 
 
 def test_the_writer_keeps_one_connection_between_batches_and_a_dropped_one_never_fails_a_call(
