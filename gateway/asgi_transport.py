@@ -56,81 +56,84 @@ class StreamingASGITransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": request.method,
-            "scheme": request.url.scheme,
-            "path": request.url.path,
-            "raw_path": request.url.raw_path.split(b"?")[0],
-            "query_string": request.url.query,
-            "root_path": "",
-            "headers": [(k.lower(), v) for k, v in request.headers.raw],
-            "client": self.client,
-            "server": (request.url.host, request.url.port or 80),
-        }
-        queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_CHUNKS)
-        started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        disconnected = asyncio.Event()
-        body_sent = ended = False
+        scope = http_scope(request.method, request.url.path, request.url.raw_path.split(b"?")[0], request.url.query,
+                           [(k.lower(), v) for k, v in request.headers.raw], self.client,
+                           (request.url.host, request.url.port or 80), request.url.scheme)
+        return await open_app(self.app, scope, body, request)
 
-        async def receive() -> dict[str, Any]:
-            nonlocal body_sent
-            if not body_sent:
-                body_sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await disconnected.wait()
-            return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal ended
-            if message["type"] == "http.response.start":
-                if not started.done():
-                    started.set_result(message)
-            elif message["type"] == "http.response.body":
-                if disconnected.is_set():
-                    # The reader has gone: nothing more is read, so nothing may wait for room.
-                    # An app that answers its cancellation by sending (Connect RPC's server
-                    # sends its end-of-stream message) would otherwise wait on a full queue
-                    # forever, and the reader's close with it.
-                    ended = ended or not message.get("more_body", False)
-                    return
-                await queue.put(message.get("body", b""))
-                if not message.get("more_body", False):
-                    ended = True
-                    await queue.put(_END)
+def http_scope(method: str, path: str, raw_path: bytes, query: bytes, headers: list[tuple[bytes, bytes]],
+               client: tuple[str, int], server: tuple[str, int], scheme: str = "http") -> dict[str, Any]:
+    """The ASGI scope of one HTTP/1.1 request: ``path`` decoded, ``raw_path`` as it travels."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": scheme,
+            "path": path, "raw_path": raw_path, "query_string": query, "root_path": "", "headers": headers,
+            "client": client, "server": server}
 
-        async def close_with(*items: Any, wait: bool) -> None:
-            """Hand the reader its last items; never wait for one that has gone (or a cancelled app)."""
-            for item in items:
-                if wait and not disconnected.is_set():
-                    await queue.put(item)
-                else:
-                    with contextlib.suppress(asyncio.QueueFull):
-                        queue.put_nowait(item)
 
-        async def run() -> None:
-            try:
-                await self.app(scope, receive, send)
-            except BaseException as err:  # surfaced to whoever is waiting
-                cancelled = isinstance(err, asyncio.CancelledError)
-                if not started.done():
-                    started.set_exception(err if isinstance(err, Exception) else RuntimeError("app cancelled"))
-                else:
-                    await close_with(httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}"),
-                                     _END, wait=not cancelled)
-                if cancelled:
-                    raise
+async def open_app(app: Any, scope: dict[str, Any], body: bytes, request: httpx.Request | None) -> httpx.Response:
+    """Run ``app`` (any ASGI callable) on ``scope`` with ``body`` as its request body, in a task of its
+    own; return once it has started its response, whose body streams as the app sends it."""
+    queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_CHUNKS)
+    started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    disconnected = asyncio.Event()
+    body_sent = ended = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal ended
+        if message["type"] == "http.response.start":
+            if not started.done():
+                started.set_result(message)
+        elif message["type"] == "http.response.body":
+            if disconnected.is_set():
+                # The reader has gone: nothing more is read, so nothing may wait for room.
+                # An app that answers its cancellation by sending (Connect RPC's server
+                # sends its end-of-stream message) would otherwise wait on a full queue
+                # forever, and the reader's close with it.
+                ended = ended or not message.get("more_body", False)
+                return
+            await queue.put(message.get("body", b""))
+            if not message.get("more_body", False):
+                ended = True
+                await queue.put(_END)
+
+    async def close_with(*items: Any, wait: bool) -> None:
+        """Hand the reader its last items; never wait for one that has gone (or a cancelled app)."""
+        for item in items:
+            if wait and not disconnected.is_set():
+                await queue.put(item)
             else:
-                if not ended:
-                    await close_with(_END, wait=True)
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(item)
 
-        task = asyncio.create_task(run())
-        start = await started
-        return httpx.Response(
-            status_code=start["status"],
-            headers=[(k, v) for k, v in start.get("headers", [])],
-            stream=_QueueStream(queue, task, disconnected),
-            request=request,
-        )
+    async def run() -> None:
+        try:
+            await app(scope, receive, send)
+        except BaseException as err:  # surfaced to whoever is waiting
+            cancelled = isinstance(err, asyncio.CancelledError)
+            if not started.done():
+                started.set_exception(err if isinstance(err, Exception) else RuntimeError("app cancelled"))
+            else:
+                await close_with(httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}"),
+                                 _END, wait=not cancelled)
+            if cancelled:
+                raise
+        else:
+            if not ended:
+                await close_with(_END, wait=True)
+
+    task = asyncio.create_task(run())
+    start = await started
+    return httpx.Response(
+        status_code=start["status"],
+        headers=[(k, v) for k, v in start.get("headers", [])],
+        stream=_QueueStream(queue, task, disconnected),
+        request=request,
+    )

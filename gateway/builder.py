@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_gateway_app
 from gateway.asgi_transport import StreamingASGITransport
+from gateway.direct_call import DirectService
 from gateway.context import Gateway
 from gateway.service_link import ServiceLink
 from services.core.config import GymConfig, load_config
@@ -143,7 +144,8 @@ def build_embedded(
     admin_token = ensure_admin_token(settings)
     modules = service_modules()
     service_apps = {name: app_factory(name)(context) for name in modules}
-    links = {name: ServiceLink(f"http://{name}.internal", StreamingASGITransport(service_app), UPSTREAM_TIMEOUT)
+    links = {name: ServiceLink(f"http://{name}.internal", StreamingASGITransport(service_app), UPSTREAM_TIMEOUT,
+                               direct=DirectService(service_app, server=(f"{name}.internal", 80)))
              for name, service_app in service_apps.items()}
     specs = {name: module.SPEC for name, module in modules.items()}
     closers = [close for a in service_apps.values() if (close := getattr(a.state, "close", None)) is not None]

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from gateway.access_log import note_key
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
+from gateway.service_link import Upstream
 from services.core import rate_limits
 from services.core.body_limits import parse_json_object
 from services.core.canonical import canonical_body
@@ -324,7 +325,7 @@ def _identity(call: _Call, estimate: int) -> Identity:
     )
 
 
-async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw: bytes, identity: Identity) -> httpx.Response:
+async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw: bytes, identity: Identity) -> Upstream:
     query = request.scope.get("query_string", b"").decode("latin-1")
     target = sub_path + (f"?{query}" if query else "")
     headers = {
@@ -337,13 +338,13 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
     }
     try:
         wire = wire_path(sub_path) + (f"?{query}" if query else "")
-        return await gw.links[service].send(request.method, wire, headers, raw)
+        return await gw.links[service].send(request.method, wire, headers, raw, path=sub_path)
     except httpx.HTTPError as err:
         log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
         raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err
 
 
-async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncIterator[bytes]:
+async def _relay(call: _Call, upstream: Upstream, estimate: int) -> AsyncIterator[bytes]:
     """Pass SSE through, strip the service's cost trailer and settle on it at the end.
 
     If the stream ends without a trailer (service crash) or the client goes away first,
@@ -389,7 +390,7 @@ async def _relay(call: _Call, upstream: httpx.Response, estimate: int) -> AsyncI
         await call.close(cost if cost is not None else estimate)
 
 
-async def _pass_through(call: _Call, upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def _pass_through(call: _Call, upstream: Upstream) -> AsyncIterator[bytes]:
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk

@@ -13,27 +13,59 @@ operator's calls (audits, scoring), which are few.
 The transport is also why a proxied call never reaches an HTTP proxy named in the environment:
 it is the direct one, whatever ``HTTP_PROXY`` says (services/core/no_proxy.py keeps the client's
 own calls off proxies too).
+
+In embedded mode a call to one of a service's hot routes does not take the transport at all: it is
+handed to that route's handler in process (gateway/direct_call.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import httpx
 
+from gateway.direct_call import DirectService
+
+
+class Upstream(Protocol):
+    """A service's response as the gateway reads it: an :class:`httpx.Response`, or a
+    :class:`gateway.direct_call.DirectResponse` for a hot route's answer in process."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    async def aread(self) -> bytes: ...
+
+    def aiter_raw(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
 
 class ServiceLink:
-    def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout):
+    def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout,
+                 direct: DirectService | None = None):
         self.base = httpx.URL(base_url)
+        self.direct = direct
         self.transport = transport
         self.client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
         self._extensions: dict[str, Any] = {"timeout": timeout.as_dict()}
         """What the client would give each request: its timeouts, read by the transport."""
 
-    async def send(self, method: str, target: str, headers: dict[str, str], content: bytes) -> httpx.Response:
+    async def send(self, method: str, target: str, headers: dict[str, str], content: bytes,
+                   path: str | None = None) -> Upstream:
         """One request to the service, its response streamed (the caller reads and closes it).
-        ``target``: the path as it travels (already percent-encoded) with its query. Raises
+        ``target``: the path as it travels (already percent-encoded) with its query; ``path``: the
+        same path decoded, when the caller knows it (a hot route is then taken in process). Raises
         :class:`httpx.HTTPError` when the service cannot be reached."""
+        if self.direct is not None and path is not None:
+            handler = self.direct.handler(method, target, path)
+            if handler is not None:
+                answer: Upstream = await self.direct.call(handler, method, target, headers, content)
+                return answer
         try:
             url = self.base.copy_with(raw_path=target.encode("ascii"))
         except UnicodeEncodeError:  # a query as the caller sent it: encoded as the client's own merge does

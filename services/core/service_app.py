@@ -83,8 +83,13 @@ def create_service_app(name: str, *, internal_secret: str, routers: list[APIRout
         setattr(app.state, attr, value)
     app.state.close = once(close) if close is not None else None
     install_error_handlers(app)
-    if direct:  # inside the body limits, like every route
-        app.add_middleware(DirectRoutes, routes={route: _identified(endpoint) for route, endpoint in direct.items()})
+    routes = {route: _identified(endpoint) for route, endpoint in (direct or {}).items()}
+    # Also taken in process by the embedded gateway (gateway/direct_call.py), answered by this app's
+    # exception handlers even where another ASGI app wraps this one (the sandbox service's).
+    app.state.direct_routes = routes
+    app.state.direct_app = app
+    if routes:  # inside the body limits, like every route
+        app.add_middleware(DirectRoutes, routes=routes)
     config = config or GymConfig()
     limit = largest_limit(config)  # the gateway holds each route to its own class first
     app.add_middleware(BodyLimits, http=config.http, classify=lambda _m, _p: (limit, False), gate=_signed_only)

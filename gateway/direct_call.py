@@ -1,0 +1,118 @@
+"""A proxied call handed to a service's hot-route handler in process (embedded mode).
+
+In embedded mode the gateway reaches a service through the in-process streaming transport
+(gateway/asgi_transport.py): an httpx request, a task that runs the service's whole ASGI app (its
+error, telemetry and body-limit middleware, then its direct-route dispatcher), a queue, an httpx
+response. For the few routes a service serves past its router (services/core/direct_routes.py: the
+rollout service's chat completion, the sandbox's file routes), the gateway calls that route's
+handler itself, in its own task. It is the same handler the service's dispatcher would call, on a
+request whose scope is the one the transport builds (decoded path, raw path, query, the signed
+headers, the body, the service's app), so the handler checks the gateway's signature as before.
+
+What is left out is what the gateway has already done:
+
+* bounding the body: it is read, within the route's own limit, and the service's limit is the
+  largest of the gateway's;
+* refusing an unsigned caller before its body is read: this body is in memory, and signed.
+
+A response returned whole (a JSON answer) comes back as it is (:class:`DirectResponse`). A streamed
+one (an SSE completion) runs as an ASGI app through the transport's machinery, so it streams, holds
+its producer back, and is cancelled when its reader goes away, as before. A refusal is answered by
+the service's own exception handlers and an unexpected error by its catch-all handler: the gateway
+sees the answer the service's app would have given.
+
+Measured (docs/performance.md): this is the hop that took ~0.4 ms of a chat completion's
+in-process round trip besides the service's own work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+from starlette.datastructures import Headers
+from starlette.requests import Request
+
+from gateway.asgi_transport import http_scope, open_app
+from services.core.direct_routes import Handler, handler_for
+
+
+class DirectResponse:
+    """What the gateway's forward reads of an upstream response (the part of
+    :class:`httpx.Response` it uses), for a body the handler returned whole."""
+
+    def __init__(self, status_code: int, headers: Headers, content: bytes):
+        self.status_code = status_code
+        self.headers = headers
+        self._content = content
+
+    async def aread(self) -> bytes:
+        return self._content
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._content:
+            yield self._content
+
+    async def aclose(self) -> None:
+        return None
+
+
+class DirectService:
+    """A service app of this process. ``app.state.direct_routes`` are the routes taken in process and
+    ``app.state.direct_app`` the FastAPI app they belong to (both set by
+    :func:`services.core.service_app.create_service_app`; ``app`` may be another ASGI app around it)."""
+
+    def __init__(self, app: Any, server: tuple[str, int], client: tuple[str, int] = ("127.0.0.1", 0)):
+        self.app = getattr(app.state, "direct_app", app)
+        self.routes: Mapping[tuple[str, str], Handler] = getattr(app.state, "direct_routes", None) or {}
+        self.server = server
+        self.client = client
+
+    def handler(self, method: str, target: str, path: str) -> Handler | None:
+        """The handler of a call to ``target`` (as it travels: percent-encoded path and query) whose
+        decoded path is ``path``; None when the call must take the whole app (no direct route there,
+        or a path or query that is not plain ASCII as it travels)."""
+        if not self.routes or not target.isascii():
+            return None
+        if target.partition("?")[0] != path:
+            return None
+        return self.routes.get((method, path))
+
+    async def call(self, handler: Handler, method: str, target: str, headers: Mapping[str, str],
+                   body: bytes) -> DirectResponse | Any:
+        """Run ``handler`` on the call; see the module docstring. Returns a :class:`DirectResponse`
+        or, for a streamed answer, the transport's streaming :class:`httpx.Response`."""
+        path, _, query = target.partition("?")
+        raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+        raw.append((b"content-length", str(len(body)).encode()))
+        scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
+                           [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server)
+        scope["app"] = self.app
+        request = Request(scope, _body_then_nothing(body))
+        try:
+            response = await handler(request)
+        except Exception as err:  # noqa: BLE001 - answered as the service's app answers it, or raised
+            on_error = handler_for(self.app.exception_handlers, err) or self.app.exception_handlers.get(Exception)
+            if on_error is None:
+                raise
+            response = await on_error(request, err)
+        content = getattr(response, "body", None)
+        if isinstance(content, bytes) and response.background is None:
+            return DirectResponse(response.status_code, response.headers, content)
+        return await open_app(response, scope, b"", None)
+
+
+def _body_then_nothing(body: bytes) -> Any:
+    """The request's ``receive``: its body, then nothing (a caller that is still there)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    return receive
