@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.core.config import GymConfig, HttpConfig
 from services.core.errors import GymError, PayloadTooLarge, RequestTimeout, Unprocessable, error_response
-from services.core.http_protocol import GymH11Protocol
+from services.core.http_protocol import GymHttpToolsProtocol
 from services.core.ids import new_request_id
 
 MiB = 1024 * 1024
@@ -67,11 +67,11 @@ def largest_limit(config: GymConfig) -> int:
 
 
 def server_options(config: GymConfig) -> dict[str, Any]:
-    """uvicorn options for every server of the gym (``rsigym up`` / ``rsigym serve``): the h11
-    protocol, whose request line and headers are bounded by ``http.max_header_bytes`` (431 past
-    it, in the gym's error shape: services/core/http_protocol.py), and idle keep-alive connections
-    closed after ``http.keep_alive_s``."""
-    return {"http": GymH11Protocol, "h11_max_incomplete_event_size": config.http.max_header_bytes,
+    """uvicorn options for every server of the gym (``rsigym up`` / ``rsigym serve``): the gym's
+    httptools protocol, whose request line and headers are bounded by ``http.max_header_bytes`` (431
+    past it, in the gym's error shape: services/core/http_protocol.py; uvicorn's one setting for a
+    head's size carries the limit), and idle keep-alive connections closed after ``http.keep_alive_s``."""
+    return {"http": GymHttpToolsProtocol, "h11_max_incomplete_event_size": config.http.max_header_bytes,
             "timeout_keep_alive": config.http.keep_alive_s}
 
 

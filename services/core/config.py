@@ -288,7 +288,7 @@ class HttpConfig(_Strict):
     """Objects, arrays and scalar values of the parsed body, counted off the event loop before
     policy work and before the body is forwarded: bounds what a service validates on its loop."""
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)
-    """The request line and headers together (uvicorn's ``h11_max_incomplete_event_size``)."""
+    """The request line and headers together (services/core/http_protocol.py)."""
     keep_alive_s: float = Field(default=5.0, gt=0)
     """An idle keep-alive connection is closed after this long (uvicorn's ``timeout_keep_alive``)."""
 

@@ -10,6 +10,7 @@ to parse are refused before parsing, and /healthz keeps answering while an attac
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import select
@@ -228,6 +229,61 @@ def test_an_oversized_request_head_is_refused_with_431_while_it_streams(gym: Gym
     under = head + b"a" * (8 * 1024) + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
     answer = _send_head(gym.port, iter([under]))
     _assert_error(answer, 422, "invalid_request_error")  # under the limit: read, routed, the body refused
+
+
+def test_the_next_request_on_a_kept_alive_connection_is_bounded_too(gym: GymProcess, key: str) -> None:
+    """A first request answered on a connection kept alive, then a head that never ends on the same
+    connection: refused at the limit like the first head of a connection."""
+    sock = socket.create_connection(("127.0.0.1", gym.port), timeout=30)
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status, body, closed = read_answer(sock, 30, 0)
+        assert (status, closed) == (200, False) and body is not None and body["status"] == "ok", (status, body)
+        sent = 0
+        sock.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: ".encode())
+        for piece in itertools.repeat(b"a" * 4096, 64 * MiB // 4096):
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break
+            sent += len(piece)
+        status, body, closed = read_answer(sock, 30, 5)
+        _assert_error(Answer(status, body, sent, closed), 431, "request_header_too_large")
+        assert closed and sent < 8 * MiB, (closed, sent)
+    finally:
+        sock.close()
+
+
+def test_an_oversized_head_pipelined_behind_a_request_is_refused_and_never_answers_for_it(gym: GymProcess) -> None:
+    """A small request and a 64 KiB head in one read: the oversized head is measured when it is
+    parsed, the connection is closed, and whatever comes back for the first request is its own."""
+    sock = socket.create_connection(("127.0.0.1", gym.port), timeout=30)
+    try:
+        first = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        sock.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * (64 * 1024) + b"\r\n\r\n")
+        status, body, _closed = read_answer(sock, 30, 0)
+        assert status in (None, 200), (status, body)
+        rest = b""
+        sock.settimeout(10)
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            while chunk := sock.recv(65536):
+                rest += chunk
+        assert b"HTTP/1.1 200" not in rest, "the oversized head was taken and answered"
+    finally:
+        sock.close()
+
+
+def test_a_small_head_and_a_large_body_in_one_read_are_not_taken_for_a_large_head(gym: GymProcess, key: str) -> None:
+    """Only the head counts: 60 KiB of JSON sent with its 200-byte head in one piece is read and
+    routed (the policy refuses its unknown model; the head limit is 16 KiB)."""
+    body = json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "x" * 60_000}]}).encode()
+    head = (f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    answer = _send_head(gym.port, iter([head + body]))
+    assert answer.status not in (None, 431), answer
+    assert answer.body is not None and answer.body["error"]["type"] != "request_header_too_large", answer
 
 
 def test_a_malformed_request_line_gets_the_standard_400(gym: GymProcess) -> None:
