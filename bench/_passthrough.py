@@ -1,6 +1,6 @@
 """The floor under any gateway on the gym's stack: a pass-through that does nothing but relay.
 
-Served as the gym serves (uvicorn, the gym's h11 protocol and its options), it takes each
+Served as the gym serves (uvicorn, the gym's HTTP protocol and its options), it takes each
 ``POST /v1/chat/completions``, puts the provider's key on it (the one thing any proxy must do),
 sends it to the upstream on one pooled aiohttp session (the gym's provider client), and relays
 the answer as it arrives (status, content type, body chunk by chunk): no authentication, no
