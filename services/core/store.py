@@ -150,9 +150,9 @@ class Prepared:
         if self._plain:
             return given if self.order is None else tuple([given[name] for name in self._names])
         values = [
-            (given[name] if constant is _GIVEN or name in given else constant) if processor is None else
-            processor(given[name] if constant is _GIVEN or name in given else constant)
+            value if processor is None else processor(value)
             for name, processor, constant in self._plan
+            for value in (given[name] if constant is _GIVEN or name in given else constant,)  # one value: its name
         ]
         return tuple(values) if self.order is not None else dict(zip(self._names, values, strict=True))
 
