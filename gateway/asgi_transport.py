@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -70,21 +70,30 @@ def http_scope(method: str, path: str, raw_path: bytes, query: bytes, headers: l
             "client": client, "server": server}
 
 
+def body_receive(body: bytes, gone: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI ``receive``: the request's ``body`` in one message, then ``http.disconnect`` once
+    ``gone`` is set (never, for a caller that stays)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
 async def open_app(app: Any, scope: dict[str, Any], body: bytes, request: httpx.Request | None) -> httpx.Response:
     """Run ``app`` (any ASGI callable) on ``scope`` with ``body`` as its request body, in a task of its
     own; return once it has started its response, whose body streams as the app sends it."""
     queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_CHUNKS)
     started: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     disconnected = asyncio.Event()
-    body_sent = ended = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal body_sent
-        if not body_sent:
-            body_sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await disconnected.wait()
-        return {"type": "http.disconnect"}
+    receive = body_receive(body, disconnected)
+    ended = False
 
     async def send(message: dict[str, Any]) -> None:
         nonlocal ended

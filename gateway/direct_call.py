@@ -27,14 +27,14 @@ in-process round trip besides the service's own work.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import anyio
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from gateway.asgi_transport import http_scope, open_app
+from gateway.asgi_transport import body_receive, http_scope, open_app
 from services.core.direct_routes import Handler, handler_for
 
 
@@ -89,7 +89,7 @@ class DirectService:
         scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
                            [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server)
         scope["app"] = self.app
-        request = Request(scope, _body_then_nothing(body))
+        request = Request(scope, body_receive(body, asyncio.Event()))  # a caller that stays
         try:
             response = await handler(request)
         except Exception as err:  # noqa: BLE001 - answered as the service's app answers it, or raised
@@ -102,17 +102,3 @@ class DirectService:
             return DirectResponse(response.status_code, response.headers, content)
         return await open_app(response, scope, b"", None)
 
-
-def _body_then_nothing(body: bytes) -> Any:
-    """The request's ``receive``: its body, then nothing (a caller that is still there)."""
-    sent = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    return receive
