@@ -16,8 +16,8 @@ from fastapi import FastAPI
 
 from gateway.app import create_gateway_app
 from gateway.asgi_transport import StreamingASGITransport
-from gateway.direct_call import DirectService
 from gateway.context import Gateway
+from gateway.direct_call import DirectService
 from gateway.service_link import ServiceLink
 from services.core.config import GymConfig, load_config
 from services.core.no_proxy import keep_off_proxies

@@ -21,8 +21,8 @@ its producer back, and is cancelled when its reader goes away, as before. A refu
 the service's own exception handlers and an unexpected error by its catch-all handler: the gateway
 sees the answer the service's app would have given.
 
-Measured (docs/performance.md): this is the hop that took ~0.4 ms of a chat completion's
-in-process round trip besides the service's own work.
+Measured (docs/performance.md, 2026-12-05): 0.12-0.35 ms less of the gym process's CPU per
+sequential chat completion, and 0.5 ms less of what the gateway adds in ``gateway_vs_litellm.py``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
@@ -80,7 +81,7 @@ class DirectService:
         return self.routes.get((method, path))
 
     async def call(self, handler: Handler, method: str, target: str, headers: Mapping[str, str],
-                   body: bytes) -> DirectResponse | Any:
+                   body: bytes) -> DirectResponse | httpx.Response:
         """Run ``handler`` on the call; see the module docstring. Returns a :class:`DirectResponse`
         or, for a streamed answer, the transport's streaming :class:`httpx.Response`."""
         path, _, query = target.partition("?")
@@ -101,4 +102,3 @@ class DirectService:
         if isinstance(content, bytes) and response.background is None:
             return DirectResponse(response.status_code, response.headers, content)
         return await open_app(response, scope, b"", None)
-
