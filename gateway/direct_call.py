@@ -15,14 +15,11 @@ What is left out is what the gateway has already done:
   largest of the gateway's;
 * refusing an unsigned caller before its body is read: this body is in memory, and signed.
 
-A response returned whole (a JSON answer) comes back as it is (:class:`DirectResponse`). A plain
-streamed one (an SSE completion: Starlette's own ``StreamingResponse``, no background task) is read
-straight from its body iterator (:class:`DirectStream`): each chunk is produced when the gateway
-asks for the next, so the producer is held back as it was by the transport's bounded queue, and the
-gateway's close of the stream closes the iterator (its ``finally`` runs then). Any other response
-runs as an ASGI app through the transport's machinery (task, bounded queue, cancelled when its
-reader goes away). A refusal is answered by the service's own exception handlers and an unexpected
-error by its catch-all handler: the gateway sees the answer the service's app would have given.
+A response returned whole (a JSON answer) comes back as it is (:class:`DirectResponse`). A streamed
+one (an SSE completion) runs as an ASGI app through the transport's machinery, so it streams, holds
+its producer back, and is cancelled when its reader goes away, as before. A refusal is answered by
+the service's own exception handlers and an unexpected error by its catch-all handler: the gateway
+sees the answer the service's app would have given.
 
 Measured (docs/performance.md, 2026-12-05): 0.12-0.35 ms less of the gym process's CPU per
 sequential chat completion, and 0.5 ms less of what the gateway adds in ``gateway_vs_litellm.py``.
@@ -31,19 +28,15 @@ sequential chat completion, and 0.5 ms less of what the gateway adds in ``gatewa
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
 
 from gateway.asgi_transport import body_receive, http_scope, open_app
 from services.core.direct_routes import Handler, handler_for
-
-log = logging.getLogger("rsigym.gateway")
 
 
 class DirectResponse:
@@ -64,34 +57,6 @@ class DirectResponse:
 
     async def aclose(self) -> None:
         return None
-
-
-class DirectStream:
-    """A streamed answer read from its body iterator, chunk by chunk as the gateway asks (the part of
-    :class:`httpx.Response` the gateway's forward uses)."""
-
-    def __init__(self, response: StreamingResponse):
-        self.status_code = response.status_code
-        self.headers = response.headers
-        self._response = response
-
-    async def aread(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_raw()])
-
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.body_iterator:
-                yield bytes(chunk) if isinstance(chunk, (bytes, memoryview)) else chunk.encode(self._response.charset)
-        except Exception as err:
-            # What a service that fails mid-stream is to its reader, in process or over HTTP: a
-            # response broken off (the gateway ends its stream with the standard error event).
-            log.warning("a streamed answer broke off in the service: %s", type(err).__name__)
-            raise httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}") from err
-
-    async def aclose(self) -> None:
-        close = getattr(self._response.body_iterator, "aclose", None)
-        if close is not None:
-            await close()
 
 
 class DirectService:
@@ -116,9 +81,9 @@ class DirectService:
         return self.routes.get((method, path))
 
     async def call(self, handler: Handler, method: str, target: str, headers: Mapping[str, str],
-                   body: bytes) -> DirectResponse | DirectStream | httpx.Response:
-        """Run ``handler`` on the call; see the module docstring. Returns a :class:`DirectResponse`,
-        a :class:`DirectStream` or, for any other answer, the transport's streaming :class:`httpx.Response`."""
+                   body: bytes) -> DirectResponse | httpx.Response:
+        """Run ``handler`` on the call; see the module docstring. Returns a :class:`DirectResponse`
+        or, for a streamed answer, the transport's streaming :class:`httpx.Response`."""
         path, _, query = target.partition("?")
         raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
@@ -133,10 +98,7 @@ class DirectService:
             if on_error is None:
                 raise
             response = await on_error(request, err)
-        if response.background is None:
-            content = getattr(response, "body", None)
-            if isinstance(content, bytes):
-                return DirectResponse(response.status_code, response.headers, content)
-            if type(response) is StreamingResponse:  # a subclass may stream otherwise: it runs as an app
-                return DirectStream(response)
+        content = getattr(response, "body", None)
+        if isinstance(content, bytes) and response.background is None:
+            return DirectResponse(response.status_code, response.headers, content)
         return await open_app(response, scope, b"", None)
