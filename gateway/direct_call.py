@@ -6,8 +6,12 @@ error, telemetry and body-limit middleware, then its direct-route dispatcher), a
 response. For the few routes a service serves past its router (services/core/direct_routes.py: the
 rollout service's chat completion, the sandbox's file routes), the gateway calls that route's
 handler itself, in its own task. It is the same handler the service's dispatcher would call, on a
-request whose scope is the one the transport builds (decoded path, raw path, query, the signed
-headers, the body, the service's app), so the handler checks the gateway's signature as before.
+request whose scope is the one the transport builds (decoded path, raw path, query, the
+headers, the body, the service's app). The gateway's ``forward`` hands the call's
+:class:`~services.core.identity.Identity` itself, in the scope (``IN_PROCESS_IDENTITY``), instead of
+signing it: nothing crosses a socket or the transport, so there is no signature to check, and
+nothing a caller sends can set a scope key. A call given signed headers and no identity (as the
+tests give) is verified by the handler as any other.
 
 What is left out is what the gateway has already done:
 
@@ -37,6 +41,7 @@ from starlette.requests import Request
 
 from gateway.asgi_transport import body_receive, http_scope, open_app
 from services.core.direct_routes import Handler, handler_for
+from services.core.identity import IN_PROCESS_IDENTITY, Identity
 
 
 class DirectResponse:
@@ -81,15 +86,19 @@ class DirectService:
         return self.routes.get((method, path))
 
     async def call(self, handler: Handler, method: str, target: str, headers: Mapping[str, str],
-                   body: bytes) -> DirectResponse | httpx.Response:
-        """Run ``handler`` on the call; see the module docstring. Returns a :class:`DirectResponse`
-        or, for a streamed answer, the transport's streaming :class:`httpx.Response`."""
+                   body: bytes, identity: Identity | None = None) -> DirectResponse | httpx.Response:
+        """Run ``handler`` on the call; see the module docstring. ``identity``: the gateway's, handed
+        to the handler as it is (None: the handler verifies the signed ``headers``). Returns a
+        :class:`DirectResponse` or, for a streamed answer, the transport's streaming
+        :class:`httpx.Response`."""
         path, _, query = target.partition("?")
         raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
         scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
                            [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server)
         scope["app"] = self.app
+        if identity is not None:
+            scope[IN_PROCESS_IDENTITY] = identity
         request = Request(scope, body_receive(body, asyncio.Event()))  # a caller that stays
         try:
             response = await handler(request)

@@ -334,11 +334,13 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
         "accept-encoding": "identity",  # bodies are relayed as they come; never a decoded body under a gzip header
         "x-request-id": identity.request_id,
         **{h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers},
-        **sign(identity, gw.internal_secret, request.method, target, raw),
     }
+    link = gw.links[service]
+    wire = wire_path(sub_path) + (f"?{query}" if query else "")
+    if not link.in_process(request.method, wire, sub_path):  # a hot route in process is handed the identity itself
+        headers.update(sign(identity, gw.internal_secret, request.method, target, raw))
     try:
-        wire = wire_path(sub_path) + (f"?{query}" if query else "")
-        return await gw.links[service].send(request.method, wire, headers, raw, path=sub_path)
+        return await link.send(request.method, wire, headers, raw, path=sub_path, identity=identity)
     except httpx.HTTPError as err:
         log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
         raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.direct_call import DirectService
+from services.core.identity import Identity
 
 
 class Upstream(Protocol):
@@ -55,16 +56,22 @@ class ServiceLink:
         self._extensions: dict[str, Any] = {"timeout": timeout.as_dict()}
         """What the client would give each request: its timeouts, read by the transport."""
 
+    def in_process(self, method: str, target: str, path: str) -> bool:
+        """Whether :meth:`send` takes this call to a hot route in process (embedded mode)."""
+        return self.direct is not None and self.direct.handler(method, target, path) is not None
+
     async def send(self, method: str, target: str, headers: dict[str, str], content: bytes,
-                   path: str | None = None) -> Upstream:
+                   path: str | None = None, identity: Identity | None = None) -> Upstream:
         """One request to the service, its response streamed (the caller reads and closes it).
         ``target``: the path as it travels (already percent-encoded) with its query; ``path``: the
-        same path decoded, when the caller knows it (a hot route is then taken in process). Raises
-        :class:`httpx.HTTPError` when the service cannot be reached."""
+        same path decoded, when the caller knows it (a hot route is then taken in process, and
+        handed ``identity`` as it is when one is given: see :meth:`in_process`). A call that takes
+        the transport must carry signed ``headers``. Raises :class:`httpx.HTTPError` when the
+        service cannot be reached."""
         if self.direct is not None and path is not None:
             handler = self.direct.handler(method, target, path)
             if handler is not None:
-                answer: Upstream = await self.direct.call(handler, method, target, headers, content)
+                answer: Upstream = await self.direct.call(handler, method, target, headers, content, identity)
                 return answer
         try:
             url = self.base.copy_with(raw_path=target.encode("ascii"))

@@ -23,11 +23,17 @@ from services.core.config import GymConfig
 from services.core.direct_routes import DirectRoutes, Handler
 from services.core.errors import AuthenticationFailed, GymError
 from services.core.http import install_error_handlers
-from services.core.identity import IDENTITY_HEADER, SIGNATURE_HEADER, Identity, verify
+from services.core.identity import IDENTITY_HEADER, IN_PROCESS_IDENTITY, SIGNATURE_HEADER, Identity, verify
 
 
 async def require_identity(request: Request) -> Identity:
-    """Refuse any call that did not come through the gateway (see services.core.identity)."""
+    """Refuse any call that did not come through the gateway (see services.core.identity). A hot
+    route called in process by the embedded gateway is handed the gateway's identity object
+    (``IN_PROCESS_IDENTITY``); every other call is verified from its signed headers."""
+    given = request.scope.get(IN_PROCESS_IDENTITY)
+    if isinstance(given, Identity):
+        request.state.request_id = given.request_id
+        return given
     body = await request.body()
     # The decoded path exactly as routed (``request.url.path`` re-escapes ``?``, ``#``, backslash).
     target = request.scope["path"] + (f"?{request.url.query}" if request.url.query else "")

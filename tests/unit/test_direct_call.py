@@ -173,3 +173,42 @@ def test_a_stream_whose_reader_goes_away_stops_its_producer() -> None:
     got = asyncio.run(go())
     assert got[0] == b"data: 0\n\n"
     assert stream_ends == ["closed"], "the producer ran on after its reader went away"
+
+
+def _identity(key_id: str) -> Identity:
+    return Identity(request_id="req_own", key_id=key_id, run_id=key_id, service="kit", operation="echo",
+                    policies=[], issued_at=time.time())
+
+
+def _unsigned() -> dict[str, str]:
+    return {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": "req_own"}
+
+
+def test_the_gateway_hands_its_identity_in_process_and_nothing_unsigned_crosses_the_transport() -> None:
+    """``forward`` hands a hot route its identity object and signs nothing (nothing crosses a
+    socket or the transport). The same unsigned call to a route that takes the transport, with
+    the identity object beside it, is refused: an identity object never travels, only a signature
+    does, so a call that leaves the process unsigned fails closed."""
+    good = b'{"hello":"world"}'
+
+    async def go() -> list[tuple[int, Any, list[dict[str, Any]]]]:
+        link, counting = _link(True)
+        answers = []
+        for path in ("/v1/echo", "/v1/routed"):
+            reached.clear()
+            assert link.in_process("POST", path, path) is (path == "/v1/echo")
+            r = await link.send("POST", path, _unsigned(), good, path=path, identity=_identity("key_given"))
+            answers.append((r.status_code, json.loads(await r.aread()), list(reached)))
+            await r.aclose()
+        # and with no identity object, an unsigned call to the hot route is refused as before
+        reached.clear()
+        r = await link.send("POST", "/v1/echo", _unsigned(), good, path="/v1/echo")
+        answers.append((r.status_code, json.loads(await r.aread()), list(reached)))
+        assert counting.calls == 1  # only the route that is not direct entered the whole app
+        return answers
+
+    (hot, hot_body, hot_hits), (routed, routed_body, routed_hits), (bare, bare_body, bare_hits) = asyncio.run(go())
+    assert (hot, hot_body) == (200, {"key": "key_given", "echo": {"hello": "world"}})
+    assert len(hot_hits) == 1
+    assert (routed, routed_body["error"]["type"], routed_hits) == (401, "authentication_error", [])
+    assert (bare, bare_body["error"]["type"], bare_hits) == (401, "authentication_error", [])
