@@ -40,7 +40,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 
 from gateway.asgi_transport import body_receive, http_scope, open_app
-from services.core.direct_routes import Handler, handler_for
+from services.core.direct_routes import Handler, error_answer
 from services.core.identity import IN_PROCESS_IDENTITY, Identity
 
 
@@ -103,10 +103,11 @@ class DirectService:
         try:
             response = await handler(request)
         except Exception as err:  # noqa: BLE001 - answered as the service's app answers it, or raised
-            on_error = handler_for(self.app.exception_handlers, err) or self.app.exception_handlers.get(Exception)
-            if on_error is None:
+            # No server-error middleware on this path: the app's catch-all handler answers an unexpected error.
+            answered = await error_answer(request, err, catch_all=True)
+            if answered is None:
                 raise
-            response = await on_error(request, err)
+            response = answered
         content = getattr(response, "body", None)
         if isinstance(content, bytes) and response.background is None:
             return DirectResponse(response.status_code, response.headers, content)

@@ -57,11 +57,21 @@ async def answer(scope: Scope, receive: Receive, send: Send, handler: Handler) -
     try:
         response = await handler(request)
     except Exception as err:  # noqa: BLE001 - answered by the app's own handler, or raised as before
-        on_error = handler_for(scope["app"].exception_handlers, err)
-        if on_error is None:
+        answered = await error_answer(request, err)
+        if answered is None:
             raise
-        response = await on_error(request, err)
+        response = answered
     await response(scope, receive, send)
+
+
+async def error_answer(request: Request, err: Exception, *, catch_all: bool = False) -> Response | None:
+    """The answer of the request's app (``scope["app"]``) to ``err``: the exception handler Starlette's
+    exception middleware would pick (:func:`handler_for`) or, with ``catch_all``, its ``Exception``
+    handler (which the app's server-error middleware runs where that middleware is on the path);
+    None when it has neither."""
+    handlers = request.scope["app"].exception_handlers
+    on_error = handler_for(handlers, err) or (handlers.get(Exception) if catch_all else None)
+    return None if on_error is None else await on_error(request, err)
 
 
 def handler_for(handlers: dict[Any, Any], err: Exception) -> Any:
