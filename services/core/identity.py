@@ -32,7 +32,8 @@ service's hot-route handler that it calls in process (gateway/direct_call.py). S
 crosses no socket and no transport, so there is nothing to sign or verify: the object was made
 by the gateway's own ``forward`` for this call. Nothing a caller sends can set a scope key: a call
 that arrives over HTTP or through the in-process transport carries only headers, and
-:func:`verify` checks them."""
+:func:`verify` checks them. The object is not bound to a path as a signature is: a handler
+given one must not hand its scope on to another route."""
 
 
 class Identity(BaseModel):
