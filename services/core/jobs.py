@@ -44,7 +44,7 @@ from services.core.errors import GymError, storage_full
 from services.core.ledger import Ledger
 from services.core.settings import JobSettings
 from services.core.store import Store
-from services.core.tables import LedgerEntry, utcnow
+from services.core.tables import OPEN_ROW, LedgerEntry, utcnow
 from services.core.workers import JobPool
 
 log = logging.getLogger("rsigym.jobs")
@@ -528,8 +528,7 @@ class JobRunnerBase:
     def release_holds(self, job_id: str) -> int:
         """Release reservations the job still holds (a dead worker's step that never settled)."""
         with self.store.transaction() as s:
-            held = s.scalars(select(LedgerEntry.id).where(LedgerEntry.ref_id == job_id,
-                                                          LedgerEntry.status == "reserved")).all()
+            held = s.scalars(select(LedgerEntry.id).where(LedgerEntry.ref_id == job_id, OPEN_ROW)).all()
         for reservation_id in held:
             self.ledger.release(reservation_id)
         return len(held)

@@ -34,6 +34,7 @@ from sqlalchemy import (
     String,
     Table,
     Update,
+    and_,
     bindparam,
     case,
     insert,
@@ -51,7 +52,7 @@ from services.core.group_commit import Pipelined
 from services.core.ids import new_id
 from services.core.money import format_usd, nusd_to_usd
 from services.core.store import Store, Work
-from services.core.tables import ApiKey, LedgerEntry, UTCDateTime, utcnow
+from services.core.tables import OPEN_ROW, ApiKey, LedgerEntry, UTCDateTime, utcnow
 
 log = logging.getLogger("rsigym.ledger")
 
@@ -487,7 +488,7 @@ class Ledger:
         with self.store.transaction() as s:
             ids = s.scalars(
                 select(LedgerEntry.id)
-                .where(LedgerEntry.status == "reserved", LedgerEntry.expires_at < utcnow())
+                .where(OPEN_ROW, LedgerEntry.expires_at < utcnow())
                 .limit(limit)
             ).all()
         # "charge" bills the whole estimate (None: see _close).
@@ -512,6 +513,8 @@ class Ledger:
                 where = LedgerEntry.key_id.in_(ids)
             else:
                 where = LedgerEntry.key_id == key.id
+            # Every key of the subtree is of the key's run: the (run, key) index finds them.
+            where = and_(LedgerEntry.run_id == key.root_id, where)
             rows = s.scalars(select(LedgerEntry).where(where).order_by(LedgerEntry.created_at).limit(limit)).all()
             return [ledger_row(r) for r in rows]
 
