@@ -70,10 +70,20 @@ def _naive_utc(value: datetime) -> datetime:
 def _sqlite_utc_text(value: datetime | None) -> str | None:
     if value is None:
         return None
-    if value.tzinfo is not UTC:
-        value = _naive_utc(value)
+    last = _LAST_TEXT[0]
+    if last[0] is value:
+        return last[1]
     # The fastest of the forms measured (C's isoformat; an aware UTC value's "+00:00" cut off).
-    return value.isoformat(" ", "microseconds")[:26]
+    text = (value if value.tzinfo is UTC else _naive_utc(value)).isoformat(" ", "microseconds")[:26]
+    _LAST_TEXT[0] = (value, text)
+    return text
+
+
+_LAST_TEXT: list[tuple[datetime | None, str]] = [(None, "")]
+"""The last value :func:`_sqlite_utc_text` formatted, with its text (~1.1 µs each, a fifth of a
+statement's binding): the ledger binds one ``now`` to both statements of a reservation and of a
+settlement. Read and replaced whole (one tuple), so threads racing on it never pair a value with
+another's text; the tuple's reference keeps the value alive, so ``is`` cannot match a new object."""
 
 
 class Base(DeclarativeBase):
