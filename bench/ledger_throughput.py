@@ -29,6 +29,10 @@ pair, so a slow store stretches the cell past ``--seconds``). Every caller's pai
 per key. The store's pool wait is raised to 600 s: the gateway admits only as many threads as
 the pool holds, so queueing 1,000 threads on 40 connections is the bench's doing, not a refusal.
 
+Before the cells, the process's garbage collector is set as a gym server sets it before it
+serves (:func:`services.core.heap.prepare_heap`: the heap built so far frozen, young passes every
+10,000 allocations): every cell runs in the conditions of the gateway's process.
+
 At the end, per store, the 0-overspend check: every key's spent + reserved <= budget, reserved
 == 0, spent == pairs counted x the settled amount; no ledger row left ``reserved``; per ledger
 key the settled rows' count == its pairs and their sum == its spent. Prints OK or each finding.
@@ -67,6 +71,7 @@ from sqlalchemy import func, make_url, select
 
 from services.core.config import GymConfig
 from services.core.errors import BudgetExhausted
+from services.core.heap import prepare_heap
 from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
 from services.core.presets import preset_policy
@@ -387,6 +392,7 @@ def main() -> None:
                 run_cell(Cell(kind, "hot", n, "raw"), raw_keys, warm.pair, 0.3)
                 run_async_cell(Cell(kind, "hot", n, "async"), async_keys, async_pair(ledger), 0.3)
             warm.close()
+            prepare_heap()  # the collector as a gym server sets it right before it serves
             if args.profile and kind == "sqlite":
                 profile = profile_one_caller(ledger, ledger_keys, args.seconds)
             if kind == "postgres":  # the server alone, before and after the cells (the box's pace drifts)

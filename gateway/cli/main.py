@@ -106,7 +106,7 @@ def up(
     from gateway.access_log import show_access_log
     from gateway.builder import build_embedded, own_url
     from services.core.body_limits import server_options
-    from services.core.heap import freeze_startup_heap
+    from services.core.heap import prepare_heap
 
     settings = _settings(data_dir, config)
     gym = build_embedded(settings)
@@ -119,7 +119,7 @@ def up(
     # found: make that handler an exit, so the note is taken back (the default one kills outright).
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     show_access_log(gym.gateway.config.logging.access)
-    freeze_startup_heap()
+    prepare_heap()
     try:
         uvicorn.run(gym.app, host=host, port=port, log_level="info", access_log=False,
                     **server_options(gym.gateway.config))
@@ -173,7 +173,7 @@ def serve(
     from gateway.builder import build_gateway, build_service
     from services.core.body_limits import server_options
     from services.core.config import load_config
-    from services.core.heap import freeze_startup_heap
+    from services.core.heap import prepare_heap
     from services.core.settings import StoreSettings
 
     settings = _settings(data_dir, config)
@@ -183,7 +183,7 @@ def serve(
         show_access_log(load_config(settings.config).logging.access)
     else:
         asgi = build_service(part, settings)
-    freeze_startup_heap()
+    prepare_heap()
     uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False,
                 **server_options(load_config(settings.config)))
 

@@ -205,14 +205,14 @@ def _main() -> None:
 
     from gateway.builder import build_embedded
     from services.core.body_limits import server_options
-    from services.core.heap import freeze_startup_heap
+    from services.core.heap import prepare_heap
     from services.core.settings import GymSettings
 
     data_dir, config, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     settings = GymSettings(data_dir=data_dir, config=config, admin_token=ADMIN_TOKEN)
     gym = build_embedded(settings)
     gym.listening_at(f"http://127.0.0.1:{port}")
-    freeze_startup_heap()  # as `rsigym up` does
+    prepare_heap()  # as `rsigym up` does
     uvicorn.run(gym.app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                 **server_options(gym.gateway.config))
 
