@@ -39,6 +39,8 @@ from sqlalchemy import (
     case,
     insert,
     literal,
+    literal_column,
+    null,
     or_,
     select,
     true,
@@ -116,6 +118,10 @@ def balance_of(chain: list[ApiKey]) -> Balance:
 def balance_from(chain: list[Figures]) -> Balance:
     """Figures of the binding account: the nearest key (self, then up) that has a budget;
     remaining is the least remaining over the whole chain (root first)."""
+    if len(chain) == 1:  # a run key on its own: most calls
+        only, spent, reserved = chain[0]
+        if only is not None:
+            return Balance(only, spent, reserved, max(only - spent - reserved, 0))
     budgeted = [f for f in chain if f[0] is not None]
     budget, spent, reserved = budgeted[-1]
     remaining = min(b - s - r for b, s, r in budgeted)  # type: ignore[operator]
@@ -159,8 +165,15 @@ MOVE = (
 )
 """A settlement on key ``kid`` at ``now``: free ``held``, charge ``charged``."""
 
-_RECORD = insert(ENTRIES)
-"""A new ledger row: every column is given by name (Ledger.reserve)."""
+_RECORD_BINDS = {name: bindparam(name, type_=ENTRIES.c[name].type) for name in
+                 ("id", "key_id", "run_id", "service", "operation", "ref_id", "request_id", "estimate_nusd",
+                  "created_at", "expires_at")}
+_OPEN_ROW: dict[str, ColumnElement[Any]] = {
+    "actual_nusd": null(), "overrun_nusd": literal_column("0"), "status": literal_column("'reserved'"),
+    "settled_at": null()}
+"""What a new row holds besides its binds: written into the SQL, not bound each time."""
+_RECORD = insert(ENTRIES).values({**_RECORD_BINDS, **_OPEN_ROW})
+"""A new ledger row, open: the columns of :data:`_RECORD_BINDS` given by name (Ledger.reserve)."""
 _STATE = select(_K.status, *_FIGURES).where(_K.id == bindparam("kid"))
 
 
@@ -214,17 +227,9 @@ estimate, only if expired before ``now``); ``charge`` is the real cost when not 
 # from the hold's RETURNING row, the key moved only from the close's. SQLite has no
 # data-modifying CTEs and no round trip to save: it keeps the two-statement forms.
 
-_RECORD_BINDS = {name: bindparam(name, type_=ENTRIES.c[name].type) for name in
-                 ("id", "key_id", "run_id", "service", "operation", "ref_id", "request_id", "estimate_nusd",
-                  "created_at", "expires_at")}
-
-
 def _hold_and_record() -> Select[Any]:
     held = HOLD.cte("held")
-    columns: dict[str, ColumnElement[Any]] = {**_RECORD_BINDS, "actual_nusd": literal(None, BigInteger),
-                                              "overrun_nusd": literal(0, BigInteger),
-                                              "status": literal("reserved", String),
-                                              "settled_at": literal(None, UTCDateTime())}
+    columns: dict[str, ColumnElement[Any]] = {**_RECORD_BINDS, **_OPEN_ROW}
     recorded = insert(ENTRIES).from_select(list(columns), select(*columns.values()).select_from(held)).cte("recorded")
     return select(held.c.budget_nusd, held.c.spent_nusd, held.c.reserved_nusd).add_cte(recorded)
 
@@ -363,8 +368,7 @@ class Ledger:
                         work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
                     self._refuse(work, kid, estimate_nusd)
                 figures.append(held)  # type: ignore[arg-type]
-            work.rows(_RECORD, {**row, "actual_nusd": None, "overrun_nusd": 0, "status": "reserved",
-                                "settled_at": None})
+            work.rows(_RECORD, row)
             return Reservation(row["id"], key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
         return hold

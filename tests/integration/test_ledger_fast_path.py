@@ -121,13 +121,13 @@ def test_sqlite_writers_of_one_process_wait_at_most_the_busy_timeout(tmp_path: P
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The SQL of every statement the hot path sends (each one a round trip to a server)."""
     sent: list[str] = []
-    send = Work.send  # every statement of a unit of work goes through it
+    run = Work._run  # every statement of a unit of work goes through it
 
-    def counted(self: Work, stmt: Any, params: dict[str, Any]) -> Any:
+    def counted(self: Work, stmt: Any, params: dict[str, Any], i: int) -> Any:
         sent.append(str(stmt))
-        return send(self, stmt, params)
+        return run(self, stmt, params, i)
 
-    monkeypatch.setattr(Work, "send", counted)
+    monkeypatch.setattr(Work, "_run", counted)
     return sent
 
 

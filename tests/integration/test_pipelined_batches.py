@@ -31,13 +31,13 @@ before it have been answered."""
 def _sends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Record, for every statement sent, whether it went inside a pipeline."""
     seen: list[bool] = []
-    send = Work.send
+    run = Work._run  # every statement of a unit of work goes through it
 
-    def spy(self: Work, stmt: Any, params: dict[str, Any]) -> Any:
+    def spy(self: Work, stmt: Any, params: dict[str, Any], i: int) -> Any:
         seen.append(self._pipelining)  # noqa: SLF001 - the test checks how statements went
-        return send(self, stmt, params)
+        return run(self, stmt, params, i)
 
-    monkeypatch.setattr(Work, "send", spy)
+    monkeypatch.setattr(Work, "_run", spy)
     return seen
 
 
