@@ -8,6 +8,7 @@ fails closed, it never lets a call through unmetered.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +29,10 @@ from services.core.settings import StoreSettings
 from services.core.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
+log = logging.getLogger("rsigym.store")
 
+SQLITE_DEFAULT_CACHE = -2000
+"""SQLite's default ``cache_size`` (2,000 KiB), which a connection is given back with."""
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_ID = 0x5253_4947_796D  # "RSIGym": the advisory lock every replica migrates under
 
@@ -436,6 +440,7 @@ class Store:
         kept = self._held.kept
         if kept is None:
             kept = self._held.kept = self._connection()
+            self._writer_cache(kept, self.settings.sqlite_writer_cache_mib)
         return kept
 
     def release_kept(self) -> None:
@@ -444,7 +449,23 @@ class Store:
         connection the server dropped meanwhile is found by the pool's test, not by a batch."""
         kept, self._held.kept = getattr(self._held, "kept", None), None
         if kept is not None:
-            kept.close()
+            try:
+                self._writer_cache(kept, 0)  # pooled again with SQLite's default: the pages above it freed
+            finally:
+                kept.close()
+
+    def _writer_cache(self, conn: PoolProxiedConnection, mib: int) -> None:
+        """SQLite: the kept connection's page cache, ``mib`` MiB (0: SQLite's default), see
+        ``StoreSettings.sqlite_writer_cache_mib``. A failure leaves the cache as it was."""
+        if self._writer is None or not conn.is_valid or not self.settings.sqlite_writer_cache_mib:
+            return
+        cursor = conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA cache_size={-1024 * mib if mib else SQLITE_DEFAULT_CACHE}")
+        except self.dbapi_error:
+            log.warning("could not set the SQLite writer connection's page cache", exc_info=True)
+        finally:
+            cursor.close()
 
     def _connection(self) -> PoolProxiedConnection:
         """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`)."""

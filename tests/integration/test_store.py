@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -84,3 +85,33 @@ def test_every_track_preset_is_a_valid_policy(track: str) -> None:
     assert policy.services
     assert ("rollout" in policy.services) == (track in ("data", "joint"))
     assert ("training" in policy.services) == (track != "harness")
+
+
+def test_the_sqlite_writer_connection_keeps_a_larger_page_cache_only_while_it_is_kept(sqlite_store: Store) -> None:
+    """The group commit's writer connection gets StoreSettings.sqlite_writer_cache_mib while
+    the writer keeps it; back in the pool it is an ordinary connection again (SQLite's default),
+    so other transactions never hold that much memory each."""
+    store = sqlite_store
+
+    def cache_size(conn: Any) -> int:
+        cursor = conn.cursor()
+        try:
+            cursor.execute("PRAGMA cache_size")
+            return int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
+    with store.keeping_connection():
+        with store.begin() as work:
+            kept = work._conn.dbapi_connection  # noqa: SLF001 - the connection the writer keeps
+            assert cache_size(kept) == -1024 * store.settings.sqlite_writer_cache_mib
+        with store.begin() as work:
+            assert work._conn.dbapi_connection is kept  # noqa: SLF001 - still kept between batches
+    pooled = store.engine.raw_connection()
+    try:
+        assert pooled.dbapi_connection is kept  # the same one, back in the pool
+        assert cache_size(pooled) == -2000
+    finally:
+        pooled.close()
+    with store.begin() as work:  # an ordinary transaction: the default
+        assert cache_size(work._conn) == -2000  # noqa: SLF001
