@@ -139,6 +139,53 @@ def test_a_unit_that_fails_after_writing_is_rolled_back_alone(store: Store) -> N
         assert sorted(s.scalars(select(LedgerEntry.estimate_nusd)).all()) == [100, 200]
 
 
+def test_with_work_waiting_a_batchs_callers_are_woken_only_once_it_committed_whatever_the_next_does(
+        store: Store) -> None:
+    """Under a backlog a batch's callers are woken while the next batch commits
+    (GroupCommit._wake_committed), not at once. Each is still woken only after its own batch
+    committed (what it was told is in the store, seen from another connection), and even when
+    the next batch never commits: there, a unit that fails after its write, alone in its batch."""
+    ledger = Ledger(store)
+    key = make_key(store, 1_000)
+    entered, release = threading.Event(), threading.Event()
+    seen: dict[str, str | None] = {}
+
+    def reserve_and_look(name: str, estimate: int) -> Any:
+        res = ledger.reserve(key, service="rollout", operation="x", estimate_nusd=estimate)
+        with store.transaction() as s:  # a connection of its own: only committed rows
+            seen[name] = s.scalar(select(LedgerEntry.status).where(LedgerEntry.id == res.id))
+        return res
+
+    def blocking(_work: Work) -> str:
+        entered.set()
+        assert release.wait(30)
+        return "blocked"
+
+    def broken(work: Work) -> None:
+        work.first(HOLD, {"kid": key, "x": 500, "now": utcnow()})
+        raise RuntimeError("the work broke after its write")
+
+    callers = Callers()
+    with held_leader(store, callers):  # batch A: two holds and a unit that holds batch A open
+        callers.start("a1", lambda: reserve_and_look("a1", 100))
+        wait_until(lambda: queued(store) == 1)
+        callers.start("a2", lambda: reserve_and_look("a2", 200))
+        wait_until(lambda: queued(store) == 2)
+        callers.start("block", lambda: store.batched(blocking))
+        wait_until(lambda: queued(store) == 3)
+    assert entered.wait(30)
+    callers.start("broken", lambda: store.batched(broken))  # batch B, queued while A runs
+    wait_until(lambda: queued(store) == 1)
+    release.set()
+    callers.join()
+
+    assert str(callers.errors.pop("broken")) == "the work broke after its write"
+    assert callers.errors == {}
+    assert callers.results["block"] == "blocked"
+    assert seen == {"a1": "reserved", "a2": "reserved"}  # committed before their callers heard of it
+    assert account(store, key) == (0, 300)  # none of the broken work's 500
+
+
 def test_a_failed_commit_fails_every_call_of_the_batch_closed(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the batch's COMMIT fails, every caller whose work was in it is refused (503), and
     nothing of the batch is in the store."""
