@@ -27,8 +27,10 @@ having started is refused (503) and its work is never run.
 Callers on an event loop (:meth:`GroupCommit.run_async`, the gateway's reservations and
 settlements) queue the same way without a worker thread each: their batches are led by the
 store's one *writer* thread, which wakes when the oldest waiting caller is such a coroutine, and
-each coroutine is woken on its own loop when its work is done. A thousand concurrent calls cost a
-thousand futures, not a thousand thread trips. A coroutine cancelled while its work waits
+each coroutine is woken on its own loop when its work is done and committed. A thousand
+concurrent calls cost a thousand futures, not a thousand thread trips. Callers, threads and
+coroutines alike, are woken once their batch has committed: at once when nobody waits behind them,
+else while the next batch commits (:meth:`GroupCommit._wake_committed`). A coroutine cancelled while its work waits
 withdraws it; one cancelled after its work was taken gets no result, and the unit's ``orphaned``
 hook (a reservation's: release it) runs on what it produced, so nothing stays held for a caller
 that went away.
