@@ -335,7 +335,8 @@ class GroupCommit:
                 if successor is not None:
                     # More work waits: this batch's callers are woken while the next batch
                     # commits (see _wake_committed), not now.
-                    self._committed, batch = batch, []
+                    self._committed.extend(batch)
+                    batch = []
             _wake(batch)
             if successor is not None:
                 if successor.loop is None:
