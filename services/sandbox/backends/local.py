@@ -551,9 +551,14 @@ def _parse(line: bytes) -> dict[str, Any]:
 
 
 def _readline_with_timeout(stream: Any, timeout: float) -> bytes | None:
+    """A line from ``stream`` once it is readable, None if it is not within ``timeout`` s. Waits
+    with ``poll``, not ``select``: ``select`` refuses a descriptor numbered 1024 or more
+    (ValueError), and a gym serving many connections has that many open."""
     import select
 
-    ready, _, _ = select.select([stream], [], [], max(timeout, 0))
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    ready = poller.poll(max(timeout, 0) * 1000)
     return stream.readline() if ready else None
 
 
