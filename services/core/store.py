@@ -192,13 +192,7 @@ class Work:
         # :meth:`send` then :meth:`Sent.rows`, without the Sent between (a third of the
         # Python a hot statement costs outside the driver).
         cursor, prepared = self._run(stmt, params, 0)
-        try:
-            returns_rows = prepared.returns_rows
-            if returns_rows is None:
-                returns_rows = cursor.description is not None
-            return cursor.fetchall() if returns_rows else []
-        except self._store.dbapi_error as err:
-            raise self._failed(err, prepared.sql) from err
+        return self._fetch(cursor, prepared)
 
     def first(self, stmt: ClauseElement, params: dict[str, Any]) -> tuple[Any, ...] | None:
         found = self.rows(stmt, params)
@@ -230,6 +224,16 @@ class Work:
         except self._store.dbapi_error as err:
             raise self._failed(err, prepared.sql) from err
         return cursor, prepared
+
+    def _fetch(self, cursor: Any, prepared: Prepared) -> list[tuple[Any, ...]]:
+        """The rows a statement run on ``cursor`` answered (none for one that returns none)."""
+        returns_rows = prepared.returns_rows
+        try:
+            has_rows = returns_rows if returns_rows is not None else cursor.description is not None
+            found: list[tuple[Any, ...]] = cursor.fetchall() if has_rows else []
+        except self._store.dbapi_error as err:
+            raise self._failed(err, prepared.sql) from err
+        return found
 
     def _cursor_for(self, i: int) -> Any:
         """The connection's ``i``-th cursor, kept with the connection for its next transactions
@@ -292,13 +296,7 @@ class Sent:
         return not self._pipelined or getattr(self._cursor, "pgresult", None) is not None
 
     def rows(self) -> list[tuple[Any, ...]]:
-        cursor, returns_rows = self._cursor, self._prepared.returns_rows
-        try:
-            has_rows = returns_rows if returns_rows is not None else cursor.description is not None
-            found: list[tuple[Any, ...]] = cursor.fetchall() if has_rows else []
-        except self._work._store.dbapi_error as err:
-            raise self._work._failed(err, self._prepared.sql) from err
-        return found
+        return self._work._fetch(self._cursor, self._prepared)
 
     def first(self) -> tuple[Any, ...] | None:
         found = self.rows()
