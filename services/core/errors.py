@@ -109,6 +109,11 @@ class KeptConnectionLost(StoreUnavailable):
     and the work may run again on a fresh connection."""
 
 
+class WouldWait(Exception):  # noqa: N818 - a signal between store and group commit, not an error
+    """``Store.begin(wait=False)`` found another writer at work and ran nothing: the caller goes
+    the waiting way instead (services/core/group_commit.py). Never reaches a client."""
+
+
 class ServiceUnavailable(GymError):
     status, type = 503, "service_unavailable"
 

@@ -28,7 +28,10 @@ Callers on an event loop (:meth:`GroupCommit.run_async`, the gateway's reservati
 settlements) queue the same way without a worker thread each: their batches are led by the
 store's one *writer* thread, which wakes when the oldest waiting caller is such a coroutine, and
 each coroutine is woken on its own loop when its work is done and committed. A thousand
-concurrent calls cost a thousand futures, not a thousand thread trips. Callers, threads and
+concurrent calls cost a thousand futures, not a thousand thread trips. A coroutine caller with no
+company (no other caller's work queued, led or awaited) on a SQLite store runs its work itself,
+on its loop's thread, when it can do so without waiting for another writer
+(``Store.begin(wait=False)``); else it queues as above. Callers, threads and
 coroutines alike, are woken once their batch has committed: at once when nobody waits behind them,
 else while the next batch commits (:meth:`GroupCommit._wake_committed`). A coroutine cancelled while its work waits
 withdraws it; one cancelled after its work was taken gets no result, and the unit's ``orphaned``
@@ -45,7 +48,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from services.core.errors import KeptConnectionLost, StoreUnavailable
+from services.core.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 
 if TYPE_CHECKING:
     from services.core.store import Store, Work
@@ -154,10 +157,18 @@ class _Abort(Exception):
 class GroupCommit:
     """One per :class:`Store`; see the module docstring."""
 
-    def __init__(self, store: Store, *, max_batch: int, wait_s: float):
+    def __init__(self, store: Store, *, max_batch: int, wait_s: float, inline: bool = False):
         self._store = store
         self.max_batch = max(1, max_batch)
         self.wait_s = wait_s
+        self.inline = inline
+        """Whether a coroutine caller with no company runs its work itself, on its event loop's
+        thread, when that cannot block (:meth:`run_async`): a SQLite store whose commits never
+        checkpoint (the store's checkpointer thread does)."""
+        self._awaiting = 0
+        """Coroutine callers whose work is queued or taken and who have not resumed yet."""
+        self.inline_units = 0
+        """Units a coroutine caller ran itself (:meth:`run_async`): a figure for benches and tests."""
         self._lock = threading.Lock()
         self._queue: collections.deque[_Unit[Any]] = collections.deque()
         self._leading = False
@@ -196,6 +207,32 @@ class GroupCommit:
         if self._store.in_transaction():  # as in run(): a leader would wait for what this thread holds
             with self._store.begin() as work:
                 return fn(work)
+        with self._lock:
+            self._awaiting += 1
+            alone = self._awaiting == 1
+        try:
+            if alone and self.inline:
+                # Callers made ready together with this one (a burst) arrive first, and queue.
+                await asyncio.sleep(0)
+                if self._awaiting == 1 and not self._leading and not self._queue:
+                    # Nobody else's store work is in flight: a batch would be this unit alone,
+                    # and handing it to the writer thread and back (two thread wake-ups, 100-300
+                    # µs on 2 cores) costs more than the work. Run it here, unless that means
+                    # waiting for another writer.
+                    try:
+                        with self._store.begin(wait=False) as work:
+                            self.inline_units += 1
+                            return fn(work)
+                    except WouldWait:
+                        pass  # another writer is at work (nothing ran): queue, as with company
+            return await self._queued(fn, clean, orphaned)
+        finally:
+            with self._lock:
+                self._awaiting -= 1
+
+    async def _queued(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
+                      orphaned: Callable[[T], None] | None) -> T:
+        """:meth:`run_async`'s work queued for a batch that the writer thread leads."""
         unit: _Unit[T] = _Unit(fn, clean, asyncio.get_running_loop())
         assert unit.future is not None
         with self._lock:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +20,10 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import ClauseElement, Dialect, Engine, Select, UpdateBase, create_engine, event, exc, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from services.core.errors import KeptConnectionLost, StoreUnavailable
+from services.core.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 from services.core.fanout import KeyEvents
 from services.core.group_commit import GroupCommit
 from services.core.settings import StoreSettings
@@ -336,6 +337,7 @@ class Store:
             self,
             max_batch=self.settings.group_commit_max,
             wait_s=max(self.settings.pool_timeout_s, self.settings.sqlite_busy_timeout_ms / 1000),
+            inline=self._checkpoints is not None,
         )
 
     @property
@@ -366,24 +368,25 @@ class Store:
         return getattr(self._held, "depth", 0) > 0
 
     @contextlib.contextmanager
-    def begin(self) -> Iterator[Work]:
+    def begin(self, *, wait: bool = True) -> Iterator[Work]:
         """:meth:`transaction` for hot paths: prepared Core statements run on a pooled DBAPI
         connection, with no ORM session and no per-statement engine machinery. The same
         guarantees: committed on success, rolled back on any error, driver errors raised as
         SQLAlchemy's (so :meth:`guard` refuses with 503 ``store_unavailable``), a connection
-        lost mid-call invalidated, not pooled again."""
-        with self.guard(), self._turn():
+        lost mid-call invalidated, not pooled again.
+
+        ``wait=False`` (SQLite only): never wait for another writer, in this process or another;
+        :class:`WouldWait` is raised instead, before anything ran (for an event loop's thread,
+        which must not block: :meth:`GroupCommit.run_async`)."""
+        assert wait or self._writer is not None, "begin(wait=False) is for SQLite"
+        with self.guard(), self._turn(wait):
             keep = self._held.depth == 1 and getattr(self._held, "keep", False)
-            conn = self._kept() if keep else self._connection()
+            conn = self._kept() if keep else self._connection(wait)
             committing = False
             try:
                 try:
                     if self._writer is not None:
-                        # pysqlite's transaction control is off (see _make_engine): take the
-                        # write lock up front, as the engine's "begin" event does.
-                        begin = conn.cursor()
-                        begin.execute("BEGIN IMMEDIATE")
-                        begin.close()
+                        self._begin_immediate(conn, wait)
                     yield Work(self, conn)
                     committing = True
                     conn.commit()
@@ -405,6 +408,28 @@ class Store:
                 elif not conn.is_valid:  # lost: the next transaction takes a fresh one from the pool
                     self._held.kept = None
                     conn.close()
+
+    def _begin_immediate(self, conn: PoolProxiedConnection, wait: bool) -> None:
+        """SQLite: take the write lock up front, as the engine's "begin" event does (pysqlite's
+        transaction control is off, see _make_engine). Not ``wait``-ing: with no busy timeout for
+        the ``BEGIN`` alone, and :class:`WouldWait` if another connection holds the lock."""
+        cursor = conn.cursor()
+        try:
+            if wait:
+                cursor.execute("BEGIN IMMEDIATE")
+                return
+            cursor.execute("PRAGMA busy_timeout=0")
+            try:
+                cursor.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as err:
+                if err.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise WouldWait("another connection holds the SQLite write lock") from err
+                raise
+            finally:
+                # Not transactional: the connection's own wait is back before anything else runs.
+                cursor.execute(f"PRAGMA busy_timeout={self.settings.sqlite_busy_timeout_ms}")
+        finally:
+            cursor.close()
 
     @contextlib.contextmanager
     def keeping_connection(self) -> Iterator[None]:
@@ -465,8 +490,11 @@ class Store:
         finally:
             cursor.close()
 
-    def _connection(self) -> PoolProxiedConnection:
-        """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`)."""
+    def _connection(self, wait: bool = True) -> PoolProxiedConnection:
+        """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`).
+        Not ``wait``-ing: :class:`WouldWait` when every connection the pool may hold is out."""
+        if not wait and cast(QueuePool, self.engine.pool).checkedout() >= self.settings.pool_size + self.settings.max_overflow:
+            raise WouldWait("every pooled store connection is in use")
         try:
             return self.engine.raw_connection()
         except self.dbapi_error as err:
@@ -493,16 +521,20 @@ class Store:
         return found
 
     @contextlib.contextmanager
-    def _turn(self) -> Iterator[None]:
+    def _turn(self, wait: bool = True) -> Iterator[None]:
         """SQLite: wait for this process's writer turn (see :func:`_sqlite_writer`), at most
-        the busy timeout, then refuse as a locked database would. Counts this thread's open
+        the busy timeout, then refuse as a locked database would (not ``wait``-ing: raise
+        :class:`WouldWait` at once if another thread has it). Counts this thread's open
         transactions (:meth:`in_transaction`)."""
         self._held.depth = getattr(self._held, "depth", 0) + 1
         try:
             if self._writer is None:
                 yield
                 return
-            if not self._writer.acquire(timeout=self.settings.sqlite_busy_timeout_ms / 1000):
+            if not wait:
+                if not self._writer.acquire(blocking=False):
+                    raise WouldWait("another thread of this process is writing to the store")
+            elif not self._writer.acquire(timeout=self.settings.sqlite_busy_timeout_ms / 1000):
                 raise StoreUnavailable("the gym's store is busy; the call was refused")
             try:
                 yield

@@ -104,6 +104,7 @@ def test_threads_and_coroutines_share_one_batch_and_the_lead_passes_both_ways(st
     assert store.group.batches == batches + 1
 
     # a coroutine's work holds the lead (on the writer thread); a thread queues first behind it
+    store.group.inline = False  # alone, the coroutine would run its (blocking) work on its own loop
     entered, release = threading.Event(), threading.Event()
 
     def block(_work: Work) -> str:
@@ -391,6 +392,7 @@ def test_the_writer_thread_leaves_when_idle_and_a_new_one_serves(
     store: Store, loop: Loop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(group_commit, "WRITER_IDLE_S", 0.05)
+    store.group.inline = False  # alone, a coroutine's work would run on its own loop, with no writer
     ledger = Ledger(store)
     key = make_key(store, 1_000)
     assert loop.start(reserve(ledger, key, 100)).result(30).estimate_nusd == 100
