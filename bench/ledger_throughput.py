@@ -14,7 +14,8 @@ callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
   caller), as the gateway calls it: ``hop`` through a worker thread per call (``Store.call``, the
   gateway's path before 2026-12-03), ``async`` by ``Ledger.reserve_async`` /
   ``settle_with_balance_async`` (``GroupCommit.run_async``: queued without a thread each, batches
-  led by the store's writer thread) — the gateway's path now; keys of their own;
+  led by the store's writer thread; on SQLite a caller with no company runs its work on the loop
+  itself) — the gateway's path now; keys of their own;
 * ``raw``, the baseline in the same run on the same database: the bare conditional
   ``UPDATE api_keys SET reserved_nusd = reserved_nusd + x WHERE id = k AND status = 'active'
   AND budget_nusd - spent_nusd - reserved_nusd >= x`` then the settle ``UPDATE`` (reserved - x,

@@ -95,8 +95,9 @@ class StoreSettings(BaseSettings):
     """The most ledger operations that share one transaction and one commit (group commit,
     services/core/group_commit.py). 1 = every operation commits on its own."""
     sqlite_writer_cache_mib: int = Field(default=16, ge=0)
-    """SQLite: the page cache of the store's writer thread's connection while it leads batches
-    (services/core/group_commit.py), in MiB; SQLite's default (2 MiB) elsewhere. The ledger's
+    """SQLite: the page cache of the store's writer thread's connection while it leads batches,
+    and of the connection a lone call from an event loop commits on (services/core/group_commit.py),
+    in MiB; SQLite's default (2 MiB) elsewhere. The ledger's
     reservations insert at random places in its id and (run, key) indexes: with the default the
     writer re-reads most of those pages from the file on every batch once the ledger passes ~10^5
     rows. 0 = SQLite's default there too."""

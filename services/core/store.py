@@ -333,6 +333,8 @@ class Store:
         self._prepared: dict[ClauseElement, Prepared] = {}
         self._limiter = anyio.CapacityLimiter(self.settings.pool_size + self.settings.max_overflow)
         self._held = threading.local()
+        self._unwaiting_conn: PoolProxiedConnection | None = None
+        """SQLite: the connection of transactions that must not wait (:meth:`_unwaiting`)."""
         self.group = GroupCommit(
             self,
             max_batch=self.settings.group_commit_max,
@@ -381,7 +383,7 @@ class Store:
         assert wait or self._writer is not None, "begin(wait=False) is for SQLite"
         with self.guard(), self._turn(wait):
             keep = self._held.depth == 1 and getattr(self._held, "keep", False)
-            conn = self._kept() if keep else self._connection(wait)
+            conn = self._kept() if keep else self._connection() if wait else self._unwaiting()
             committing = False
             try:
                 try:
@@ -403,7 +405,11 @@ class Store:
                     raise KeptConnectionLost("the gym's store connection was lost; the call was refused") from err
                 raise
             finally:
-                if not keep:
+                if not wait:
+                    if not conn.is_valid:  # lost: the next such transaction takes a fresh one
+                        self._unwaiting_conn = None
+                        conn.close()
+                elif not keep:
                     conn.close()
                 elif not conn.is_valid:  # lost: the next transaction takes a fresh one from the pool
                     self._held.kept = None
@@ -411,23 +417,44 @@ class Store:
 
     def _begin_immediate(self, conn: PoolProxiedConnection, wait: bool) -> None:
         """SQLite: take the write lock up front, as the engine's "begin" event does (pysqlite's
-        transaction control is off, see _make_engine). Not ``wait``-ing: with no busy timeout for
-        the ``BEGIN`` alone, and :class:`WouldWait` if another connection holds the lock."""
+        transaction control is off, see _make_engine). Not ``wait``-ing (on :meth:`_unwaiting`'s
+        connection, which has no busy timeout): :class:`WouldWait` if another connection holds it."""
         cursor = conn.cursor()
         try:
-            if wait:
-                cursor.execute("BEGIN IMMEDIATE")
-                return
-            cursor.execute("PRAGMA busy_timeout=0")
+            cursor.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as err:
+            if not wait and err.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise WouldWait("another connection holds the SQLite write lock") from err
+            raise
+        finally:
+            cursor.close()
+
+    def _unwaiting(self) -> PoolProxiedConnection:
+        """SQLite: the connection of the transactions that must not wait (:meth:`begin` with
+        ``wait=False``), with no busy timeout, so that its ``BEGIN IMMEDIATE`` fails at once
+        when another connection holds the write lock. Taken from the pool at the first such
+        transaction (:class:`WouldWait` if the pool would make it wait) and kept, with the
+        writer's page cache, until the store is disposed; used only under the writer's turn."""
+        conn = self._unwaiting_conn
+        if conn is None:
+            if cast(QueuePool, self.engine.pool).checkedout() >= self.settings.pool_size + self.settings.max_overflow:
+                raise WouldWait("every pooled store connection is in use")
+            conn = self._connection()
             try:
-                cursor.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as err:
-                if err.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                    raise WouldWait("another connection holds the SQLite write lock") from err
+                self._pragma(conn, "busy_timeout=0")
+            except BaseException:
+                conn.close()
                 raise
-            finally:
-                # Not transactional: the connection's own wait is back before anything else runs.
-                cursor.execute(f"PRAGMA busy_timeout={self.settings.sqlite_busy_timeout_ms}")
+            self._writer_cache(conn, self.settings.sqlite_writer_cache_mib)
+            self._unwaiting_conn = conn
+        return conn
+
+    def _pragma(self, conn: PoolProxiedConnection, pragma: str) -> None:
+        cursor = conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA {pragma}")
+        except self.dbapi_error as err:
+            raise self.wrapped(err, conn, None) from err
         finally:
             cursor.close()
 
@@ -490,11 +517,8 @@ class Store:
         finally:
             cursor.close()
 
-    def _connection(self, wait: bool = True) -> PoolProxiedConnection:
-        """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`).
-        Not ``wait``-ing: :class:`WouldWait` when every connection the pool may hold is out."""
-        if not wait and cast(QueuePool, self.engine.pool).checkedout() >= self.settings.pool_size + self.settings.max_overflow:
-            raise WouldWait("every pooled store connection is in use")
+    def _connection(self) -> PoolProxiedConnection:
+        """A pooled DBAPI connection; a driver error raised as SQLAlchemy's (see :meth:`guard`)."""
         try:
             return self.engine.raw_connection()
         except self.dbapi_error as err:
@@ -575,6 +599,9 @@ class Store:
     def dispose(self) -> None:
         if self._checkpoints is not None:
             self._checkpoints.close()
+        unwaiting, self._unwaiting_conn = self._unwaiting_conn, None
+        if unwaiting is not None:
+            unwaiting.invalidate()  # closed, never lent out with no busy timeout
         self.engine.dispose()
         self.key_events.close()
 

@@ -105,9 +105,8 @@ def test_a_lone_coroutine_never_blocks_its_loop_behind_another_process_and_every
         tmp_path: Path, loop: Loop) -> None:
     """Another process (here: a connection of its own, outside the store) holds SQLite's write
     lock: the lone coroutine's attempt fails at once and its work queues for the writer thread,
-    which waits for the lock as the store always has. The attempt took the pooled connection's
-    busy timeout off for its ``BEGIN`` only: every connection the pool holds afterwards waits
-    the configured time again."""
+    which waits for the lock as the store always has. Only the store's own connection for such
+    attempts has no busy timeout: every connection the pool lends waits the configured time."""
     store = Store(sqlite_url(tmp_path), StoreSettings(sqlite_busy_timeout_ms=30_000))
     store.migrate()
     try:
@@ -218,3 +217,19 @@ def test_a_store_whose_commits_checkpoint_keeps_every_coroutine_off_the_loop(tmp
         assert store.group.inline_units == 0
     finally:
         store.dispose()
+
+
+def test_the_connection_lone_calls_commit_on_never_waits_and_is_closed_with_the_store(tmp_path: Path) -> None:
+    """Lone calls commit on one connection of the store's own, with no busy timeout (the pool's
+    keep theirs); disposing of the store closes it, never lends it to anyone else."""
+    store = Store(sqlite_url(tmp_path), StoreSettings(sqlite_busy_timeout_ms=30_000))
+    store.migrate()
+    key = make_key(store, 1_000)
+    assert asyncio.run(reserve(Ledger(store), key, 100)).estimate_nusd == 100
+    own = store._unwaiting_conn  # noqa: SLF001 - the connection under test
+    assert own is not None and own.dbapi_connection is not None
+    dbapi = own.dbapi_connection
+    assert dbapi.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+    store.dispose()
+    with pytest.raises(sqlite3.ProgrammingError):
+        dbapi.execute("SELECT 1")
