@@ -137,11 +137,14 @@ def gym_config(api_base: str, **rollout: Any) -> GymConfig:
 def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> Iterator[Callable[..., Gym]]:
     """Build embedded gyms on a given store (default: SQLite in tmp_path)."""
     built: list[Gym] = []
+    owned: list[Store] = []
+    """The stores made here (a store passed in is its giver's to dispose of)."""
 
     def make(store: Store | None = None, config: GymConfig | None = None, secrets_: dict[str, str] | None = None) -> Gym:
         settings = GymSettings(data_dir=tmp_path / f"gym{len(built)}", admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR)
         if store is None:
             store = Store(sqlite_url(settings.data_dir), StoreSettings())
+            owned.append(store)
             store.migrate()
         gym = build_embedded(
             settings,
@@ -163,6 +166,8 @@ def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> I
             close = getattr(service_app.state, "close", None)
             if close is not None:  # live sandboxes are killed, evaluation workers stopped
                 close()
+    for store in owned:  # its writer thread ended, its connections closed
+        store.dispose()
 
 
 @pytest.fixture

@@ -175,6 +175,10 @@ class GroupCommit:
         self._writer_turn = threading.Event()
         """Set when the lead passes to the writer thread (the oldest waiting caller is a coroutine)."""
         self._writer: threading.Thread | None = None
+        self._handed = False
+        """Set (under the queue lock) when the lead passes to the writer thread, cleared when it takes it."""
+        self._closing = False
+        """Set by :meth:`close`: the writer thread leaves as soon as it holds no lead."""
         self._committed: list[_Unit[Any]] = []
         """The callers of the last batch, done and committed, not yet woken (:meth:`_wake_committed`)."""
         self._watches: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
@@ -326,13 +330,30 @@ class GroupCommit:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write, name="rsigym-store-writer", daemon=True)
                 self._writer.start()
+            self._handed = True
             self._writer_turn.set()
 
+    def close(self, timeout_s: float = 5.0) -> None:
+        """The store is being disposed of: the writer thread leads what it was handed, gives its
+        kept connection back and ends (waited for at most ``timeout_s``). A caller after this
+        still gets a writer, which leaves again once it has led that caller's batch."""
+        with self._lock:
+            self._closing = True
+            writer = self._writer
+        self._writer_turn.set()
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(timeout_s)
+
     def _write(self) -> None:
-        """The writer thread: leads whenever handed the lead; leaves after WRITER_IDLE_S without.
-        Its batches share one pooled connection while it lives (:meth:`Store.keeping_connection`)."""
+        """The writer thread: leads whenever handed the lead; leaves after WRITER_IDLE_S without,
+        or once closed (:meth:`close`). Its batches share one pooled connection while it lives
+        (:meth:`Store.keeping_connection`)."""
         with self._store.keeping_connection():
             while True:
+                with self._lock:
+                    if self._closing and not self._handed:
+                        self._writer = None
+                        return
                 if not self._writer_turn.wait(KEEP_IDLE_S):
                     self._store.release_kept()  # idle: the connection goes back (to be tested when taken again)
                     if not self._writer_turn.wait(WRITER_IDLE_S - KEEP_IDLE_S):
@@ -342,7 +363,10 @@ class GroupCommit:
                                 return
                         continue
                 self._writer_turn.clear()
-                self._lead()
+                with self._lock:
+                    handed, self._handed = self._handed, False
+                if handed:  # else woken by close()
+                    self._lead()
 
     def _await(self, unit: _Unit[Any]) -> bool:
         """Wait until the unit is done (False) or this caller is to lead (True)."""

@@ -597,6 +597,7 @@ class Store:
             command.upgrade(cfg, "head")
 
     def dispose(self) -> None:
+        self.group.close()  # its writer thread's kept connection back to the pool, closed below
         if self._checkpoints is not None:
             self._checkpoints.close()
         unwaiting, self._unwaiting_conn = self._unwaiting_conn, None

@@ -399,3 +399,16 @@ def test_the_writer_thread_leaves_when_idle_and_a_new_one_serves(
     wait_until(lambda: store.group._writer is None)  # noqa: SLF001 - the thread it starts and ends
     assert loop.start(reserve(ledger, key, 200)).result(30).estimate_nusd == 200
     assert account(store, key) == (0, 300)
+
+
+def test_disposing_of_the_store_ends_its_writer_thread_and_closes_its_connection(store: Store, loop: Loop) -> None:
+    """A store disposed of (a gym shutting down, a test ending) leaves no writer thread behind
+    and no connection of its open: not the writer's kept one, not for its idle minutes."""
+    store.group.inline = False  # through the writer thread, as under load
+    kept = loop.start(store.batched_async(lambda work: work._conn.dbapi_connection)).result(30)  # noqa: SLF001
+    writer = store.group._writer  # noqa: SLF001 - the thread under test
+    assert writer is not None and writer.is_alive()
+    store.dispose()
+    assert not writer.is_alive() and store.group._writer is None  # noqa: SLF001
+    with pytest.raises(Exception, match="(?i)closed"):
+        kept.cursor().execute("SELECT 1")
