@@ -9,8 +9,11 @@ load. Each gym is ``rsigym up``'s server (tests/fakes/gym_process.py) started fr
 (a ``git worktree`` of the revision to compare) with this project's interpreter; both route
 ``teacher`` to the same stand-in and meter every call on their own SQLite store.
 
+With ``--stream`` each call is a streamed completion (``--stream-tokens`` tokens), and what each
+gym adds is paired for the time to the first body byte and to the end of the stream.
+
     git worktree add /tmp/before <rev>
-    .venv/bin/python bench/gateway_ab.py /tmp/before . [--calls 500]
+    .venv/bin/python bench/gateway_ab.py /tmp/before . [--calls 500] [--stream [--stream-tokens 32]]
     git worktree remove /tmp/before
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import tempfile
@@ -25,6 +29,7 @@ import time
 from pathlib import Path
 
 from _common import TEACHER_KEY_ENV, pct, standin_process, teacher_config
+from gateway_vs_litellm import timed_stream
 
 import httpx
 
@@ -37,7 +42,12 @@ def main() -> None:
     parser.add_argument("a", type=Path, help="code tree of gym A (the baseline)")
     parser.add_argument("b", type=Path, help="code tree of gym B")
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--stream", action="store_true", help="streamed completions: first byte and end of stream")
+    parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of a streamed completion")
     args = parser.parse_args()
+    stream_body = json.dumps({**BODY, "messages": [{"role": "user", "content": "Tell me about research."}],
+                              "max_tokens": args.stream_tokens, "stream": True,
+                              "stream_options": {"include_usage": True}}).encode()
     import tests.fakes.gym_process as started
 
     provider_key = "sk-bench-" + secrets.token_hex(8)
@@ -55,43 +65,51 @@ def main() -> None:
             r.raise_for_status()
             gyms.append((str(tree), gym.url, r.json()["key"]))
 
-        def timed(url: str, headers: dict[str, str]) -> float:
+        def timed(url: str, headers: dict[str, str]) -> tuple[float, ...]:
+            if args.stream:  # (first byte, end of stream)
+                return timed_stream(client, url, headers["Authorization"].removeprefix("Bearer "), stream_body)
             t0 = time.perf_counter()
             r = client.post(url, json=BODY, headers=headers)
             elapsed = time.perf_counter() - t0
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "42", r.text
-            return elapsed
+            return (elapsed,)
 
-        def direct() -> float:
+        def direct() -> tuple[float, ...]:
             return timed(f"{provider}/v1/chat/completions", {"Authorization": f"Bearer {provider_key}"})
 
-        def via(gym: tuple[str, str, str]) -> float:
+        def via(gym: tuple[str, str, str]) -> tuple[float, ...]:
             return timed(f"{gym[1]}/rollout/v1/chat/completions", {"Authorization": f"Bearer {gym[2]}"})
 
         for _ in range(WARM_UP):
             direct(), via(gyms[0]), via(gyms[1])
-        directs: list[float] = []
-        added: list[list[float]] = [[], []]
+        directs: list[tuple[float, ...]] = []
+        added: list[list[tuple[float, ...]]] = [[], []]
         t0 = time.perf_counter()
         for i in range(args.calls):
             d = direct()
             directs.append(d)
             for j in ((0, 1) if i % 2 == 0 else (1, 0)):
-                added[j].append(via(gyms[j]) - d)
+                added[j].append(tuple(t - dt for t, dt in zip(via(gyms[j]), d, strict=True)))
         measured = time.perf_counter() - t0
         spent = [client.get(f"{g[1]}/v1/balance", headers={"Authorization": f"Bearer {g[2]}"}).json() for g in gyms]
 
-    diff = [b - a for a, b in zip(added[0], added[1], strict=True)]
     print(f"gateway A/B: {args.calls} rounds (direct, then A and B in alternating order), {measured:.1f} s measured; "
           f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.2f} after")
-    print(f"  direct to stand-in : p50 {pct(directs, 50) * 1e3:7.2f} ms  p99 {pct(directs, 99) * 1e3:7.2f} ms")
-    for name, values, balance in zip(("A", "B"), added, spent, strict=True):
-        print(f"  gym {name} added        : p50 {pct(values, 50) * 1e3:7.2f} ms  p99 {pct(values, 99) * 1e3:7.2f} ms"
-              f"  (metered: spent ${balance['spent_usd']:.6f}, reserved ${balance['reserved_usd']:.6f})  "
-              f"{gyms[ord(name) - ord('A')][0]}")
-    print(f"  B − A, paired per round: p50 {pct(diff, 50) * 1e3:+.2f} ms  p99 {pct(diff, 99) * 1e3:+.2f} ms")
-    print(f"  ratio B-added / A-added: p50 {pct(added[1], 50) / pct(added[0], 50):.2f}  "
-          f"p99 {pct(added[1], 99) / pct(added[0], 99):.2f}")
+    figures = (("time to first byte", "to the end of the stream") if args.stream else ("",))
+    for k, figure in enumerate(figures):
+        if figure:
+            print(f" streamed ({args.stream_tokens} tokens), {figure}")
+        a_added, b_added = ([values[k] for values in added[j]] for j in (0, 1))
+        diff = [b - a for a, b in zip(a_added, b_added, strict=True)]
+        ds = [d[k] for d in directs]
+        print(f"  direct to stand-in : p50 {pct(ds, 50) * 1e3:7.2f} ms  p99 {pct(ds, 99) * 1e3:7.2f} ms")
+        for name, values, balance in zip(("A", "B"), (a_added, b_added), spent, strict=True):
+            print(f"  gym {name} added        : p50 {pct(values, 50) * 1e3:7.2f} ms  p99 {pct(values, 99) * 1e3:7.2f} ms"
+                  f"  (metered: spent ${balance['spent_usd']:.6f}, reserved ${balance['reserved_usd']:.6f})  "
+                  f"{gyms[ord(name) - ord('A')][0]}")
+        print(f"  B − A, paired per round: p50 {pct(diff, 50) * 1e3:+.2f} ms  p99 {pct(diff, 99) * 1e3:+.2f} ms")
+        print(f"  ratio B-added / A-added: p50 {pct(b_added, 50) / pct(a_added, 50):.2f}  "
+              f"p99 {pct(b_added, 99) / pct(a_added, 99):.2f}")
 
 
 if __name__ == "__main__":
