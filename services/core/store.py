@@ -1,8 +1,10 @@
 """The SQL store: SQLite file by default, PostgreSQL by URL, same code.
 
-Every store call made while serving a request goes through :meth:`Store.call` (thread pool,
-errors mapped) so an unreachable store turns into a 503 ``store_unavailable`` — the gym
-fails closed, it never lets a call through unmetered.
+Store work done while serving a request never blocks the event loop: it runs on a worker thread
+(:meth:`Store.call`), or through the group commit (:meth:`Store.batched_async`: the store's writer
+thread, or, for a lone call on SQLite, the loop itself when that needs no wait). Either way an
+unreachable store turns into a 503 ``store_unavailable``: the gym fails closed, it never lets a
+call through unmetered.
 """
 
 from __future__ import annotations
