@@ -67,8 +67,12 @@ def test_one_client_reaches_teachers_bases_and_checkpoints(gym: tuple[str, Any],
 
     taught = client.chat.completions.with_raw_response.create(model="teacher", messages=QUESTION, max_tokens=8)
     assert taught.parse().choices[0].message.content == "42"
-    based = client.chat.completions.with_raw_response.create(model="tiny", messages=QUESTION, max_tokens=4)
-    tuned = client.chat.completions.create(model=mine, messages=QUESTION, max_tokens=4)
+    # min_tokens (the inference service's vLLM parameter): a sampled answer may otherwise end at
+    # its first token (a fresh clone's CI run once drew that), and this test is about the route
+    at_least_one: dict[str, Any] = {"min_tokens": 1}
+    based = client.chat.completions.with_raw_response.create(model="tiny", messages=QUESTION, max_tokens=4,
+                                                             extra_body=at_least_one)
+    tuned = client.chat.completions.create(model=mine, messages=QUESTION, max_tokens=4, extra_body=at_least_one)
     for usage in (based.parse().usage, tuned.usage):
         assert usage is not None and usage.completion_tokens >= 1
     streamed = list(client.chat.completions.create(model="teacher", messages=QUESTION, max_tokens=8, stream=True,
