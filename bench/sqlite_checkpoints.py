@@ -126,7 +126,11 @@ def main() -> None:
             for side in sides if (i // args.block) % 2 == 0 else reversed(sides):
                 await timed_pairs(side, min(args.block, args.pairs - i))
 
+    checkpointer = thread.store._checkpoints
+    assert checkpointer is not None
+    runs, started = checkpointer.checkpoints, time.perf_counter()
     asyncio.run(one_caller())
+    one_caller_s, one_caller_runs = time.perf_counter() - started, checkpointer.checkpoints - runs
     rates: dict[str, list[float]] = {side.name: [] for side in sides}
     for r in range(4):
         for side in sides if r % 2 == 0 else reversed(sides):
@@ -141,6 +145,8 @@ def main() -> None:
         print(f"  {'':18s} settle  {line('settlements', side.settle)}")
         print(f"  {'':18s} 64 callers {sum(rates[side.name]) / len(rates[side.name]):,.0f} pairs/s "
               f"(rounds: {', '.join(f'{r:,.0f}' for r in rates[side.name])});  WAL peak {side.wal_peak / 2**20:.1f} MiB")
+    print(f"  the checkpoint thread ran {one_caller_runs} checkpoints in the one-caller phase's "
+          f"{one_caller_s:.1f} s ({one_caller_runs / one_caller_s:.1f} a second)")
     for op in ("reserve", "settle"):
         a, b = getattr(thread, op), getattr(commit, op)
         print(f"  ratio thread / commit, {op}: p50 {pct(a, 50) / pct(b, 50):.2f}  p99 {pct(a, 99) / pct(b, 99):.2f}  "

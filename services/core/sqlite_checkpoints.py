@@ -14,6 +14,16 @@ lock a writer or reader needs, so neither waits for it, and Python's ``sqlite3``
 GIL while it syncs. The store's own connections keep an automatic checkpoint only as a
 backstop (``BACKSTOP_PAGES``), for when this thread cannot keep up or is gone. Durability is
 unchanged: a commit is in the WAL before it returns, checkpointed or not.
+
+How often: about as often as SQLite itself would, once ``TARGET_FRAMES`` (1,000) frames wait to be
+copied, and at the latest ``MAX_DELAY_S`` after a write. Every checkpoint costs two ``fsync``s and
+a thread's wake-up whatever it copies. Until 2026-12-05 the thread checkpointed 0.1 s after any
+write, so a gym serving a steady trickle of calls ran ~10 checkpoints a second, each copying a few
+dozen frames, on the same cores as the calls; now ~1 (docs/performance.md, "SQLite checkpoints off
+the request path"). The thread learns how many frames wait without taking a lock: it reads them
+from the WAL index (the ``-shm`` file, whose layout SQLite documents for the unix VFS: ``mxFrame``
+at byte 16 of the header, the checkpoint's ``nBackfill`` at byte 96, both native-endian). Where
+that file cannot be read, it checkpoints every ``POLL_S`` after writes, as it did before.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import sys
 import threading
+import time
 import weakref
 
 log = logging.getLogger("rsigym.store")
@@ -29,8 +41,15 @@ log = logging.getLogger("rsigym.store")
 BACKSTOP_PAGES = 8_000
 """``wal_autocheckpoint`` of the store's own connections: a commit checkpoints itself only past
 this many WAL pages (~32 MiB), 8× SQLite's default, which the checkpointer keeps it far below."""
-DELAY_S = 0.1
-"""After a write, how long the checkpointer waits for more before it checkpoints them all."""
+POLL_S = 0.1
+"""After a write, how often the checkpointer looks at how many WAL frames wait to be copied."""
+TARGET_FRAMES = 1_000
+"""Checkpoint once this many frames wait (SQLite's own ``wal_autocheckpoint`` default: ~4 MiB)."""
+MAX_DELAY_S = 1.0
+"""Checkpoint at the latest this long after the first write since the last checkpoint."""
+_MX_FRAME, _BACKFILL = 16, 96
+"""Byte offsets in the WAL index of the last committed frame (the header's ``mxFrame``) and of the
+last frame copied back (``nBackfill`` of the checkpoint info that follows the header's two copies)."""
 IDLE_S = 5.0
 """The checkpointer's thread ends after this long without a write (and starts again with the next)."""
 
@@ -46,6 +65,31 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _open_index(path: str) -> int | None:
+    """A read-only descriptor of the database's WAL index, or None (no such file: the thread then
+    checkpoints every ``POLL_S`` after writes)."""
+    try:
+        return os.open(path + "-shm", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def waiting_frames(index: int | None) -> int | None:
+    """How many committed WAL frames are not yet copied back into the database, read from the WAL
+    index without a lock (a torn read only moves one checkpoint); None when it cannot be read."""
+    if index is None:
+        return None
+    try:
+        head = os.pread(index, _BACKFILL + 4, 0)
+    except OSError:
+        return None
+    if len(head) < _BACKFILL + 4:
+        return None
+    last = int.from_bytes(head[_MX_FRAME:_MX_FRAME + 4], sys.byteorder)
+    copied = int.from_bytes(head[_BACKFILL:_BACKFILL + 4], sys.byteorder)
+    return max(0, last - copied)
 
 
 class Checkpointer:
@@ -82,6 +126,7 @@ class Checkpointer:
             with self._lock:
                 self._thread = None
             return
+        index = _open_index(self.path)
         try:
             while True:
                 if not self._dirty.wait(IDLE_S) or self._closed.is_set():
@@ -91,12 +136,24 @@ class Checkpointer:
                         if self._closed.is_set() or not self._dirty.is_set():
                             self._thread = None
                             return
-                if self._closed.wait(DELAY_S):
+                if self._gathered(index):
                     continue
                 self._dirty.clear()
                 self.checkpoint(conn)
         finally:
             conn.close()
+            if index is not None:
+                os.close(index)
+
+    def _gathered(self, index: int | None) -> bool:
+        """Wait, after a write, until ``TARGET_FRAMES`` frames wait to be copied or ``MAX_DELAY_S``
+        has passed (every ``POLL_S`` when the WAL index cannot be read). True: closed meanwhile."""
+        since = time.monotonic()
+        while not self._closed.wait(POLL_S):
+            waiting = waiting_frames(index)
+            if waiting is None or waiting >= TARGET_FRAMES or time.monotonic() - since >= MAX_DELAY_S:
+                return False
+        return True
 
     def checkpoint(self, conn: sqlite3.Connection) -> None:
         try:

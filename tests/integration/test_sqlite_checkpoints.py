@@ -104,7 +104,8 @@ def test_writers_racing_the_thread_leaving_always_have_their_writes_checkpointed
     """Writes that land just as the thread decides it is idle: the writer sets the flag before it
     looks for the thread, so either the leaving thread sees the flag or the writer starts another."""
     monkeypatch.setattr(sqlite_checkpoints, "IDLE_S", 0.01)
-    monkeypatch.setattr(sqlite_checkpoints, "DELAY_S", 0.0)
+    monkeypatch.setattr(sqlite_checkpoints, "POLL_S", 0.0)
+    monkeypatch.setattr(sqlite_checkpoints, "MAX_DELAY_S", 0.0)
     with _migrated(tmp_path) as (store, checkpointer):
         key_id, ledger = _pairs(store, 1)
         for i in range(60):  # each write around the moment the previous thread gives up
@@ -115,6 +116,77 @@ def test_writers_racing_the_thread_leaving_always_have_their_writes_checkpointed
         _until(lambda: checkpointer._thread is None and checkpointer.last is not None
                and checkpointer.last[1] == checkpointer.last[2], "every write checkpointed, the thread gone")
         assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, key_id) == (61, 61 * 700)
+
+
+def test_the_wal_index_says_how_many_frames_wait_as_a_checkpoint_then_reports(tmp_path: Path) -> None:
+    db = tmp_path / "plain.sqlite3"
+    writer = sqlite3.connect(db, isolation_level=None)
+    other = sqlite3.connect(db, isolation_level=None)
+    index = None
+    try:
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("CREATE TABLE t (x BLOB)")
+        index = sqlite_checkpoints._open_index(str(db))
+        for _ in range(7):
+            writer.execute("INSERT INTO t VALUES (randomblob(6000))")  # two overflow pages and more
+        waiting = sqlite_checkpoints.waiting_frames(index)
+        busy, frames, copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert (busy, copied) == (0, frames) and waiting == frames > 14
+        assert sqlite_checkpoints.waiting_frames(index) == 0  # all copied back
+        writer.execute("INSERT INTO t VALUES (1)")  # the WAL starts over: one transaction's frames wait
+        assert sqlite_checkpoints.waiting_frames(index) == other.execute(
+            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1] >= 1
+    finally:
+        writer.close()
+        other.close()
+        if index is not None:
+            os.close(index)
+    assert sqlite_checkpoints.waiting_frames(None) is None
+
+
+def test_a_checkpoint_waits_for_enough_frames_or_the_longest_delay(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Few frames and a long delay: nothing checkpointed yet. Enough frames: checkpointed without
+    waiting out the delay. Few frames and a short delay: checkpointed when it runs out."""
+    monkeypatch.setattr(sqlite_checkpoints, "POLL_S", 0.01)
+    monkeypatch.setattr(sqlite_checkpoints, "MAX_DELAY_S", 3600.0)
+    monkeypatch.setattr(sqlite_checkpoints, "TARGET_FRAMES", 10**9)
+    with _migrated(tmp_path) as (store, checkpointer):
+        key_id, _ = _pairs(store, 5)
+        time.sleep(0.5)  # fifty polls
+        assert checkpointer.checkpoints == 0
+        index = sqlite_checkpoints._open_index(str(tmp_path / "gym.sqlite3"))
+        try:
+            assert (sqlite_checkpoints.waiting_frames(index) or 0) > 10  # the migration's and the pairs' frames
+        finally:
+            if index is not None:
+                os.close(index)
+
+        monkeypatch.setattr(sqlite_checkpoints, "TARGET_FRAMES", 1)  # the delay is still an hour
+        _until(lambda: checkpointer.checkpoints == 1 and checkpointer.last is not None
+               and checkpointer.last[1] == checkpointer.last[2], "checkpointed once enough frames waited")
+        assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, key_id) == (5, 5 * 700)
+
+        monkeypatch.setattr(sqlite_checkpoints, "TARGET_FRAMES", 10**9)
+        monkeypatch.setattr(sqlite_checkpoints, "MAX_DELAY_S", 0.05)
+        later, _ = _pairs(store, 3)
+        _until(lambda: checkpointer.checkpoints >= 2 and not checkpointer._dirty.is_set(),
+               "checkpointed when the delay ran out")
+        assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, later) == (3, 3 * 700)
+
+
+def test_without_a_readable_wal_index_it_checkpoints_every_poll(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    monkeypatch.setattr(sqlite_checkpoints, "_open_index", lambda path: None)
+    monkeypatch.setattr(sqlite_checkpoints, "POLL_S", 0.01)
+    monkeypatch.setattr(sqlite_checkpoints, "MAX_DELAY_S", 3600.0)
+    monkeypatch.setattr(sqlite_checkpoints, "TARGET_FRAMES", 10**9)
+    with _migrated(tmp_path) as (store, checkpointer):
+        key_id, _ = _pairs(store, 5)
+        _until(lambda: checkpointer.checkpoints >= 1 and not checkpointer._dirty.is_set(),
+               "checkpointed a poll after the writes")
+        assert _in_database_file_alone(tmp_path / "gym.sqlite3", tmp_path, key_id) == (5, 5 * 700)
 
 
 def test_dispose_ends_the_thread_and_keeps_every_commit(tmp_path: Path) -> None:
