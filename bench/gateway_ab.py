@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--stream", action="store_true", help="streamed completions: first byte and end of stream")
     parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of a streamed completion")
+    parser.add_argument("--pause-ms", type=float, default=0.0,
+                        help="sleep this long after each call, so each gym sits idle between its calls as it does "
+                             "in gateway_vs_litellm.py while LiteLLM answers (~10 ms there): caches go cold")
     args = parser.parse_args()
     stream_body = json.dumps({**BODY, "messages": [{"role": "user", "content": "Tell me about research."}],
                               "max_tokens": args.stream_tokens, "stream": True,
@@ -90,10 +93,13 @@ def main() -> None:
             directs.append(d)
             for j in ((0, 1) if i % 2 == 0 else (1, 0)):
                 added[j].append(tuple(t - dt for t, dt in zip(via(gyms[j]), d, strict=True)))
+                if args.pause_ms:
+                    time.sleep(args.pause_ms / 1e3)
         measured = time.perf_counter() - t0
         spent = [client.get(f"{g[1]}/v1/balance", headers={"Authorization": f"Bearer {g[2]}"}).json() for g in gyms]
 
-    print(f"gateway A/B: {args.calls} rounds (direct, then A and B in alternating order), {measured:.1f} s measured; "
+    print(f"gateway A/B: {args.calls} rounds (direct, then A and B in alternating order"
+          f"{f', {args.pause_ms:g} ms pause after each gym call' if args.pause_ms else ''}), {measured:.1f} s measured; "
           f"machine: {os.cpu_count()} CPUs, 1-min load {os.getloadavg()[0]:.2f} after")
     figures = (("time to first byte", "to the end of the stream") if args.stream else ("",))
     for k, figure in enumerate(figures):
