@@ -39,7 +39,7 @@ import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from gateway.asgi_transport import body_receive, http_scope, open_app
+from gateway.asgi_transport import SPEC_2_4, body_receive, http_scope, open_app
 from services.core.direct_routes import Handler, error_answer
 from services.core.identity import IN_PROCESS_IDENTITY, Identity
 
@@ -97,6 +97,7 @@ class DirectService:
         scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
                            [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server)
         scope["app"] = self.app
+        scope["asgi"] = dict(SPEC_2_4)  # a streamed answer's send raises once its reader has gone (open_app)
         if identity is not None:
             scope[IN_PROCESS_IDENTITY] = identity
         request = Request(scope, body_receive(body, asyncio.Event()))  # a caller that stays

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.asgi_transport import QUEUE_CHUNKS, StreamingASGITransport
+from gateway.asgi_transport import QUEUE_CHUNKS, SPEC_2_4, StreamingASGITransport, http_scope, open_app
 
 
 class Endless:
@@ -60,3 +60,29 @@ def test_a_reader_that_stops_then_closes_frees_the_app(on_cancel: str) -> None:
         assert app.ended == (on_cancel != "raise")
 
     asyncio.run(run())
+
+
+def test_a_spec_2_4_app_whose_reader_has_gone_is_told_so_by_its_send() -> None:
+    """ASGI 2.4: once the reader has gone, a body ``send`` raises ``OSError`` instead of dropping
+    the body (what Starlette's StreamingResponse relies on in place of a disconnect listener)."""
+    app = Endless("send")
+    errors: list[BaseException] = []
+
+    async def told(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except BaseException as err:
+            errors.append(err)
+            raise
+
+    async def run() -> None:
+        scope = http_scope("POST", "/stream", b"/stream", b"", [], ("127.0.0.1", 0), ("service", 80))
+        scope["asgi"] = dict(SPEC_2_4)
+        response = await open_app(told, scope, b"{}", None)
+        chunks = response.aiter_raw()
+        assert await anext(chunks) == b"x" * 1024
+        await asyncio.wait_for(response.aclose(), timeout=10)
+
+    asyncio.run(run())
+    assert not app.ended  # its end-of-stream send raised
+    assert [type(err) for err in errors] == [OSError]
