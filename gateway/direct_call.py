@@ -39,7 +39,7 @@ import httpx
 from starlette.datastructures import Headers
 from starlette.requests import Request
 
-from gateway.asgi_transport import SPEC_2_4, body_receive, http_scope, open_app
+from gateway.asgi_transport import SENDS_RAISE_WHEN_GONE, body_receive, http_scope, open_app
 from services.core.direct_routes import Handler, error_answer
 from services.core.identity import IN_PROCESS_IDENTITY, Identity
 
@@ -95,9 +95,9 @@ class DirectService:
         raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
         scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
-                           [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server)
+                           [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server,
+                           spec_version=SENDS_RAISE_WHEN_GONE)  # a streamed answer's send raises once its reader has gone
         scope["app"] = self.app
-        scope["asgi"] = dict(SPEC_2_4)  # a streamed answer's send raises once its reader has gone (open_app)
         if identity is not None:
             scope[IN_PROCESS_IDENTITY] = identity
         request = Request(scope, body_receive(body, asyncio.Event()))  # a caller that stays

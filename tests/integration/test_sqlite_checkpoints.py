@@ -47,6 +47,17 @@ def _migrated(tmp_path: Path) -> Iterator[tuple[Store, Checkpointer]]:
         store.dispose()
 
 
+@contextlib.contextmanager
+def _wal_index(db: Path) -> Iterator[int | None]:
+    """The database's WAL index, opened as the checkpointer opens it; closed afterwards."""
+    index = sqlite_checkpoints._open_index(str(db))
+    try:
+        yield index
+    finally:
+        if index is not None:
+            os.close(index)
+
+
 def _pairs(store: Store, n: int) -> tuple[str, Ledger]:
     """``n`` reservations settled on one new key (2n ledger commits), as the gateway makes them."""
     key, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=10**12)
@@ -122,26 +133,23 @@ def test_the_wal_index_says_how_many_frames_wait_as_a_checkpoint_then_reports(tm
     db = tmp_path / "plain.sqlite3"
     writer = sqlite3.connect(db, isolation_level=None)
     other = sqlite3.connect(db, isolation_level=None)
-    index = None
     try:
         writer.execute("PRAGMA journal_mode=WAL")
         writer.execute("PRAGMA wal_autocheckpoint=0")
         writer.execute("CREATE TABLE t (x BLOB)")
-        index = sqlite_checkpoints._open_index(str(db))
-        for _ in range(7):
-            writer.execute("INSERT INTO t VALUES (randomblob(6000))")  # two overflow pages and more
-        waiting = sqlite_checkpoints.waiting_frames(index)
-        busy, frames, copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        assert (busy, copied) == (0, frames) and waiting == frames > 14
-        assert sqlite_checkpoints.waiting_frames(index) == 0  # all copied back
-        writer.execute("INSERT INTO t VALUES (1)")  # the WAL starts over: one transaction's frames wait
-        assert sqlite_checkpoints.waiting_frames(index) == other.execute(
-            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1] >= 1
+        with _wal_index(db) as index:
+            for _ in range(7):
+                writer.execute("INSERT INTO t VALUES (randomblob(6000))")  # two overflow pages and more
+            waiting = sqlite_checkpoints.waiting_frames(index)
+            busy, frames, copied = other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            assert (busy, copied) == (0, frames) and waiting == frames > 14
+            assert sqlite_checkpoints.waiting_frames(index) == 0  # all copied back
+            writer.execute("INSERT INTO t VALUES (1)")  # the WAL starts over: one transaction's frames wait
+            assert sqlite_checkpoints.waiting_frames(index) == other.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1] >= 1
     finally:
         writer.close()
         other.close()
-        if index is not None:
-            os.close(index)
     assert sqlite_checkpoints.waiting_frames(None) is None
 
 
@@ -156,12 +164,8 @@ def test_a_checkpoint_waits_for_enough_frames_or_the_longest_delay(monkeypatch: 
         key_id, _ = _pairs(store, 5)
         time.sleep(0.5)  # fifty polls
         assert checkpointer.checkpoints == 0
-        index = sqlite_checkpoints._open_index(str(tmp_path / "gym.sqlite3"))
-        try:
+        with _wal_index(tmp_path / "gym.sqlite3") as index:
             assert (sqlite_checkpoints.waiting_frames(index) or 0) > 10  # the migration's and the pairs' frames
-        finally:
-            if index is not None:
-                os.close(index)
 
         monkeypatch.setattr(sqlite_checkpoints, "TARGET_FRAMES", 1)  # the delay is still an hour
         _until(lambda: checkpointer.checkpoints == 1 and checkpointer.last is not None

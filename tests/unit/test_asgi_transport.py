@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.asgi_transport import QUEUE_CHUNKS, SPEC_2_4, StreamingASGITransport, http_scope, open_app
+from gateway.asgi_transport import QUEUE_CHUNKS, SENDS_RAISE_WHEN_GONE, StreamingASGITransport, http_scope, open_app
 
 
 class Endless:
@@ -76,8 +76,8 @@ def test_a_spec_2_4_app_whose_reader_has_gone_is_told_so_by_its_send() -> None:
             raise
 
     async def run() -> None:
-        scope = http_scope("POST", "/stream", b"/stream", b"", [], ("127.0.0.1", 0), ("service", 80))
-        scope["asgi"] = dict(SPEC_2_4)
+        scope = http_scope("POST", "/stream", b"/stream", b"", [], ("127.0.0.1", 0), ("service", 80),
+                           spec_version=SENDS_RAISE_WHEN_GONE)
         response = await open_app(told, scope, b"{}", None)
         chunks = response.aiter_raw()
         assert await anext(chunks) == b"x" * 1024
