@@ -23,7 +23,7 @@ from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
 from services.core.errors import GymError
-from services.core.http import RequestIdMiddleware, install_error_handlers
+from services.core.http import NO_FASTAPI_TELEMETRY, RequestIdMiddleware, install_error_handlers
 
 log = logging.getLogger("rsigym.gateway")
 
@@ -65,7 +65,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
             health.dispose()
             await gw.aclose()
 
-    app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan, telemetry=NO_FASTAPI_TELEMETRY)
     app.state.gw = gw
     health = StoreHealth(gw.store)  # its own thread and connection: never queued behind calls
     # Innermost of the app's middleware: proxied calls go straight to ``forward``, past the router.

@@ -25,6 +25,7 @@ from gateway.dashboard.lineage import layout
 from gateway.dashboard.session import COOKIE, PATH, Session, issue, session_key, token_matches, verify
 from gateway.dashboard.settings import DashboardSettings
 from services.core.errors import GymError
+from services.core.http import NO_FASTAPI_TELEMETRY
 
 HERE = Path(__file__).parent
 MAX_LOGIN_BODY = 4096
@@ -99,7 +100,8 @@ def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None)
     settings = settings or DashboardSettings()
     env = _templates()
     key = session_key(gw.admin_token, gw.internal_secret)
-    app = FastAPI(title="RSIGym dashboard", openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title="RSIGym dashboard", openapi_url=None, docs_url=None, redoc_url=None,
+                  telemetry=NO_FASTAPI_TELEMETRY)
     app.state.session_key = key
 
     def render(template: str, status: int = 200, refresh: bool = True, **context: Any) -> HTMLResponse:

@@ -29,6 +29,13 @@ from services.core.ids import new_request_id
 
 log = logging.getLogger("rsigym.http")
 
+NO_FASTAPI_TELEMETRY: dict[str, Any] = {"tracing": False, "metrics": False, "logs": False}
+"""``FastAPI(telemetry=...)`` for every app of the gym. The gym's own metrics are Prometheus
+(gateway/metrics.py) and it sets up no OpenTelemetry provider, so FastAPI's native telemetry
+would record nothing, yet with it left on FastAPI looks, for every request, whether a tracer,
+meter or logger provider has been set since (three lookups in ``os.environ``): ~3.4 µs a request
+warm, a few times that cold, 4–6 % of the gateway's Python time under py-spy (docs/performance.md)."""
+
 _STATUS_ERRORS: dict[int, type[GymError]] = {404: NotFound, 405: InvalidRequest, 400: Unprocessable}
 """Framework refusals in the one error shape. A 400 from the framework is a body it could not
 parse: it answers 422 like every other body that fails validation."""

@@ -22,7 +22,7 @@ from services.core.body_limits import BodyLimits, largest_limit
 from services.core.config import GymConfig
 from services.core.direct_routes import DirectRoutes, Handler
 from services.core.errors import AuthenticationFailed, GymError
-from services.core.http import install_error_handlers
+from services.core.http import NO_FASTAPI_TELEMETRY, install_error_handlers
 from services.core.identity import IDENTITY_HEADER, IN_PROCESS_IDENTITY, SIGNATURE_HEADER, Identity, verify
 
 
@@ -83,7 +83,8 @@ def create_service_app(name: str, *, internal_secret: str, routers: list[APIRout
     ``direct``: (method, path) → the endpoint a router declares there, called with the request
     and its verified identity past FastAPI's router (services/core/direct_routes.py): for the
     calls an agent makes thousands of times."""
-    app = FastAPI(title=f"rsigym-{name}", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=f"rsigym-{name}", docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry=NO_FASTAPI_TELEMETRY)
     app.state.internal_secret = internal_secret
     for attr, value in (state or {}).items():
         setattr(app.state, attr, value)

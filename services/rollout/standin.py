@@ -160,7 +160,8 @@ def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
 
 def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
     """``token_delay_s`` paces streamed tokens like a real provider (0 = as fast as possible)."""
-    app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})  # as the gym's apps
     app.state.requests = []
 
     @app.post("/v1/chat/completions", response_model=None)

@@ -328,3 +328,30 @@ def test_a_bad_body_is_a_422_in_the_error_shape_in_every_service(gym: Gym, servi
             assert param in (err["error"]["param"] or ""), err
     balance = client.get("/v1/balance", headers=bearer(run["key"])).json()
     assert balance["reserved_usd"] == 0 and balance["spent_usd"] == 0
+
+
+def test_no_app_of_the_gym_runs_fastapi_telemetry(gym: Gym, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gym's metrics are Prometheus; FastAPI's native OpenTelemetry is off in every app, so a
+    request pays no provider lookups (services/core/http.py ``NO_FASTAPI_TELEMETRY``) and an
+    OpenTelemetry provider set in the process records no span of the gym's calls."""
+    from opentelemetry import trace
+
+    started: list[str] = []
+
+    class Recording(trace.NoOpTracer):
+        def start_span(self, name: str, *args: Any, **kwargs: Any) -> trace.Span:
+            started.append(name)
+            return super().start_span(name, *args, **kwargs)
+
+    class Provider(trace.TracerProvider):
+        def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+            return Recording()
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", Provider())
+    for name, app in {"gateway": gym.app, **gym.service_apps}.items():
+        app = app.state.direct_app if name != "gateway" else app  # the sandbox's FastAPI app sits inside its door
+        assert not app._native_telemetry.enabled(), name
+    client = client_for(gym)
+    key = create_key(client)["key"]
+    assert client.get("/v1/balance", headers=bearer(key)).status_code == 200
+    assert started == []
