@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,8 +18,46 @@ from services.core.store import Store
 log = logging.getLogger("rsigym.gateway")
 
 
+class ServiceInstruments:
+    """One service's children of the gateway's instruments, each looked up the first time it is
+    used (a series appears once it counts something, as before): ``labels()`` takes a lock and
+    builds a key on every call, and a forwarded call made seven such lookups."""
+
+    def __init__(self, metrics: GatewayMetrics, service: str):
+        self._metrics, self._service = metrics, service
+
+    @cached_property
+    def reserved(self) -> Counter:
+        return self._metrics.reservations.labels(self._service, "reserved")
+
+    @cached_property
+    def released(self) -> Counter:
+        return self._metrics.reservations.labels(self._service, "released")
+
+    @cached_property
+    def settled(self) -> Counter:
+        return self._metrics.reservations.labels(self._service, "settled")
+
+    @cached_property
+    def spend(self) -> Counter:
+        return self._metrics.spend.labels(self._service)
+
+    @cached_property
+    def overrun(self) -> Counter:
+        return self._metrics.overrun.labels(self._service)
+
+    @cached_property
+    def in_flight(self) -> Gauge:
+        return self._metrics.in_flight.labels(self._service)
+
+    @cached_property
+    def latency(self) -> Histogram:
+        return self._metrics.latency.labels(self._service)
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
+        self._services: dict[str, ServiceInstruments] = {}
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "rsigym_requests", "Requests through the gateway", ["service", "operation", "status"], registry=self.registry
@@ -46,6 +85,13 @@ class GatewayMetrics:
             "rsigym_principal_cache", "Key authentications answered from this replica's cache (hit) or the store (miss)",
             ["result"], registry=self.registry,
         )
+
+    def of(self, service: str) -> ServiceInstruments:
+        """``service``'s instruments."""
+        found = self._services.get(service)
+        if found is None:
+            found = self._services.setdefault(service, ServiceInstruments(self, service))
+        return found
 
     def track_jobs(self, store: Store) -> None:
         """Export the job queues and every service's charges, read from the store at scrape time

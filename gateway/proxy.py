@@ -163,7 +163,7 @@ class _Call:
             except BaseException:
                 await self.close(None)
                 raise
-            gw.metrics.reservations.labels(self.service, "reserved").inc()
+            gw.metrics.of(self.service).reserved.inc()
 
     async def close(self, actual_nusd: int | None) -> tuple[int, Balance | None]:
         """Settle (``actual_nusd``) or release (None) and give back the slot. Idempotent, shielded.
@@ -179,14 +179,15 @@ class _Call:
                 if self.reservation is not None:
                     if actual_nusd is None:
                         await gw.ledger.release_async(self.reservation.id)
-                        gw.metrics.reservations.labels(self.service, "released").inc()
+                        gw.metrics.of(self.service).released.inc()
                     else:
                         charged, balance = await gw.ledger.settle_with_balance_async(self.reservation.id, actual_nusd)
-                        gw.metrics.reservations.labels(self.service, "settled").inc()
-                        gw.metrics.spend.labels(self.service).inc(nusd_to_usd(charged))
+                        instruments = gw.metrics.of(self.service)
+                        instruments.settled.inc()
+                        instruments.spend.inc(nusd_to_usd(charged))
                         overrun = actual_nusd - self.reservation.estimate_nusd
                         if balance is not None and overrun > 0:  # charged the hold; the ledger row and log record the rest
-                            gw.metrics.overrun.labels(self.service).inc(nusd_to_usd(overrun))
+                            instruments.overrun.inc(nusd_to_usd(overrun))
             finally:
                 if self.lease is not None:
                     await gw.store.call(gw.slots.release, self.lease)
@@ -233,15 +234,16 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
     except REFUSALS as err:
         await _record_refusal(gw, principal, service, op.name, err.status, err.type, err.message, err.param)
         raise
-    gw.metrics.in_flight.labels(service).inc()
+    instruments = gw.metrics.of(service)
+    instruments.in_flight.inc()
     try:
         target_service, target_path = (service, sub_path) if route is None else (route.served_by, route.prefix + sub_path)
         upstream = await _send(gw, request, target_service, target_path, raw, _identity(call, estimate))
     except BaseException:
-        gw.metrics.in_flight.labels(service).dec()
+        instruments.in_flight.dec()
         await call.close(None)
         raise
-    gw.metrics.latency.labels(service).observe(time.perf_counter() - started)
+    instruments.latency.observe(time.perf_counter() - started)
     gw.metrics.requests.labels(service, op.name, str(upstream.status_code)).inc()
     headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
     headers["X-Request-Id"] = request_id
@@ -263,7 +265,7 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
         await call.close(estimate)  # the service may have worked: bill the hold
         raise
     finally:
-        gw.metrics.in_flight.labels(service).dec()
+        instruments.in_flight.dec()
         await upstream.aclose()
     reported = upstream.headers.get(COST_HEADER)
     if reported is not None:
@@ -386,7 +388,7 @@ async def _relay(call: _Call, upstream: Upstream, estimate: int) -> AsyncIterato
         gone = ServiceUnavailable(f"the {call.service} service went away in the middle of this stream")
         yield b"\ndata: " + json.dumps(gone.body(call.request_id), separators=(",", ":")).encode() + b"\n\ndata: [DONE]\n\n"
     finally:
-        call.gw.metrics.in_flight.labels(call.service).dec()
+        call.gw.metrics.of(call.service).in_flight.dec()
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         await call.close(cost if cost is not None else estimate)
@@ -397,7 +399,7 @@ async def _pass_through(call: _Call, upstream: Upstream) -> AsyncIterator[bytes]
         async for chunk in upstream.aiter_raw():
             yield chunk
     finally:
-        call.gw.metrics.in_flight.labels(call.service).dec()
+        call.gw.metrics.of(call.service).in_flight.dec()
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
         await call.close(None)
