@@ -49,7 +49,7 @@ async def _cached(gw: Gateway, cache_key: str, load: Callable[[], Principal]) ->
     cache = gw.principals
     principal = cache.get(cache_key)
     if principal is not None:
-        gw.metrics.principal_cache.labels("hit").inc()
+        gw.metrics.principal_cache_hit.inc()
         return principal
     token = cache.begin()  # before the read: a change announced during it keeps its result out
     principal = await gw.store.call(load)

@@ -86,6 +86,11 @@ class GatewayMetrics:
             ["result"], registry=self.registry,
         )
 
+    @cached_property
+    def principal_cache_hit(self) -> Counter:
+        """The cache's hits, counted on every authenticated call: its child looked up once."""
+        return self.principal_cache.labels("hit")
+
     def of(self, service: str) -> ServiceInstruments:
         """``service``'s instruments."""
         found = self._services.get(service)

@@ -8,6 +8,7 @@ compare and move amounts on SQLite and PostgreSQL alike. USD floats exist only a
 from __future__ import annotations
 
 from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
 
 NANO = 1_000_000_000
 
@@ -28,9 +29,15 @@ def token_cost_nusd(tokens: int, usd_per_mtok: float | Decimal) -> int:
     """Cost of ``tokens`` at a per-million-token price, rounded up to the nano-dollar."""
     if tokens <= 0:
         return 0
-    # 1 USD per million tokens = 1000 nano-USD per token.
-    value = Decimal(tokens) * Decimal(str(usd_per_mtok)) * 1000
+    value = Decimal(tokens) * _nusd_per_token(usd_per_mtok)
     return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+@lru_cache(maxsize=256)
+def _nusd_per_token(usd_per_mtok: float | Decimal) -> Decimal:
+    """1 USD per million tokens = 1000 nano-USD per token (exact: the price as written). A gym has
+    a few prices, and each call costs its tokens at two of them, twice (estimate, then cost)."""
+    return Decimal(str(usd_per_mtok)) * 1000
 
 
 def format_usd(nusd: int) -> str:

@@ -61,6 +61,9 @@ class Message(BaseModel):
     tool_call_id: str | None = None
 
 
+_NOT_SAMPLING = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -91,8 +94,7 @@ class ChatRequest(BaseModel):
 
     def sampling_params(self) -> dict[str, Any]:
         """Everything but model/messages/stream/token caps, ready for LiteLLM."""
-        skip = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens"}
-        return {k: v for k, v in self.model_dump(exclude_none=True).items() if k not in skip}
+        return self.model_dump(exclude_none=True, exclude=_NOT_SAMPLING)  # the messages are not dumped to be dropped
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
