@@ -171,23 +171,48 @@ class ClosingStreamingResponse(StreamingResponse):
     later moment, after whoever waits on this response has moved on. Here it runs, shielded,
     before the response returns. ``send_timeout_s``: a client that takes longer than this to
     accept one chunk is cut (a reader that stopped reading; its producer was already held back
-    by backpressure, this frees what it held; :class:`SendDeadline`)."""
+    by backpressure, this frees what it held; :class:`SendDeadline`).
+
+    Under ASGI 2.3 (uvicorn's servers), Starlette runs the body in a task of an anyio task group
+    while the request's task listens for the client going away. Here the body runs in the
+    request's own task, inside one cancel scope that both the send deadline and a plain asyncio
+    task listening for the disconnect cancel (:func:`_cancel_when_gone`): the same cut at the
+    same moment, shields respected, for one task less and no task group per stream. Under 2.4 (a
+    send raises once the client has gone: the gateway's in-process streams), Starlette's own."""
 
     def __init__(self, content: AsyncIterator[Any], *args: Any, send_timeout_s: float | None = None, **kw: Any):
         super().__init__(content, *args, **kw)
         self.send_timeout_s = send_timeout_s
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        spec = tuple(int(part) for part in scope.get("asgi", {}).get("spec_version", "2.0").split("."))
+        if scope["type"] != "http" or spec >= (2, 4):
+            await super().__call__(scope, receive, send)
+            return
+        with anyio.CancelScope() as cut:
+            listener = asyncio.get_running_loop().create_task(_cancel_when_gone(receive, cut))
+            try:
+                await self._stream(send, cut)
+            finally:
+                listener.cancel()
+        if self.background is not None:
+            await self.background()
+
     async def stream_response(self, send: Send) -> None:
+        with anyio.CancelScope() as cut:
+            await self._stream(send, cut)
+
+    async def _stream(self, send: Send, cut: anyio.CancelScope) -> None:
+        """The body, inside ``cut`` (which the send deadline cancels), its iterator closed after."""
         try:
             if self.send_timeout_s is None:
                 await super().stream_response(send)
                 return
-            with anyio.CancelScope() as scope:
-                deadline = SendDeadline(self.send_timeout_s, scope)
-                try:
-                    await super().stream_response(deadline.timed(send))
-                finally:
-                    deadline.stop()
+            deadline = SendDeadline(self.send_timeout_s, cut)
+            try:
+                await super().stream_response(deadline.timed(send))
+            finally:
+                deadline.stop()
             if deadline.cut:
                 log.info("stream cut: the client accepted no data for %s s", self.send_timeout_s)
         finally:
@@ -195,3 +220,14 @@ class ClosingStreamingResponse(StreamingResponse):
             if close is not None:
                 with anyio.CancelScope(shield=True):
                     await close()
+
+
+async def _cancel_when_gone(receive: Receive, cut: anyio.CancelScope) -> None:
+    """Cancel ``cut`` once the client has gone (``http.disconnect``), as Starlette's listener does;
+    a ``receive`` that fails counts as gone. Cancelled itself when the stream ends first."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - whatever broke the connection ends the stream, as a disconnect does
+        pass
+    cut.cancel()

@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+
 from services.core.http import ClosingStreamingResponse
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -87,3 +89,61 @@ def test_without_a_deadline_the_stream_is_sent_as_it_is() -> None:
     asyncio.run(ClosingStreamingResponse(producer.chunks(), media_type="text/event-stream")(
         dict(SCOPE), _never_disconnects, send))
     assert len(accepted) == 5 and producer.closed
+
+
+def test_a_client_gone_mid_stream_ends_it_at_once_and_its_shielded_close_runs_whole() -> None:
+    """Under ASGI 2.3 the body runs in the request's own task and a listener task cancels it when
+    the client goes away: the stream ends at once, the iterator's shielded settlement runs to its
+    end though it awaits (a cut that bypassed anyio's scopes would break it), and no listener is
+    left behind."""
+    settled: list[str] = []
+    gone = asyncio.Event()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 0\n\n"
+            gone.set()
+            await asyncio.Event().wait()  # the provider has nothing more yet
+            yield b"data: 1\n\n"
+        finally:  # as the gateway's relay settles: shielded (cancelled there, the charge would be lost)
+            settled.append("started")
+            with anyio.CancelScope(shield=True):
+                await asyncio.sleep(0.05)
+            settled.append("done")
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[bytes] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            sent.append(message["body"])
+
+    async def run() -> set[asyncio.Task[Any]]:
+        response = ClosingStreamingResponse(chunks(), media_type="text/event-stream", send_timeout_s=30)
+        await asyncio.wait_for(response(dict(SCOPE), receive, send), timeout=5)
+        await asyncio.sleep(0)  # a cancelled listener finishes on the loop's next turn
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    left = asyncio.run(run())
+    assert sent == [b"data: 0\n\n"]
+    assert settled == ["started", "done"]
+    assert left == set()
+
+
+def test_a_stream_that_ends_first_leaves_no_listener() -> None:
+    producer = Producer(3)
+
+    async def send(message: dict[str, Any]) -> None:
+        return None
+
+    async def run() -> set[asyncio.Task[Any]]:
+        response = ClosingStreamingResponse(producer.chunks(), media_type="text/event-stream", send_timeout_s=30)
+        await asyncio.wait_for(response(dict(SCOPE), _never_disconnects, send), timeout=5)
+        await asyncio.sleep(0)
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    assert asyncio.run(run()) == set()
+    assert producer.closed and producer.produced == 3
