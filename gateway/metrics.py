@@ -18,41 +18,26 @@ from services.core.store import Store
 log = logging.getLogger("rsigym.gateway")
 
 
+def _child(metric: str, *labels: str) -> Any:
+    """A :class:`ServiceInstruments` attribute: ``metric``'s child for the service (and ``labels``)."""
+    return cached_property(lambda self: getattr(self._metrics, metric).labels(self._service, *labels))
+
+
 class ServiceInstruments:
     """One service's children of the gateway's instruments, each looked up the first time it is
     used (a series appears once it counts something, as before): ``labels()`` takes a lock and
     builds a key on every call, and a forwarded call made seven such lookups."""
 
+    reserved = _child("reservations", "reserved")
+    released = _child("reservations", "released")
+    settled = _child("reservations", "settled")
+    spend = _child("spend")
+    overrun = _child("overrun")
+    in_flight = _child("in_flight")
+    latency = _child("latency")
+
     def __init__(self, metrics: GatewayMetrics, service: str):
         self._metrics, self._service = metrics, service
-
-    @cached_property
-    def reserved(self) -> Counter:
-        return self._metrics.reservations.labels(self._service, "reserved")
-
-    @cached_property
-    def released(self) -> Counter:
-        return self._metrics.reservations.labels(self._service, "released")
-
-    @cached_property
-    def settled(self) -> Counter:
-        return self._metrics.reservations.labels(self._service, "settled")
-
-    @cached_property
-    def spend(self) -> Counter:
-        return self._metrics.spend.labels(self._service)
-
-    @cached_property
-    def overrun(self) -> Counter:
-        return self._metrics.overrun.labels(self._service)
-
-    @cached_property
-    def in_flight(self) -> Gauge:
-        return self._metrics.in_flight.labels(self._service)
-
-    @cached_property
-    def latency(self) -> Histogram:
-        return self._metrics.latency.labels(self._service)
 
 
 class GatewayMetrics:
