@@ -12,6 +12,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.telemetry import TelemetryConfig
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,7 +30,7 @@ from services.core.ids import new_request_id
 
 log = logging.getLogger("rsigym.http")
 
-NO_FASTAPI_TELEMETRY: dict[str, Any] = {"tracing": False, "metrics": False, "logs": False}
+NO_FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 """``FastAPI(telemetry=...)`` for every app of the gym. The gym's own metrics are Prometheus
 (gateway/metrics.py) and it sets up no OpenTelemetry provider, so FastAPI's native telemetry
 would record nothing, yet with it left on FastAPI looks, for every request, whether a tracer,
