@@ -101,6 +101,13 @@ def count_tokens(chunk: bytes) -> int:
     return chunk.count(b",") + chunk.count(b"{") + chunk.count(b"[")
 
 
+CUT = {"Connection": "close"}
+"""The headers of a refusal made while the body streams in: the rest of it is never read, so the
+connection is closed after the answer, whichever handler answers (the app's, a route's past the
+router, or :meth:`BodyLimits._refuse`). Without it a proxied call refused 408 left its connection
+open until the keep-alive timeout, the trickling client's bytes read as the next request's."""
+
+
 class _BoundedReceive:
     """``receive`` that refuses a body past its byte limit, its JSON token limit or its deadline."""
 
@@ -121,18 +128,18 @@ class _BoundedReceive:
             except TimeoutError:
                 pass
         if message is None:
-            raise RequestTimeout("the request body did not arrive in time; send it at once")
+            raise RequestTimeout("the request body did not arrive in time; send it at once", headers=dict(CUT))
         if message["type"] != "http.request":
             self.done = True
             return message
         chunk = message.get("body", b"")
         self.received += len(chunk)
         if self.received > self.limit:
-            raise PayloadTooLarge(f"request body over {self.limit} bytes")
+            raise PayloadTooLarge(f"request body over {self.limit} bytes", headers=dict(CUT))
         if self.max_tokens is not None:
             self.tokens += count_tokens(chunk)
             if self.tokens > self.max_tokens:
-                raise PayloadTooLarge(f"JSON body over {self.max_tokens} commas, braces and brackets")
+                raise PayloadTooLarge(f"JSON body over {self.max_tokens} commas, braces and brackets", headers=dict(CUT))
         if not message.get("more_body", False):
             self.done = True
         return message
