@@ -1178,13 +1178,14 @@ def test_alert_rules_cover_the_issue_and_reference_registered_metrics(metrics: d
 
 def test_alert_label_values_are_ones_the_code_emits() -> None:
     """reason= values are error types of services/core/errors.py (what the gateway counts);
-    status= values are job final states; outcome= values are what gateway/proxy.py records."""
+    status= values are job final states; outcome= values are the reservation outcomes gateway/metrics.py
+    declares (the children gateway/proxy.py counts on)."""
     error_types = {cls.type for cls in vars(gym_errors).values()
                    if isinstance(cls, type) and issubclass(cls, gym_errors.GymError)}
     final_states = set()
     for module in ("services/training/jobs.py", "services/evaluation/jobs.py"):
         final_states |= set(re.findall(r"\"([a-z_]+)\"", re.search(r"FINAL = \{([^}]*)\}", (ROOT / module).read_text())[1]))
-    outcomes = set(re.findall(r"reservations\.labels\([^,]+,\s*\"([a-z_]+)\"\)", (ROOT / "gateway/proxy.py").read_text()))
+    outcomes = set(re.findall(r"_child\(\"reservations\",\s*\"([a-z_]+)\"\)", (ROOT / "gateway/metrics.py").read_text()))
     assert "budget_exhausted" in error_types and "failed" in final_states and {"settled", "released"} <= outcomes
     allowed = {"reason": error_types, "status": final_states, "outcome": outcomes}
     queries = [r["expr"] for r in alert_rules()] + [e for _, e in dashboard_queries()]
