@@ -267,9 +267,9 @@ def test_a_stream_with_crlf_lines_split_across_writes_is_relayed_whole_and_bille
 
 
 def test_a_provider_session_is_closed_with_its_event_loop_or_when_the_gym_stops(make_gym: Any) -> None:
-    """Each event loop has its own pooled provider session: one whose loop ends (a test client
+    """Each event loop has its own pool of provider connections: one whose loop ends (a test client
     runs each request on a loop of its own) is closed by that loop's shutdown; one whose loop still
-    runs is closed by the rollout service's close hook. None is left open to be reaped by GC."""
+    runs is closed by the rollout service's close hook. No connection is left open to be reaped by GC."""
     from fastapi.testclient import TestClient
 
     gym = make_gym()
@@ -278,15 +278,17 @@ def test_a_provider_session_is_closed_with_its_event_loop_or_when_the_gym_stops(
     client = client_for(gym)  # no `with`: a loop per request
     run = create_key(client, 1.0)
     assert chat(client, run["key"]).status_code == 200
-    [(_loop, ended)] = backend._providers.items()
-    assert ended.closed
+    [(_loop, ended)] = backend._direct.items()
+    assert ended.closed and ended.opened == 1
     with TestClient(gym.app, base_url="http://gym") as lasting:  # one loop for all its requests
         assert chat(lasting, run["key"]).status_code == 200
         assert chat(lasting, run["key"]).status_code == 200
-        live = [session for _loop, session in backend._providers.items() if not session.closed]
-        assert len(live) == 1
+        live = [pool for _loop, pool in backend._direct.items() if not pool.closed]
+        assert len(live) == 1 and live[0].opened == 1  # the second call took the first's connection
+        [[kept]] = live[0]._idle.values()
         rollout.state.close()
-        assert live[0].closed
+        assert live[0].closed and kept.closed and kept.transport.is_closing()
+    assert backend._providers.items() == []  # no proxy named: aiohttp never opened a session
 
 
 class RecordingProvider:

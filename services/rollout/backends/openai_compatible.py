@@ -7,10 +7,11 @@ response objects, logging worker) — most of what the rollout path added over a
 (``bench/gateway_overhead.py``, ``bench/gateway_vs_litellm.py``). Those models now go straight
 to ``{api_base}/chat/completions`` on one pooled aiohttp session per event loop, streams
 relayed chunk by chunk; models of other providers (``anthropic/…``, ``gemini/…``) keep LiteLLM.
-aiohttp, not httpx, for the provider's socket: its C HTTP parser costs a call ~0.25 ms of CPU
-here where httpx and httpcore cost ~0.95 ms, and a call's wall time ~0.7 ms against ~1.3 ms
-(sequential keep-alive calls to the stand-in provider). The stand-in served in this process keeps
-httpx, whose ASGI transport calls it without a socket.
+The provider's socket is :mod:`services.rollout.backends.http1`'s (keep-alive connections,
+httptools's C parser): httpx and httpcore cost a call ~0.95 ms of CPU here, aiohttp ~0.16 ms,
+http1 ~0.06 ms. A provider reached through a proxy the environment names keeps aiohttp, which
+speaks to proxies. The stand-in served in this process keeps httpx, whose ASGI transport calls
+it without a socket.
 
 What stays the same as on the LiteLLM path, and is tested on both: one attempt per metered call
 (no retries), the provider key read at call time from ``api_key_env`` and sent only upstream, a
@@ -40,6 +41,13 @@ from services.core.config import RolloutConfig, RolloutModel
 from services.core.errors import GymError
 from services.core.settings import ProviderSecrets
 from services.rollout.backends.base import RolloutBackend
+from services.rollout.backends.http1 import (
+    Answer,
+    Http1Pool,
+    UpstreamConnectionError,
+    UpstreamProtocolError,
+    UpstreamReadTimeout,
+)
 from services.rollout.backends.litellm_backend import map_provider_error, provider_key
 from services.rollout.schemas import ChatRequest
 
@@ -73,7 +81,8 @@ def _detail(body: bytes) -> str:
 
 log = logging.getLogger("rsigym.rollout")
 C = TypeVar("C")
-UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError)
+UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError, UpstreamConnectionError,
+                   UpstreamReadTimeout, UpstreamProtocolError)
 """What a provider's connection raises (mapped by :func:`map_provider_error`; a timeout's name says so)."""
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """The longest line of a provider's event stream read before the stream is refused as malformed."""
@@ -126,20 +135,25 @@ class _PerLoop(Generic[C]):
 
 
 class _Answer:
-    """A provider's answer, read the same way from an aiohttp response (a provider) or an httpx one
-    (the stand-in in this process)."""
+    """A provider's answer, read the same way from an http1 answer (a provider), an aiohttp response
+    (a provider behind a proxy) or an httpx one (the stand-in in this process)."""
 
-    def __init__(self, response: aiohttp.ClientResponse | httpx.Response):
+    def __init__(self, response: Answer | aiohttp.ClientResponse | httpx.Response):
         self._response = response
-        self.status = response.status if isinstance(response, aiohttp.ClientResponse) else response.status_code
+        self.status = response.status_code if isinstance(response, httpx.Response) else response.status
 
     async def body(self) -> bytes:
+        if isinstance(self._response, Answer):
+            return await self._response.read()
         if isinstance(self._response, aiohttp.ClientResponse):
             return await self._response.read()
         return await self._response.aread()
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        if isinstance(self._response, aiohttp.ClientResponse):
+        if isinstance(self._response, Answer):
+            async for chunk in self._response.chunks():
+                yield chunk
+        elif isinstance(self._response, aiohttp.ClientResponse):
             async for chunk in self._response.content.iter_any():
                 yield chunk
         else:
@@ -160,7 +174,7 @@ class _Answer:
             yield pending.rstrip(b"\r").decode("utf-8", errors="replace")
 
     async def close(self) -> None:
-        if isinstance(self._response, aiohttp.ClientResponse):
+        if isinstance(self._response, Answer | aiohttp.ClientResponse):
             self._response.release()
         else:
             await self._response.aclose()
@@ -173,12 +187,15 @@ class OpenAICompatibleBackend:
         self.config = config
         self.secrets = secrets_
         # As httpx's timeout was: each read may wait request_timeout_s, a connect at most 10 s.
-        timeout = aiohttp.ClientTimeout(total=None, connect=min(10.0, config.request_timeout_s),
-                                        sock_read=config.request_timeout_s)
+        connect_s = min(10.0, config.request_timeout_s)
+        self._direct: _PerLoop[Http1Pool] = _PerLoop(
+            lambda: Http1Pool(connect_s=connect_s, read_s=config.request_timeout_s), Http1Pool.close)
+        timeout = aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=config.request_timeout_s)
         # Not trust_env: it made every call read ~/.netrc and the proxy variables in two worker-
         # thread trips (~18 % of the gym's time per call), and a netrc entry for a provider's host
         # made each call fail (aiohttp refuses netrc auth beside an Authorization header). The
-        # proxy variables still apply, read once per provider URL (:meth:`_proxy_for`).
+        # proxy variables still apply, read once per provider URL (:meth:`_proxy_for`); a provider
+        # they send through a proxy is called with aiohttp, every other one with http1.
         self._providers: _PerLoop[aiohttp.ClientSession] = _PerLoop(lambda: aiohttp.ClientSession(
             timeout=timeout, connector=aiohttp.TCPConnector(limit=256), trust_env=False), aiohttp.ClientSession.close)
         self._proxies: dict[str, tuple[URL | None, aiohttp.BasicAuth | None]] = {}
@@ -188,6 +205,7 @@ class OpenAICompatibleBackend:
 
     def close(self) -> None:
         """Close the clients of every event loop still running (the rollout service's close hook)."""
+        self._direct.close_all()
         self._providers.close_all()
         self._standin.close_all()
 
@@ -228,8 +246,11 @@ class OpenAICompatibleBackend:
             return _Answer(await client.send(client.build_request("POST", url, content=content, headers=headers),
                                              stream=True))
         # No redirects followed (as with httpx): a provider's answer is the answer.
-        session = await self._providers.get()
         proxy, proxy_auth = self._proxy_for(url)
+        if proxy is None:
+            pool = await self._direct.get()
+            return _Answer(await pool.post(url, content, headers))
+        session = await self._providers.get()
         return _Answer(await session.post(url, data=content, headers=headers, allow_redirects=False, proxy=proxy,
                                           proxy_auth=proxy_auth))
 
