@@ -2,8 +2,9 @@
 
 Served as the gym serves (uvicorn, the gym's HTTP protocol and its options), it takes each
 ``POST /v1/chat/completions``, puts the provider's key on it (the one thing any proxy must do),
-sends it to the upstream on one pooled aiohttp session (the gym's provider client), and relays
-the answer as it arrives (status, content type, body chunk by chunk): no authentication, no
+sends it to the upstream on the gym's provider client (services/rollout/backends/http1.py: pooled
+keep-alive connections; aiohttp until 2026-12-06), and relays the answer as it arrives (status,
+content type, body chunk by chunk): no authentication, no
 policy, no ledger, no metering, no logs. What it adds over a direct call is what the server and
 client stack alone add on this box — the part of the gym's added latency no work of the gym's
 can remove.
@@ -17,37 +18,40 @@ import os
 import sys
 from typing import Any
 
-import aiohttp
 import uvicorn
 from starlette.requests import Request
 
 from services.core.body_limits import server_options
 from services.core.config import GymConfig
+from services.rollout.backends.http1 import Http1Pool
 
 
 class PassThrough:
     def __init__(self, upstream: str, key: str):
         self.url = upstream.rstrip("/") + "/v1/chat/completions"
         self.key = key
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: Http1Pool | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
-            if self.session is not None:
-                await self.session.close()
+            if self.pool is not None:
+                await self.pool.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
         body = await Request(scope, receive).body()
-        if self.session is None:
-            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
-        async with self.session.post(self.url, data=body, headers=headers) as upstream:
+        if self.pool is None:
+            self.pool = Http1Pool(connect_s=10, read_s=60)
+        headers = {"authorization": f"Bearer {self.key}", "content-type": "application/json"}
+        upstream = await self.pool.post(self.url, body, headers)
+        try:
             await send({"type": "http.response.start", "status": upstream.status,
-                        "headers": [(b"content-type", upstream.headers.get("content-type", "").encode())]})
-            async for chunk in upstream.content.iter_any():
+                        "headers": [(b"content-type", (upstream.header("content-type") or "").encode())]})
+            async for chunk in upstream.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            upstream.release()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -2,12 +2,14 @@
 written in one ``write``, the answer parsed by httptools (the C parser uvicorn serves the gym
 with), its body read whole or chunk by chunk with backpressure.
 
-Why not aiohttp, which did this before: ``ClientSession._request`` and its request and response
-objects cost ~95 µs of CPU and ~120 µs of wall time a call more than this (sequential keep-alive
-calls to the stand-in provider on this 2-core box, ``bench/gateway_vs_litellm.py``'s upstream;
-docs/performance.md), ~8 % of all the gym adds to a chat completion. Everything a provider call
-needs of it is here; what is not (a proxy from the environment) keeps aiohttp
-(services/rollout/backends/openai_compatible.py).
+Why not aiohttp, which did this before: its ``ClientSession._request`` and request and response
+objects cost a call ~90-120 µs of CPU and ~100-120 µs of wall time more than this (sequential
+keep-alive calls to the stand-in provider on a 2-core box, ``bench/provider_client.py``; CPU
+ratio 0.47), and the gateway's added latency fell by ~0.3 ms p50 with it (``bench/gateway_ab.py``,
+docs/performance.md). Everything a provider call needs of it is here; what is not (a proxy from
+the environment) keeps aiohttp (services/rollout/backends/openai_compatible.py). The framing is
+httptools's, a maintained C parser (llhttp) that uvicorn serves the gym with; what is written
+here is the connection pool and its rules.
 
 What it does and does not do, for a call that is billed once and never retried:
 

@@ -8,9 +8,9 @@ response objects, logging worker) — most of what the rollout path added over a
 to ``{api_base}/chat/completions`` on one pooled aiohttp session per event loop, streams
 relayed chunk by chunk; models of other providers (``anthropic/…``, ``gemini/…``) keep LiteLLM.
 The provider's socket is :mod:`services.rollout.backends.http1`'s (keep-alive connections,
-httptools's C parser): httpx and httpcore cost a call ~0.95 ms of CPU here, aiohttp ~0.16 ms,
-http1 ~0.06 ms. A provider reached through a proxy the environment names keeps aiohttp, which
-speaks to proxies. The stand-in served in this process keeps httpx, whose ASGI transport calls
+httptools's C parser): per sequential call to the stand-in provider it costs about half the CPU
+of aiohttp's and a seventh of httpx's (``bench/provider_client.py``). A provider reached through
+a proxy the environment names keeps aiohttp, which speaks to proxies. The stand-in served in this process keeps httpx, whose ASGI transport calls
 it without a socket.
 
 What stays the same as on the LiteLLM path, and is tested on both: one attempt per metered call
