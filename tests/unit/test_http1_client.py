@@ -335,9 +335,10 @@ def _certificates(tmp: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_https_verifies_the_providers_certificate(tmp_path: Path) -> None:
+def test_https_verifies_the_providers_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """TLS to an ``https://`` provider: a certificate the trust store does not vouch for is
-    refused before the request (and its key) is sent; one it does is spoken to."""
+    refused before the request (and its key) is sent; one it does is spoken to, and an operator
+    points the trust store elsewhere with ``SSL_CERT_FILE`` (docs/operator-guide.md)."""
     ca, cert, key = _certificates(tmp_path)
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert, key)
@@ -356,6 +357,11 @@ def test_https_verifies_the_providers_certificate(tmp_path: Path) -> None:
                 await client.post(wrong_host, b"{}", {})
             assert len(server.requests) == 1
             await client.close()
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+            by_environment = pool()
+            answer = await by_environment.post(server.url, b"{}", {})
+            assert (answer.status, await answer.read()) == (200, b'{"ok":true}')
+            await by_environment.close()
 
     asyncio.run(run())
 
