@@ -86,10 +86,21 @@ def pool(**kwargs: Any) -> Http1Pool:
     return Http1Pool(connect_s=kwargs.pop("connect_s", 2.0), read_s=kwargs.pop("read_s", 2.0), **kwargs)
 
 
+@contextlib.asynccontextmanager
+async def serving(answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter, Server], Awaitable[None]],
+                  **kwargs: Any) -> AsyncIterator[tuple[Server, Http1Pool]]:
+    """A scripted server and a client pool for it (closed at the end)."""
+    async with scripted(answer) as server:
+        client = pool(**kwargs)
+        try:
+            yield server, client
+        finally:
+            await client.close()
+
+
 def test_calls_share_one_kept_alive_connection_and_send_what_was_asked() -> None:
     async def run() -> None:
-        async with scripted(keep_answering) as server:
-            client = pool()
+        async with serving(keep_answering) as (server, client):
             for i in range(5):
                 answer = await client.post(server.url, b'{"n":%d}' % i, {"authorization": "Bearer k"})
                 assert (answer.status, await answer.read()) == (200, b'{"ok":true}')
@@ -99,7 +110,6 @@ def test_calls_share_one_kept_alive_connection_and_send_what_was_asked() -> None
             lines = head.lower().split(b"\r\n")
             assert b"authorization: bearer k" in lines and b"accept-encoding: identity" in lines
             assert b"host: 127.0.0.1:%d" % int(server.url.split(":")[2].split("/")[0]) in lines
-            await client.close()
 
     asyncio.run(run())
 
@@ -118,14 +128,12 @@ def test_a_connection_the_provider_closes_is_never_reused() -> None:
         await asyncio.sleep(0.3 if closing else 0.05)
 
     async def run() -> None:
-        async with scripted(answer_once) as server:
-            client = pool(read_s=1.0)
+        async with serving(answer_once, read_s=1.0) as (server, client):
             for i in range(4):
                 answer = await client.post(server.url, b"{}", {})
                 assert await answer.read() == b'{"ok":true}'
                 await asyncio.sleep(0.2 if i % 2 else 0)  # the call after a "close" answer follows at once
             assert client.opened == 4 and server.connections == 4 and len(server.requests) == 4
-            await client.close()
 
     asyncio.run(run())
 
@@ -138,14 +146,12 @@ def test_a_stalled_provider_is_a_read_timeout_and_its_connection_is_dropped() ->
         await asyncio.sleep(1)
 
     async def run() -> None:
-        async with scripted(stall_second) as server:
-            client = pool(read_s=0.3)
+        async with serving(stall_second, read_s=0.3) as (server, client):
             answer = await client.post(server.url, b"{}", {})
             with pytest.raises(UpstreamReadTimeout):
                 await answer.read()
             answer.release()
             assert client._idle.get(("http", "127.0.0.1", int(server.url.split(":")[2].split("/")[0]))) == []
-            await client.close()
 
     asyncio.run(run())
 
@@ -156,11 +162,9 @@ def test_a_silent_provider_times_out_before_its_head() -> None:
         await asyncio.sleep(1)
 
     async def run() -> None:
-        async with scripted(silent) as server:
-            client = pool(read_s=0.3)
+        async with serving(silent, read_s=0.3) as (server, client):
             with pytest.raises(UpstreamReadTimeout):
                 await client.post(server.url, b"{}", {})
-            await client.close()
 
     asyncio.run(run())
 
@@ -178,8 +182,7 @@ def test_a_stream_left_unread_closes_its_connection_and_the_next_call_gets_a_fre
             await writer.drain()
 
     async def run() -> None:
-        async with scripted(stream) as server:
-            client = pool()
+        async with serving(stream) as (server, client):
             answer = await client.post(server.url, b"{}", {})
             chunks = answer.chunks()
             assert await anext(chunks) == b"data: 0\n\n"
@@ -189,7 +192,6 @@ def test_a_stream_left_unread_closes_its_connection_and_the_next_call_gets_a_fre
             third = await client.post(server.url, b"{}", {})  # the second was read whole: its connection again
             await third.read()
             assert client.opened == 2 and server.connections == 2
-            await client.close()
 
     asyncio.run(run())
 
@@ -207,8 +209,7 @@ def test_a_fast_stream_read_slowly_pauses_the_socket_and_arrives_whole() -> None
             await writer.drain()
 
     async def run() -> None:
-        async with scripted(flood) as server:
-            client = pool()
+        async with serving(flood) as (server, client):
             answer = await client.post(server.url, b"{}", {})
             got, most = [], 0
             async for chunk in answer.chunks():
@@ -217,7 +218,6 @@ def test_a_fast_stream_read_slowly_pauses_the_socket_and_arrives_whole() -> None
                 await asyncio.sleep(0.001)
             assert b"".join(got) == payload
             assert most <= HIGH_WATER + 65536 * 4, most  # paused near the mark, not 4 MiB buffered
-            await client.close()
 
     asyncio.run(run())
 
@@ -235,12 +235,10 @@ def test_an_answer_the_client_cannot_read_is_refused(reply: bytes, why: str) -> 
         await asyncio.sleep(0.5)
 
     async def run() -> None:
-        async with scripted(answer) as server:
-            client = pool()
+        async with serving(answer) as (server, client):
             with pytest.raises(UpstreamProtocolError, match=why):
                 await client.post(server.url, b"{}", {})
             assert not any(client._idle.values())
-            await client.close()
 
     asyncio.run(run())
 
@@ -255,15 +253,13 @@ def test_bytes_past_the_answer_make_the_connection_unusable() -> None:
             await writer.drain()
 
     async def run() -> None:
-        async with scripted(twice) as server:
-            client = pool()
+        async with serving(twice) as (server, client):
             first = await client.post(server.url, b"{}", {})
             assert await first.read() == b'{"n":1}'
             await asyncio.sleep(0.05)
             second = await client.post(server.url, b"{}", {})
             assert await second.read() == b'{"n":1}'  # from a new connection, never the forged answer
             assert client.opened == 2
-            await client.close()
 
     asyncio.run(run())
 
@@ -278,12 +274,10 @@ def test_a_body_without_a_length_ends_with_the_connection_and_is_not_pooled() ->
         await writer.drain()
 
     async def run() -> None:
-        async with scripted(until_close) as server:
-            client = pool()
+        async with serving(until_close) as (server, client):
             answer = await client.post(server.url, b"{}", {})
             assert await answer.read() == b'{"whole":true}'
             assert not any(client._idle.values())
-            await client.close()
 
     asyncio.run(run())
 
@@ -368,11 +362,9 @@ def test_https_verifies_the_providers_certificate(tmp_path: Path, monkeypatch: p
 
 def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
     async def run() -> None:
-        async with scripted(keep_answering) as server:
-            client = pool()
+        async with serving(keep_answering) as (server, client):
             with pytest.raises(ValueError):
                 await client.post(server.url, b"{}", {"authorization": "Bearer k\r\nx-injected: 1"})
             assert server.connections == 0
-            await client.close()
 
     asyncio.run(run())
