@@ -5,13 +5,13 @@ agent sent (the OpenAI chat schema, checked by ``parse_chat_request``): there is
 translate. LiteLLM still spent ~10 ms of this 2-core box per call doing it (its request mapping,
 response objects, logging worker) — most of what the rollout path added over a direct call
 (``bench/gateway_overhead.py``, ``bench/gateway_vs_litellm.py``). Those models now go straight
-to ``{api_base}/chat/completions`` on one pooled aiohttp session per event loop, streams
-relayed chunk by chunk; models of other providers (``anthropic/…``, ``gemini/…``) keep LiteLLM.
-The provider's socket is :mod:`services.rollout.backends.http1`'s (keep-alive connections,
-httptools's C parser): per sequential call to the stand-in provider it costs about half the CPU
-of aiohttp's and a seventh of httpx's (``bench/provider_client.py``). A provider reached through
-a proxy the environment names keeps aiohttp, which speaks to proxies. The stand-in served in this process keeps httpx, whose ASGI transport calls
-it without a socket.
+to ``{api_base}/chat/completions`` on one pooled client per event loop, streams relayed chunk
+by chunk; models of other providers (``anthropic/…``, ``gemini/…``) keep LiteLLM. The provider's
+socket is :mod:`services.rollout.backends.http1`'s (keep-alive connections, httptools's C
+parser): per sequential call to the stand-in provider it costs about half the CPU of aiohttp's
+and a seventh of httpx's (``bench/provider_client.py``). A provider reached through a proxy the
+environment names keeps aiohttp, which speaks to proxies. The stand-in served in this process
+keeps httpx, whose ASGI transport calls it without a socket.
 
 What stays the same as on the LiteLLM path, and is tested on both: one attempt per metered call
 (no retries), the provider key read at call time from ``api_key_env`` and sent only upstream, a
@@ -143,9 +143,7 @@ class _Answer:
         self.status = response.status_code if isinstance(response, httpx.Response) else response.status
 
     async def body(self) -> bytes:
-        if isinstance(self._response, Answer):
-            return await self._response.read()
-        if isinstance(self._response, aiohttp.ClientResponse):
+        if isinstance(self._response, Answer | aiohttp.ClientResponse):
             return await self._response.read()
         return await self._response.aread()
 
