@@ -368,3 +368,16 @@ def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None
             assert server.connections == 0
 
     asyncio.run(run())
+
+
+def test_a_provider_url_travels_as_a_request_line_and_host_header_can_carry_it() -> None:
+    """What an operator may write as ``api_base``: a non-ASCII path is percent-encoded (what is
+    encoded already stays), an IPv6 host is bracketed, a default port is left out of ``Host``."""
+    from services.rollout.backends.http1 import _origin
+
+    assert _origin("http://h:8080/v1/café/chat/completions?x=%20y") == (
+        "http", "h", 8080, "/v1/caf%C3%A9/chat/completions?x=%20y", b"h:8080")
+    assert _origin("http://[::1]:9000/v1")[1:] == ("::1", 9000, "/v1", b"[::1]:9000")
+    assert _origin("https://API.example.com/v1")[1:] == ("api.example.com", 443, "/v1", b"api.example.com")
+    with pytest.raises(UpstreamConnectionError):
+        _origin("ftp://h/v1")

@@ -40,7 +40,7 @@ import collections
 import ssl
 from collections.abc import AsyncGenerator
 from functools import lru_cache
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httptools
 
@@ -76,7 +76,8 @@ def _origin(url: str) -> tuple[str, str, int, str, bytes]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UpstreamConnectionError(f"not an http(s) URL: {parts.scheme}://")
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # As it travels: what is not ASCII percent-encoded, what already is (``%XX``) left as it is.
+    target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe="/:@!$&'()*+,;=?%~")
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     default = port == (443 if parts.scheme == "https" else 80)
     return parts.scheme, parts.hostname, port, target, (host if default else f"{host}:{port}").encode("idna")
