@@ -75,12 +75,12 @@ def _origin(url: str) -> tuple[str, str, int, str, bytes]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UpstreamConnectionError(f"not an http(s) URL: {parts.scheme}://")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    default = 443 if parts.scheme == "https" else 80
+    port = parts.port or default
     # As it travels: what is not ASCII percent-encoded, what already is (``%XX``) left as it is.
     target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe="/:@!$&'()*+,;=?%~")
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    default = port == (443 if parts.scheme == "https" else 80)
-    return parts.scheme, parts.hostname, port, target, (host if default else f"{host}:{port}").encode("idna")
+    return parts.scheme, parts.hostname, port, target, (host if port == default else f"{host}:{port}").encode("idna")
 
 
 class _Connection(asyncio.Protocol):
@@ -89,10 +89,11 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
     def _reset(self) -> None:
+        """Ready to read one answer: a parser of its own and nothing read yet."""
+        self._parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
@@ -246,7 +247,6 @@ class _Connection(asyncio.Protocol):
     def start(self, request: bytes) -> None:
         """Send a request on this (idle) connection."""
         self._reset()
-        self._parser = httptools.HttpResponseParser(self)
         assert self.transport is not None
         self.transport.write(request)
 
@@ -338,7 +338,7 @@ class Http1Pool:
                                                                 server_hostname=host if tls else None)
         except TimeoutError:
             raise UpstreamConnectTimeout(f"no connection to the provider within {self.connect_s:g} s") from None
-        except (OSError, ssl.SSLError) as err:
+        except OSError as err:  # refused, unreachable, a name not found, a certificate that does not verify
             raise UpstreamConnectionError(f"cannot reach the provider: {type(err).__name__}") from None
         self.opened += 1
         return conn
