@@ -351,3 +351,16 @@ def test_the_provider_is_called_through_the_proxy_the_environment_names(
         r = chat(bypassing, run["key"])
         assert r.status_code == 502, r.text  # straight to a host that does not exist
         assert len(proxy.seen) == 1
+
+
+@pytest.mark.parametrize("api_base", ["http://127.0.0.1:99999/v1", "ftp://127.0.0.1/v1"])
+def test_a_provider_url_that_cannot_be_called_is_an_unbilled_upstream_error(make_gym: Any, api_base: str) -> None:
+    """An ``api_base`` the client cannot send to (a port out of range, not http(s)) is the
+    operator's mistake: the agent gets the standard upstream error, not a 500, and pays nothing."""
+    client = client_for(make_gym(config=gym_config(api_base)))
+    run = create_key(client, 1.0)
+    r = chat(client, run["key"])
+    assert r.status_code == 502 and r.json()["error"]["type"] == "upstream_error", r.text
+    assert "99999" not in r.text and "ftp" not in r.text  # the provider's address is the operator's
+    assert [row["status"] for row in ledger(client, run["id"])] == ["released"]
+

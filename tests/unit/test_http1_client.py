@@ -23,6 +23,7 @@ from services.rollout.backends.http1 import (
     UpstreamConnectionError,
     UpstreamProtocolError,
     UpstreamReadTimeout,
+    UpstreamRequestError,
 )
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -363,7 +364,7 @@ def test_https_verifies_the_providers_certificate(tmp_path: Path, monkeypatch: p
 def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
     async def run() -> None:
         async with serving(keep_answering) as (server, client):
-            with pytest.raises(ValueError):
+            with pytest.raises(UpstreamRequestError):
                 await client.post(server.url, b"{}", {"authorization": "Bearer k\r\nx-injected: 1"})
             assert server.connections == 0
 
@@ -379,5 +380,6 @@ def test_a_provider_url_travels_as_a_request_line_and_host_header_can_carry_it()
         "http", "h", 8080, "/v1/caf%C3%A9/chat/completions?x=%20y", b"h:8080")
     assert _origin("http://[::1]:9000/v1")[1:] == ("::1", 9000, "/v1", b"[::1]:9000")
     assert _origin("https://API.example.com/v1")[1:] == ("api.example.com", 443, "/v1", b"api.example.com")
-    with pytest.raises(UpstreamConnectionError):
-        _origin("ftp://h/v1")
+    for bad in ("ftp://h/v1", "http://h:99999/v1", "http://h:port/v1"):
+        with pytest.raises(UpstreamRequestError):
+            _origin(bad)

@@ -65,6 +65,11 @@ class UpstreamReadTimeout(Exception):
     :func:`~services.rollout.backends.litellm_backend.map_provider_error` maps to a 504)."""
 
 
+class UpstreamRequestError(Exception):
+    """The request cannot be sent as configured (an ``api_base`` that is not an ``http(s)://`` URL
+    with a valid port, a header value holding a line break): refused before anything is sent."""
+
+
 class UpstreamProtocolError(Exception):
     """The provider's answer is not HTTP/1.1 this client reads (malformed, head too long, encoded)."""
 
@@ -74,9 +79,12 @@ def _origin(url: str) -> tuple[str, str, int, str, bytes]:
     """(scheme, host, port, request target, Host header value) of an ``http(s)://`` URL."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UpstreamConnectionError(f"not an http(s) URL: {parts.scheme}://")
+        raise UpstreamRequestError(f"not an http(s) URL: {parts.scheme}://")
     default = 443 if parts.scheme == "https" else 80
-    port = parts.port or default
+    try:
+        port = parts.port or default
+    except ValueError:  # a port out of range or not a number
+        raise UpstreamRequestError("the provider's URL has no valid port") from None
     # As it travels: what is not ASCII percent-encoded, what already is (``%XX``) left as it is.
     target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe="/:@!$&'()*+,;=?%~")
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
@@ -309,7 +317,7 @@ class Http1Pool:
                 b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\naccept-encoding: identity\r\n"]
         for name, value in headers.items():
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError("a header may not hold a line break")
+                raise UpstreamRequestError("a header may not hold a line break")
             head += (name.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n")
         head += (b"\r\n", body)
         conn = self._take(key) or await self._open(scheme, host, port)

@@ -47,6 +47,7 @@ from services.rollout.backends.http1 import (
     UpstreamConnectionError,
     UpstreamProtocolError,
     UpstreamReadTimeout,
+    UpstreamRequestError,
 )
 from services.rollout.backends.litellm_backend import map_provider_error, provider_key
 from services.rollout.schemas import ChatRequest
@@ -82,7 +83,7 @@ def _detail(body: bytes) -> str:
 log = logging.getLogger("rsigym.rollout")
 C = TypeVar("C")
 UPSTREAM_ERRORS = (httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError, UpstreamConnectionError,
-                   UpstreamReadTimeout, UpstreamProtocolError)
+                   UpstreamReadTimeout, UpstreamProtocolError, UpstreamRequestError)
 """What a provider's connection raises (mapped by :func:`map_provider_error`; a timeout's name says so)."""
 MAX_EVENT_BYTES = 16 * 1024 * 1024
 """The longest line of a provider's event stream read before the stream is refused as malformed."""
@@ -262,6 +263,8 @@ class OpenAICompatibleBackend:
                 found = get_env_proxy_for_url(URL(url))
             except LookupError:  # none named, or NO_PROXY covers the host
                 found = (None, None)
+            except ValueError:  # no URL a request can go to (a port out of range, say): the operator's to mend
+                raise UpstreamRequestError("the provider's URL is not valid") from None
             self._proxies[url] = found
         return found
 
