@@ -110,7 +110,7 @@ class KeptConnectionLost(StoreUnavailable):
 
 
 class WouldWait(Exception):  # noqa: N818 - a signal between store and group commit, not an error
-    """``Store.begin(wait=False)`` found another writer at work and ran nothing: the caller goes
+    """``Store.run_unwaiting`` found another writer at work and ran nothing: the caller goes
     the waiting way instead (services/core/group_commit.py). Never reaches a client."""
 
 

@@ -31,7 +31,7 @@ each coroutine is woken on its own loop when its work is done and committed. A t
 concurrent calls cost a thousand futures, not a thousand thread trips. A coroutine caller with no
 company (no other caller's work queued, led or awaited) on a SQLite store runs its work itself,
 on its loop's thread, when it can do so without waiting for another writer
-(``Store.begin(wait=False)``); else it queues as above. Callers, threads and
+(``Store.run_unwaiting``); else it queues as above. Callers, threads and
 coroutines alike, are woken once their batch has committed: at once when nobody waits behind them,
 else while the next batch commits (:meth:`GroupCommit._wake_committed`). A coroutine cancelled while its work waits
 withdraws it; one cancelled after its work was taken gets no result, and the unit's ``orphaned``
@@ -224,15 +224,21 @@ class GroupCommit:
                     # µs on 2 cores) costs more than the work. Run it here, unless that means
                     # waiting for another writer.
                     try:
-                        with self._store.begin(wait=False) as work:
-                            self.inline_units += 1
-                            return fn(work)
+                        return self._store.run_unwaiting(self._counted(fn))
                     except WouldWait:
                         pass  # another writer is at work (nothing ran): queue, as with company
             return await self._queued(fn, clean, orphaned)
         finally:
             with self._lock:
                 self._awaiting -= 1
+
+    def _counted(self, fn: Callable[[Work], T]) -> Callable[[Work], T]:
+        """``fn``, counted in :attr:`inline_units` once its transaction has begun."""
+        def counted(work: Work) -> T:
+            self.inline_units += 1
+            return fn(work)
+
+        return counted
 
     async def _queued(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
                       orphaned: Callable[[T], None] | None) -> T:

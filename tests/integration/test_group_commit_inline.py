@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 from sqlalchemy.pool import QueuePool
 
-from services.core.errors import BudgetExhausted
+from services.core.errors import BudgetExhausted, StoreUnavailable
 from services.core.ledger import Ledger, Reservation
 from services.core.settings import StoreSettings
 from services.core.store import Store, Work, sqlite_url
@@ -233,3 +233,32 @@ def test_the_connection_lone_calls_commit_on_never_waits_and_is_closed_with_the_
     store.dispose()
     with pytest.raises(sqlite3.ProgrammingError):
         dbapi.execute("SELECT 1")
+
+
+def test_a_lone_call_whose_connection_is_lost_is_refused_and_the_next_takes_a_fresh_one(
+    sqlite_store: Store, loop: Loop
+) -> None:
+    """The connection lone calls commit on is lost in the middle of a unit: the caller gets a 503
+    (the gym fails closed), nothing of the unit stays, the writer's turn is free again, and the
+    next lone call commits on a fresh connection."""
+    store = sqlite_store
+    key = make_key(store, 1_000)
+    ledger = Ledger(store)
+    assert loop.start(reserve(ledger, key, 10)).result(30).estimate_nusd == 10
+    lost = store._unwaiting_conn  # noqa: SLF001 - the connection under test
+    assert lost is not None
+
+    def hold_then_lose_the_connection(work: Work) -> None:
+        ledger._hold(key, service="rollout", operation="x", estimate_nusd=100, ref_id=None,  # noqa: SLF001
+                     request_id=None, ttl_s=None, chain_ids=None)(work)
+        cast(Any, lost).dbapi_connection.close()
+        ledger._hold(key, service="rollout", operation="x", estimate_nusd=100, ref_id=None,  # noqa: SLF001
+                     request_id=None, ttl_s=None, chain_ids=None)(work)
+
+    with pytest.raises(StoreUnavailable, match="connection was lost"):
+        loop.start(store.batched_async(hold_then_lose_the_connection)).result(30)
+    assert account(store, key) == (0, 10) and [e for e, _ in entries(store)] == [10]
+    assert store._unwaiting_conn is None and not store.in_transaction()  # noqa: SLF001
+    assert loop.start(reserve(ledger, key, 20)).result(30).estimate_nusd == 20
+    assert store._unwaiting_conn is not None and store._unwaiting_conn is not lost  # noqa: SLF001
+    assert account(store, key) == (0, 30) and store.group.inline_units == 3
