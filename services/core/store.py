@@ -240,6 +240,10 @@ class Work:
             raise self._failed(err, prepared.sql) from err
         return found
 
+    def cursor(self) -> Any:
+        """The connection's first kept cursor (:meth:`_cursor_for`)."""
+        return self._cursor_for(0)
+
     def _cursor_for(self, i: int) -> Any:
         """The connection's ``i``-th cursor, kept with the connection for its next transactions
         (a new psycopg cursor, with its adapters and dumper caches, costs ~15 % of a unit):
@@ -401,9 +405,10 @@ class Store:
             committing = False
             try:
                 try:
+                    work = Work(self, conn)
                     if self._writer is not None:
-                        self._begin_immediate(conn, wait=True)
-                    yield Work(self, conn)
+                        self._begin_immediate(work, wait=True)
+                    yield work
                     committing = True
                     conn.commit()
                 except self.dbapi_error as err:  # BEGIN or COMMIT (Work raises its own wrapped)
@@ -446,8 +451,9 @@ class Store:
                 conn = self._unwaiting()
                 try:
                     try:
-                        self._begin_immediate(conn, wait=False)
-                        result = fn(Work(self, conn))
+                        work = Work(self, conn)
+                        self._begin_immediate(work, wait=False)
+                        result = fn(work)
                         conn.commit()
                     except self.dbapi_error as err:  # BEGIN or COMMIT (Work raises its own wrapped)
                         raise self.wrapped(err, conn, None) from err
@@ -472,19 +478,17 @@ class Store:
         finally:
             held.depth -= 1
 
-    def _begin_immediate(self, conn: PoolProxiedConnection, wait: bool) -> None:
+    def _begin_immediate(self, work: Work, wait: bool) -> None:
         """SQLite: take the write lock up front, as the engine's "begin" event does (pysqlite's
-        transaction control is off, see _make_engine). Not ``wait``-ing (on :meth:`_unwaiting`'s
-        connection, which has no busy timeout): :class:`WouldWait` if another connection holds it."""
-        cursor = conn.cursor()
+        transaction control is off, see _make_engine), on the cursor the transaction's first
+        statement will use. Not ``wait``-ing (on :meth:`_unwaiting`'s connection, which has no
+        busy timeout): :class:`WouldWait` if another connection holds it."""
         try:
-            cursor.execute("BEGIN IMMEDIATE")
+            work.cursor().execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as err:
             if not wait and err.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise WouldWait("another connection holds the SQLite write lock") from err
             raise
-        finally:
-            cursor.close()
 
     def _unwaiting(self) -> PoolProxiedConnection:
         """SQLite: the connection of the transactions that must not wait (:meth:`begin` with
