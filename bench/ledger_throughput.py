@@ -57,6 +57,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -74,11 +75,12 @@ from services.core.config import GymConfig
 from services.core.errors import BudgetExhausted
 from services.core.heap import prepare_heap
 from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
+from services.core.ids import new_id
+from services.core.ledger import CLOSE, CLOSE_AND_MOVE, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
-from services.core.tables import ApiKey, LedgerEntry
+from services.core.tables import ApiKey, LedgerEntry, utcnow
 
 ESTIMATE = 1_000  # nano-USD held per call
 ACTUAL = 700  # nano-USD charged at settlement
@@ -265,6 +267,56 @@ class RawPool:
             c.close()
 
 
+def ledger_sql_floor(store: Store, connect: Callable[[], Any], key: str, seconds: float) -> tuple[int, float]:
+    """The statements the ledger runs for a run key's reservation and settlement, with their
+    transactions, on one bare driver connection, one caller, for ``seconds``: what the 1-caller
+    ``async`` cell would reach with none of the gym's Python around its SQL. SQLite: ``BEGIN
+    IMMEDIATE``, the hold, the ledger row, ``COMMIT``; ``BEGIN IMMEDIATE``, the close, the key's
+    move, ``COMMIT`` (no checkpoint in the timed commits, as the store's checkpointer thread
+    takes them off the caller). PostgreSQL: the hold and its row in one statement, the close and
+    the move in one, each in its transaction. Binds made as the store makes them
+    (``Store.prepared``). Returns (pairs, seconds)."""
+    sqlite = store.dialect == "sqlite"
+    begin = "BEGIN IMMEDIATE" if sqlite else "BEGIN"
+    reserve = [store.prepared(s) for s in ((HOLD, RECORD) if sqlite else (HOLD_AND_RECORD,))]
+    settle = [store.prepared(s) for s in ((CLOSE[False, False], MOVE) if sqlite else (CLOSE_AND_MOVE[False, False],))]
+    conn = connect()
+    cur = conn.cursor()
+    if sqlite:
+        cur.execute("PRAGMA wal_autocheckpoint=0")
+    ttl = timedelta(seconds=600)
+    pairs, end = 0, time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() < end:
+            now = utcnow()
+            row = {"id": new_id("res"), "key_id": key, "run_id": key, "service": "rollout",
+                   "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+                   "estimate_nusd": ESTIMATE, "created_at": now, "expires_at": now + ttl,
+                   "kid": key, "x": ESTIMATE, "now": now}
+            cur.execute(begin)
+            for prepared in reserve:
+                cur.execute(prepared.sql, prepared.parameters(row))
+                if prepared.returns_rows and not cur.fetchall():
+                    raise BudgetExhausted("bare reservation refused")
+            cur.execute("COMMIT")
+            now = utcnow()
+            close = {"rid": row["id"], "closing": "settled", "now": now, "charge": ACTUAL,
+                     "kid": key, "held": ESTIMATE, "charged": ACTUAL}
+            cur.execute(begin)
+            for prepared in settle:
+                cur.execute(prepared.sql, prepared.parameters(close))
+                cur.fetchall()
+            cur.execute("COMMIT")
+            pairs += 1
+        elapsed = time.perf_counter() - t0
+    finally:
+        if sqlite:
+            cur.execute("PRAGMA wal_checkpoint(PASSIVE)")  # untimed: the cells after start from a short WAL
+        conn.close()
+    return pairs, elapsed
+
+
 def sqlite_raw(path: str, settings: StoreSettings) -> Callable[[], Any]:
     def connect() -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000, isolation_level=None,
@@ -326,14 +378,15 @@ def check(store: Store, ledger_keys: Keys, raw_keys: Keys, solo_keys: Keys, hop_
     return findings
 
 
-def check_ceiling_key(store: Store, key_id: str) -> list[str]:
-    """pgbench's key: every hold it took was settled, whole pairs only (no transaction half in)."""
+def check_ceiling_key(store: Store, key_id: str, who: str = "pgbench") -> list[str]:
+    """pgbench's key (or the bare-SQL floor's): every hold it took was settled, whole pairs only
+    (no transaction half in)."""
     with store.transaction() as s:
         budget, spent, reserved = s.execute(select(ApiKey.budget_nusd, ApiKey.spent_nusd, ApiKey.reserved_nusd)
                                             .where(ApiKey.id == key_id)).one()
         rows = s.scalar(select(func.count()).where(LedgerEntry.key_id == key_id, LedgerEntry.status == "settled")) or 0
     if reserved or spent != rows * ACTUAL or (budget is not None and spent > budget):
-        return [f"pgbench key {key_id}: spent {spent}, reserved {reserved}, {rows} settled rows"]
+        return [f"{who} key {key_id}: spent {spent}, reserved {reserved}, {rows} settled rows"]
     return []
 
 
@@ -394,6 +447,7 @@ def main() -> None:
     ceilings: list[float | None] = []
     ceiling_key = ""
     profile = ""
+    floors: dict[str, tuple[int, float]] = {}
     for kind in stores:
         with tempfile.TemporaryDirectory(prefix="rsigym-bench-") as tmp, \
                 open_store(kind, args.pg_url, Path(tmp)) as (store, connect):
@@ -415,6 +469,9 @@ def main() -> None:
             prepare_heap()  # the collector as a gym server sets it right before it serves
             if args.profile and kind == "sqlite":
                 profile = profile_one_caller(ledger, ledger_keys, args.seconds)
+            floor_key = make_keys(store, 0).hot
+            floors[kind] = ledger_sql_floor(store, connect, floor_key, args.seconds)
+            checks.setdefault(kind, []).extend(check_ceiling_key(store, floor_key, "bare-SQL"))
             if kind == "postgres":  # the server alone, before and after the cells (the box's pace drifts)
                 ceiling_key = make_keys(store, 0).hot
                 ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
@@ -435,7 +492,7 @@ def main() -> None:
                           f"solo {cells[-4].rate:9,.0f}/s  raw {cells[-3].rate:9,.0f}/s  "
                           f"coroutines: hop {hop.rate:9,.0f}/s  async {now.rate:9,.0f}/s", flush=True)
             solo_store.dispose()
-            checks[kind] = check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
+            checks[kind] += check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
             if kind == "postgres":
                 ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
                 checks[kind] += check_ceiling_key(store, ceiling_key)
@@ -469,6 +526,11 @@ def main() -> None:
         met = "met" if worst.rate >= goals[kind] else "NOT met"
         print(f"goal {kind} >= {goals[kind]:,}/s: {met} in every cell (best {best.rate:,.0f}/s at {best.pattern} "
               f"x{best.callers} {best.kind}, worst {worst.rate:,.0f}/s at {worst.pattern} x{worst.callers} {worst.kind})")
+    for kind, (pairs, seconds) in floors.items():
+        rate = pairs / seconds if seconds else 0.0
+        lone = by[(kind, "hot", 1, "async")].rate if (kind, "hot", 1, "async") in by else float("nan")
+        print(f"{kind} floor of one caller: the ledger's own statements and transactions on the bare driver "
+              f"(no gym code around them), one key: {rate:,.0f} pairs/s; hot x1 async / floor {lone / rate:.2f}")
     if ceilings:
         top = max((c for c in cells if c.store == "postgres" and c.kind in ("ledger", "async")), key=lambda c: c.rate)
         known = [rate for rate in ceilings if rate is not None]

@@ -177,7 +177,7 @@ _OPEN_ROW: dict[str, ColumnElement[Any]] = {
     "actual_nusd": null(), "overrun_nusd": literal_column("0"), "status": literal_column("'reserved'"),
     "settled_at": null()}
 """What a new row holds besides its binds: written into the SQL, not bound each time."""
-_RECORD = insert(ENTRIES).values({**_RECORD_BINDS, **_OPEN_ROW})
+RECORD = insert(ENTRIES).values({**_RECORD_BINDS, **_OPEN_ROW})
 """A new ledger row, open: the columns of :data:`_RECORD_BINDS` given by name (Ledger.reserve)."""
 _STATE = select(_K.status, *_FIGURES).where(_K.id == bindparam("kid"))
 
@@ -241,7 +241,7 @@ def _hold_and_record() -> Select[Any]:
 
 HOLD_AND_RECORD = _hold_and_record()
 """PostgreSQL: :data:`HOLD` of ``x`` on key ``kid`` and, only if it held, the ledger row
-(binds as :data:`_RECORD`'s, ``estimate_nusd`` = ``x``); the key's figures, no row = refused."""
+(binds as :data:`RECORD`'s, ``estimate_nusd`` = ``x``); the key's figures, no row = refused."""
 
 
 def _close_and_move(charge_estimate: bool, expired_only: bool) -> Select[Any]:
@@ -380,7 +380,7 @@ class Ledger:
                         work.one(MOVE, {"kid": taken, "held": estimate_nusd, "charged": 0, "now": now})
                     self._refuse(work, kid, estimate_nusd)
                 figures.append(held)  # type: ignore[arg-type]
-            work.rows(_RECORD, row)
+            work.rows(RECORD, row)
             return Reservation(row["id"], key_id, ids[0], estimate_nusd, service, operation, balance_from(figures))
 
         return hold

@@ -26,7 +26,7 @@ VALUES: dict[str, Any] = {
     "settled_at": None, "unused": "extra",
 }
 STATEMENTS = {
-    "hold": ledger.HOLD, "move": ledger.MOVE, "record": ledger._RECORD,  # noqa: SLF001 - the statements the ledger runs
+    "hold": ledger.HOLD, "move": ledger.MOVE, "record": ledger.RECORD,  # the statements the ledger runs
     **{f"close {flags}": stmt for flags, stmt in ledger.CLOSE.items()},
     "hold and record": ledger.HOLD_AND_RECORD,
     **{f"close and move {flags}": stmt for flags, stmt in ledger.CLOSE_AND_MOVE.items()},
