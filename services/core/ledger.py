@@ -23,8 +23,8 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
