@@ -11,7 +11,8 @@ callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
   reservation and settlement its own transaction and commit), on a second :class:`Store` on the
   same database: the in-run before/after of services/core/group_commit.py;
 * ``hop`` and ``async``: the same ledger called by coroutines on one event loop (one task per
-  caller; uvloop, the loop the gym's server runs on, since 2026-12-06), as the gateway calls it: ``hop`` through a worker thread per call (``Store.call``, the
+  caller; uvloop, the loop the gym's server runs on, since 2026-12-06), as the gateway calls it:
+  ``hop`` through a worker thread per call (``Store.call``, the
   gateway's path before 2026-12-03), ``async`` by ``Ledger.reserve_async`` /
   ``settle_with_balance_async`` (``GroupCommit.run_async``: queued without a thread each, batches
   led by the store's writer thread; on SQLite a caller with no company runs its work on the loop
@@ -49,6 +50,7 @@ import argparse
 import asyncio
 import collections
 import cProfile
+import importlib.util
 import io
 import os
 import pstats
@@ -57,11 +59,11 @@ import sqlite3
 import tempfile
 import threading
 import time
-from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,10 @@ BUDGET = 10**15  # never the binding limit: the bench measures throughput, not r
 RAW_RESERVE = ("UPDATE api_keys SET reserved_nusd = reserved_nusd + {p} WHERE id = {p} AND status = 'active' "
                "AND (budget_nusd IS NULL OR budget_nusd - spent_nusd - reserved_nusd >= {p})")
 RAW_SETTLE = "UPDATE api_keys SET reserved_nusd = reserved_nusd - {p}, spent_nusd = spent_nusd + {p} WHERE id = {p}"
+
+SERVE_LOOP = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio's loop"
+"""The loop the gym's server runs on: uvicorn's ``loop="auto"`` takes uvloop when it is installed
+(it is, with ``uvicorn[standard]``), else asyncio's own."""
 
 Pair = Callable[[str], None]
 """One reserve+settle on a key; raises on refusal or error."""
@@ -188,22 +194,13 @@ def run_async_cell(cell: Cell, keys: Keys, pair: AsyncPair, seconds: float) -> C
 
 
 def serve_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` on the event loop the gym's server runs on: uvicorn's ``loop="auto"`` takes
-    uvloop when it is installed (it is, with ``uvicorn[standard]``), else asyncio's own."""
-    try:
+    """Run ``main`` on the event loop the gym's server runs on (:data:`SERVE_LOOP`)."""
+    if SERVE_LOOP == "uvloop":
         import uvloop
-    except ImportError:
-        asyncio.run(main)
-    else:
+
         uvloop.run(main)
-
-
-def loop_name() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio's loop"
-    return "uvloop"
+    else:
+        asyncio.run(main)
 
 
 def async_pair(ledger: Ledger) -> AsyncPair:
@@ -502,7 +499,7 @@ def main() -> None:
           f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys; "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     print("threads: one OS thread per caller calling the synchronous ledger; coroutines: one task per caller "
-          f"on one event loop ({loop_name()}, as the gym serves on), as the gateway calls it (hop: through a worker thread per call, the path before; "
+          f"on one event loop ({SERVE_LOOP}, as the gym serves on), as the gateway calls it (hop: through a worker thread per call, the path before; "
           "async: reserve_async / settle_with_balance_async)")
     print(f"{'store':9}{'keys':8}{'callers':>8}{'ledger/s':>12}{'solo/s':>10}{'raw/s':>12}{'ledger/solo':>12}"
           f"{'ledger/raw':>12}{'hop/s':>10}{'async/s':>10}{'async/hop':>10}  errors (ledger | solo | raw | hop | async)")

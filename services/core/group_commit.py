@@ -223,22 +223,15 @@ class GroupCommit:
                     # and handing it to the writer thread and back (two thread wake-ups, 100-300
                     # µs on 2 cores) costs more than the work. Run it here, unless that means
                     # waiting for another writer.
+                    self.inline_units += 1
                     try:
-                        return self._store.run_unwaiting(self._counted(fn))
+                        return self._store.run_unwaiting(fn)
                     except WouldWait:
-                        pass  # another writer is at work (nothing ran): queue, as with company
+                        self.inline_units -= 1  # another writer is at work (nothing ran): queue, as with company
             return await self._queued(fn, clean, orphaned)
         finally:
             with self._lock:
                 self._awaiting -= 1
-
-    def _counted(self, fn: Callable[[Work], T]) -> Callable[[Work], T]:
-        """``fn``, counted in :attr:`inline_units` once its transaction has begun."""
-        def counted(work: Work) -> T:
-            self.inline_units += 1
-            return fn(work)
-
-        return counted
 
     async def _queued(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
                       orphaned: Callable[[T], None] | None) -> T:
