@@ -77,7 +77,7 @@ from services.core.config import GymConfig
 from services.core.errors import BudgetExhausted
 from services.core.heap import prepare_heap
 from services.core.keys import KeyRegistry
-from services.core.ids import new_id
+from services.core.ids import new_ordered_id
 from services.core.ledger import CLOSE, CLOSE_AND_MOVE, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
@@ -287,7 +287,7 @@ def ledger_sql_floor(store: Store, connect: Callable[[], Any], key: str, seconds
     try:
         while time.perf_counter() < end:
             now = utcnow()
-            row = {"id": new_id("res"), "key_id": key, "run_id": key, "service": "rollout",
+            row = {"id": new_ordered_id("res"), "key_id": key, "run_id": key, "service": "rollout",
                    "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
                    "estimate_nusd": ESTIMATE, "created_at": now, "expires_at": now + ttl,
                    "kid": key, "x": ESTIMATE, "now": now}

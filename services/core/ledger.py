@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session
 from services.core.config import LedgerConfig
 from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked, NotFound
 from services.core.group_commit import Pipelined
-from services.core.ids import new_id
+from services.core.ids import new_ordered_id
 from services.core.money import format_usd, nusd_to_usd
 from services.core.store import Store, Work
 from services.core.tables import OPEN_ROW, ApiKey, LedgerEntry, UTCDateTime, utcnow
@@ -342,7 +342,7 @@ class Ledger:
 
         def entry(run_id: str) -> dict[str, Any]:
             now = utcnow()
-            return {"id": new_id("res"), "key_id": key_id, "run_id": run_id, "service": service,
+            return {"id": new_ordered_id("res"), "key_id": key_id, "run_id": run_id, "service": service,
                     "operation": operation, "ref_id": ref_id, "request_id": request_id,
                     "estimate_nusd": estimate_nusd, "created_at": now, "expires_at": now + ttl}
 

@@ -3,7 +3,9 @@ lost, double-charged or driven below zero."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -59,6 +61,25 @@ def test_settle_is_clamped_and_never_twice(store: Store) -> None:
     ledger.release(res.id)  # nor does a late release give money back
     assert account(store, key) == (300, 0)
     assert ledger_sum(store, key) == 300
+
+
+def test_ledger_rows_are_numbered_in_the_order_they_were_made(store: Store) -> None:
+    """New rows go to the end of the ledger's primary-key index, not to a random leaf (what
+    keeps a batch's commit small as the ledger grows: services/core/ids.py), on the gateway's
+    path as on the workers'."""
+    ledger = Ledger(store)
+    key = make_key(store, 1000)
+    made = []
+    for i in range(12):
+        if i % 2:
+            made.append(ledger.reserve(key, service="rollout", operation="x", estimate_nusd=1).id)
+        else:
+            made.append(asyncio.run(ledger.reserve_async(key, service="rollout", operation="x", estimate_nusd=1)).id)
+        time.sleep(0.002)
+    with store.transaction() as s:
+        by_id = s.scalars(select(LedgerEntry.id).where(LedgerEntry.key_id == key).order_by(LedgerEntry.id)).all()
+        by_time = s.scalars(select(LedgerEntry.id).where(LedgerEntry.key_id == key).order_by(LedgerEntry.created_at)).all()
+    assert list(by_id) == list(by_time) == made
 
 
 def test_concurrent_reservations_never_overspend(store: Store) -> None:
