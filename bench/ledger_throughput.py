@@ -40,8 +40,14 @@ At the end, per store, the 0-overspend check: every key's spent + reserved <= bu
 key the settled rows' count == its pairs and their sum == its spent. Prints OK or each finding.
 ``--profile`` adds a cProfile of the 1-caller SQLite ledger run (top entries by cumulative time).
 
+``--ledger-rows N`` first puts N settled rows in the ledger, on 1,000 keys of their own, made as
+the ledger makes its rows (ids included): the state of a gym that has metered N calls, whose
+ledger indexes are as deep as that. The cells start from an empty ledger without it (and the
+rows of the cells before accumulate: ~250,000 by the last SQLite cell).
+
     .venv/bin/python bench/ledger_throughput.py [--seconds 1.5] [--callers 1,64,1000] [--keys 1000]
         [--store sqlite,postgres] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test] [--profile]
+        [--ledger-rows 0]
 """
 
 from __future__ import annotations
@@ -71,14 +77,14 @@ from typing import Any
 from _common import fresh_pg_schema  # (importing _common puts the repository root on sys.path)
 from _pg_ceiling import BATCH, server_ceiling
 
-from sqlalchemy import func, make_url, select
+from sqlalchemy import bindparam, func, insert, make_url, select
 
 from services.core.config import GymConfig
 from services.core.errors import BudgetExhausted
 from services.core.heap import prepare_heap
 from services.core.keys import KeyRegistry
 from services.core.ids import new_ordered_id
-from services.core.ledger import CLOSE, CLOSE_AND_MOVE, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
+from services.core.ledger import CLOSE, CLOSE_AND_MOVE, ENTRIES, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
 from services.core.presets import preset_policy
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
@@ -314,6 +320,34 @@ def ledger_sql_floor(store: Store, connect: Callable[[], Any], key: str, seconds
     return pairs, elapsed
 
 
+_PAST_ROW = insert(ENTRIES).values({c.name: bindparam(c.name, type_=c.type) for c in ENTRIES.c})
+"""A whole ledger row, every column bound (:func:`fill_ledger`)."""
+
+
+def fill_ledger(store: Store, connect: Callable[[], Any], rows: int, keys: Keys) -> float:
+    """``rows`` settled ledger rows over ``keys``' spread keys (their figures left as they are:
+    the 0-overspend check reads only the cells' keys), ids made as :class:`Ledger` makes them,
+    in one transaction on the bare driver. Returns the seconds it took."""
+    prepared = store.prepared(_PAST_ROW)
+    conn = connect()
+    cur = conn.cursor()
+    t0 = time.perf_counter()
+    now, ttl = utcnow(), timedelta(seconds=600)
+    cur.execute("BEGIN")
+    try:
+        for start in range(0, rows, 10_000):
+            cur.executemany(prepared.sql, [prepared.parameters(
+                {"id": new_ordered_id("res"), "key_id": kid, "run_id": kid, "service": "rollout",
+                 "operation": "chat.completions", "ref_id": None, "request_id": "req_bench", "estimate_nusd": ESTIMATE,
+                 "actual_nusd": ACTUAL, "overrun_nusd": 0, "status": "settled", "created_at": now,
+                 "expires_at": now + ttl, "settled_at": now})
+                for kid in (keys.spread[i % len(keys.spread)] for i in range(start, min(start + 10_000, rows)))])
+        cur.execute("COMMIT")
+    finally:
+        conn.close()
+    return time.perf_counter() - t0
+
+
 def sqlite_raw(path: str, settings: StoreSettings) -> Callable[[], Any]:
     def connect() -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=settings.sqlite_busy_timeout_ms / 1000, isolation_level=None,
@@ -434,6 +468,9 @@ def main() -> None:
     parser.add_argument("--store", default="sqlite,postgres")
     parser.add_argument("--pg-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/test")
     parser.add_argument("--profile", action="store_true", help="cProfile the 1-caller SQLite ledger run")
+    parser.add_argument("--ledger-rows", type=int, default=0,
+                        help="settled rows put in the ledger before the cells, on keys of their own: a gym that "
+                             "has metered that many calls")
     args = parser.parse_args()
     callers = [int(c) for c in args.callers.split(",")]
     stores = args.store.split(",")
@@ -451,6 +488,9 @@ def main() -> None:
             t0 = time.perf_counter()
             ledger_keys, raw_keys, solo_keys, hop_keys, async_keys = (make_keys(store, args.keys) for _ in range(5))
             print(f"[{kind}] {5 * (args.keys + 1)} keys created in {time.perf_counter() - t0:.1f} s", flush=True)
+            if args.ledger_rows:
+                took = fill_ledger(store, connect, args.ledger_rows, make_keys(store, 999))
+                print(f"[{kind}] {args.ledger_rows:,} settled rows put in the ledger in {took:.1f} s", flush=True)
             ledger = Ledger(store)
             # The same ledger with group commit off (every operation its own commit), on the same
             # database: the in-run before/after of services/core/group_commit.py.
@@ -496,7 +536,8 @@ def main() -> None:
 
     print()
     print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
-          f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys; "
+          f"hold {ESTIMATE} nUSD, settle {ACTUAL} nUSD, spread over {args.keys} keys, "
+          f"{args.ledger_rows:,} rows in the ledger before the first cell; "
           f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     print("threads: one OS thread per caller calling the synchronous ledger; coroutines: one task per caller "
           f"on one event loop ({SERVE_LOOP}, as the gym serves on), as the gateway calls it (hop: through a worker thread per call, the path before; "
