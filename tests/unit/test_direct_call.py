@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.asgi_transport import StreamingASGITransport
-from gateway.direct_call import DirectResponse, DirectService
+from gateway.direct_call import DirectResponse, DirectService, DirectStream
 from gateway.proxy import wire_path
 from gateway.service_link import ServiceLink
 from services.core.errors import InvalidRequest
@@ -34,6 +34,8 @@ SECRET = "kit-secret"
 TIMEOUT = httpx.Timeout(5.0)
 reached: list[dict[str, Any]] = []
 stream_ends: list[str] = []
+made = [0]
+"""Chunks the streaming route has produced (its producer's progress)."""
 router = APIRouter(prefix="/v1")
 
 
@@ -58,6 +60,7 @@ async def stream(request: Request, identity: CurrentIdentity) -> Response:
             for i in range(int(body.get("n", 3))):
                 if i == body.get("fail_at"):
                     raise RuntimeError("a bug mid-stream")
+                made[0] += 1
                 yield f"data: {i}\n\n".encode()
                 await asyncio.sleep(0)
             stream_ends.append("done")
@@ -164,6 +167,33 @@ def test_a_whole_answer_comes_back_without_the_transport() -> None:
         return await link.send("POST", "/v1/echo", _signed("/v1/echo", raw), raw, path="/v1/echo")
 
     assert isinstance(asyncio.run(go()), DirectResponse)
+
+
+def test_a_streamed_answer_is_read_from_its_producer_as_the_reader_asks() -> None:
+    """No task, queue or httpx response between a hot route's stream and the gateway: the reader
+    pulls each chunk from the producer, so a reader that stalls holds the producer at the chunk
+    it asked for (the transport let it run up to 16 chunks ahead)."""
+    async def go() -> tuple[Any, list[bytes], int]:
+        link, _ = _link(True)
+        raw = b'{"n":100000}'
+        r = await link.send("POST", "/v1/stream", _signed("/v1/stream", raw), raw, path="/v1/stream")
+        got = []
+        async for chunk in r.aiter_raw():
+            got.append(chunk)
+            if len(got) == 2:
+                break
+        await asyncio.sleep(0.05)  # the reader stalls; a producer of its own would run on meanwhile
+        produced = made[0]
+        await r.aclose()
+        return r, got, produced
+
+    made[0] = 0
+    stream_ends.clear()
+    r, got, produced = asyncio.run(go())
+    assert isinstance(r, DirectStream)
+    assert got == [b"data: 0\n\n", b"data: 1\n\n"]
+    assert produced == 2, f"{produced} chunks made for a reader that asked for 2"
+    assert stream_ends == ["closed"]
 
 
 def test_a_stream_whose_reader_goes_away_stops_its_producer() -> None:
