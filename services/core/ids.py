@@ -19,7 +19,7 @@ def new_ordered_id(prefix: str) -> str:
     next to their ``created_at``. A random primary key puts each insert at a random leaf of
     its index: a batch of 64 reservations dirtied ~64 index pages, each written to the WAL at
     commit and copied back by the checkpoint, and the pages a batch touches grow with the
-    ledger (on SQLite with 500,000 rows, pairs/s fell 11-27 % against the same table empty).
+    ledger (on SQLite with 500,000 rows, pairs/s fell 11-25 % against the same table empty).
     Ordered, new rows share the index's last leaves. Nothing relies on the order: ids made in
     the same millisecond, or by replicas whose clocks differ, are unique by their random bits
     and otherwise unordered."""
