@@ -96,10 +96,9 @@ class DirectStream:
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._body:
+            async for chunk in self._body:  # bytes, memoryview or str, as Starlette takes them
                 if chunk:
-                    yield chunk if isinstance(chunk, bytes) else bytes(chunk) if isinstance(chunk, memoryview) \
-                        else chunk.encode(self._charset)
+                    yield chunk.encode(self._charset) if isinstance(chunk, str) else bytes(chunk)
         except Exception as err:  # noqa: BLE001 - as over the transport: the app failed mid-response
             raise httpx.RemoteProtocolError(f"app failed mid-response: {type(err).__name__}") from err
 
@@ -134,8 +133,8 @@ class DirectService:
                    body: bytes, identity: Identity | None = None) -> DirectResponse | DirectStream | httpx.Response:
         """Run ``handler`` on the call; see the module docstring. ``identity``: the gateway's, handed
         to the handler as it is (None: the handler verifies the signed ``headers``). Returns a
-        :class:`DirectResponse` or, for a streamed answer, the transport's streaming
-        :class:`httpx.Response`."""
+        :class:`DirectResponse` (a whole answer), a :class:`DirectStream` (a streamed one) or, for
+        an answer with background work, the transport's streaming :class:`httpx.Response`."""
         path, _, query = target.partition("?")
         raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
         raw.append((b"content-length", str(len(body)).encode()))
