@@ -169,27 +169,30 @@ def test_a_whole_answer_comes_back_without_the_transport() -> None:
     assert isinstance(asyncio.run(go()), DirectResponse)
 
 
+async def _two_chunks_then_close(stall_s: float = 0.0) -> tuple[Any, list[bytes], int]:
+    """Open a long stream, read two chunks, wait ``stall_s``, close it: (the response, the chunks
+    read, the chunks its producer had made before the close)."""
+    link, _ = _link(True)
+    raw = b'{"n":100000}'
+    r = await link.send("POST", "/v1/stream", _signed("/v1/stream", raw), raw, path="/v1/stream")
+    got = []
+    async for chunk in r.aiter_raw():
+        got.append(chunk)
+        if len(got) == 2:
+            break
+    await asyncio.sleep(stall_s)
+    produced = made[0]
+    await r.aclose()
+    return r, got, produced
+
+
 def test_a_streamed_answer_is_read_from_its_producer_as_the_reader_asks() -> None:
     """No task, queue or httpx response between a hot route's stream and the gateway: the reader
     pulls each chunk from the producer, so a reader that stalls holds the producer at the chunk
     it asked for (the transport let it run up to 16 chunks ahead)."""
-    async def go() -> tuple[Any, list[bytes], int]:
-        link, _ = _link(True)
-        raw = b'{"n":100000}'
-        r = await link.send("POST", "/v1/stream", _signed("/v1/stream", raw), raw, path="/v1/stream")
-        got = []
-        async for chunk in r.aiter_raw():
-            got.append(chunk)
-            if len(got) == 2:
-                break
-        await asyncio.sleep(0.05)  # the reader stalls; a producer of its own would run on meanwhile
-        produced = made[0]
-        await r.aclose()
-        return r, got, produced
-
     made[0] = 0
     stream_ends.clear()
-    r, got, produced = asyncio.run(go())
+    r, got, produced = asyncio.run(_two_chunks_then_close(stall_s=0.05))
     assert isinstance(r, DirectStream)
     assert got == [b"data: 0\n\n", b"data: 1\n\n"]
     assert produced == 2, f"{produced} chunks made for a reader that asked for 2"
@@ -197,20 +200,8 @@ def test_a_streamed_answer_is_read_from_its_producer_as_the_reader_asks() -> Non
 
 
 def test_a_stream_whose_reader_goes_away_stops_its_producer() -> None:
-    async def go() -> list[bytes]:
-        link, _ = _link(True)
-        raw = b'{"n":100000}'
-        r = await link.send("POST", "/v1/stream", _signed("/v1/stream", raw), raw, path="/v1/stream")
-        got = []
-        async for chunk in r.aiter_raw():
-            got.append(chunk)
-            if len(got) == 2:
-                break
-        await r.aclose()
-        return got
-
     stream_ends.clear()
-    got = asyncio.run(go())
+    _, got, _ = asyncio.run(_two_chunks_then_close())
     assert got[0] == b"data: 0\n\n"
     assert stream_ends == ["closed"], "the producer ran on after its reader went away"
 
