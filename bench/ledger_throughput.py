@@ -69,7 +69,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,7 @@ from services.core.tables import ApiKey, LedgerEntry, utcnow
 ESTIMATE = 1_000  # nano-USD held per call
 ACTUAL = 700  # nano-USD charged at settlement
 BUDGET = 10**15  # never the binding limit: the bench measures throughput, not refusals
+LEASE = timedelta(seconds=600)  # a bench row's lease: none expires during a run
 
 RAW_RESERVE = ("UPDATE api_keys SET reserved_nusd = reserved_nusd + {p} WHERE id = {p} AND status = 'active' "
                "AND (budget_nusd IS NULL OR budget_nusd - spent_nusd - reserved_nusd >= {p})")
@@ -270,6 +271,14 @@ class RawPool:
             c.close()
 
 
+def bench_row(key: str, now: datetime) -> dict[str, Any]:
+    """A ledger row's values as :class:`Ledger` binds them for one of the bench's calls on ``key``
+    at ``now`` (its id made as the ledger makes it)."""
+    return {"id": new_ordered_id("res"), "key_id": key, "run_id": key, "service": "rollout",
+            "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+            "estimate_nusd": ESTIMATE, "created_at": now, "expires_at": now + LEASE}
+
+
 def ledger_sql_floor(store: Store, connect: Callable[[], Any], key: str, seconds: float) -> tuple[int, float]:
     """The statements the ledger runs for a run key's reservation and settlement, with their
     transactions, on one bare driver connection, one caller, for ``seconds``: what the 1-caller
@@ -287,16 +296,12 @@ def ledger_sql_floor(store: Store, connect: Callable[[], Any], key: str, seconds
     cur = conn.cursor()
     if sqlite:
         cur.execute("PRAGMA wal_autocheckpoint=0")
-    ttl = timedelta(seconds=600)
     pairs, end = 0, time.perf_counter() + seconds
     t0 = time.perf_counter()
     try:
         while time.perf_counter() < end:
             now = utcnow()
-            row = {"id": new_ordered_id("res"), "key_id": key, "run_id": key, "service": "rollout",
-                   "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
-                   "estimate_nusd": ESTIMATE, "created_at": now, "expires_at": now + ttl,
-                   "kid": key, "x": ESTIMATE, "now": now}
+            row = {**bench_row(key, now), "kid": key, "x": ESTIMATE, "now": now}
             cur.execute(begin)
             for prepared in reserve:
                 cur.execute(prepared.sql, prepared.parameters(row))
@@ -332,16 +337,14 @@ def fill_ledger(store: Store, connect: Callable[[], Any], rows: int, keys: Keys)
     conn = connect()
     cur = conn.cursor()
     t0 = time.perf_counter()
-    now, ttl = utcnow(), timedelta(seconds=600)
+    now = utcnow()
+    settled = {"actual_nusd": ACTUAL, "overrun_nusd": 0, "status": "settled", "settled_at": now}
     cur.execute("BEGIN")
     try:
         for start in range(0, rows, 10_000):
-            cur.executemany(prepared.sql, [prepared.parameters(
-                {"id": new_ordered_id("res"), "key_id": kid, "run_id": kid, "service": "rollout",
-                 "operation": "chat.completions", "ref_id": None, "request_id": "req_bench", "estimate_nusd": ESTIMATE,
-                 "actual_nusd": ACTUAL, "overrun_nusd": 0, "status": "settled", "created_at": now,
-                 "expires_at": now + ttl, "settled_at": now})
-                for kid in (keys.spread[i % len(keys.spread)] for i in range(start, min(start + 10_000, rows)))])
+            cur.executemany(prepared.sql, [prepared.parameters({**bench_row(keys.spread[i % len(keys.spread)], now),
+                                                                **settled})
+                                           for i in range(start, min(start + 10_000, rows))])
         cur.execute("COMMIT")
     finally:
         conn.close()
@@ -472,6 +475,8 @@ def main() -> None:
                         help="settled rows put in the ledger before the cells, on keys of their own: a gym that "
                              "has metered that many calls")
     args = parser.parse_args()
+    if args.ledger_rows < 0:
+        parser.error("--ledger-rows must be 0 or more")
     callers = [int(c) for c in args.callers.split(",")]
     stores = args.store.split(",")
 
