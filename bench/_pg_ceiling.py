@@ -50,39 +50,49 @@ def _render(prepared: Prepared, values: dict[str, Any]) -> str:
     return re.sub(r"%\((\w+)\)s", lambda m: _literal(given[m.group(1)]), prepared.sql)
 
 
-def pgbench_script(store: Store, key_id: str, estimate: int, actual: int, batch: int = BATCH) -> str:
+def _pair(store: Store, key_id: str, estimate: int, actual: int, i: int) -> tuple[str, str]:
+    """Pair ``i`` of a script: the hold and its row, then the close and the move, each one line."""
     def prepared(stmt: ClauseElement) -> Prepared:
         return Prepared(stmt, store.engine.dialect)
 
-    hold, close = prepared(HOLD_AND_RECORD), prepared(CLOSE_AND_MOVE[(False, False)])
+    rid = _Sql(f"('res_pgbench' || :r{i})")
+    hold = _render(prepared(HOLD_AND_RECORD), {
+        "kid": key_id, "x": estimate, "now": _NOW, "id": rid, "key_id": key_id, "run_id": key_id,
+        "service": "rollout", "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+        "estimate_nusd": estimate, "created_at": _NOW,
+        "expires_at": _Sql("((now() + interval '5 minutes') AT TIME ZONE 'utc')")})
+    close = _render(prepared(CLOSE_AND_MOVE[(False, False)]), {"rid": rid, "charge": actual, "closing": "settled",
+                                                               "now": _NOW})
+    return hold.replace("\n", " ") + ";", close.replace("\n", " ") + ";"
+
+
+def pgbench_script(store: Store, key_id: str, estimate: int, actual: int, batch: int = BATCH) -> str:
+    """``batch`` pairs a transaction, pipelined: every hold, then every close, one ``COMMIT``."""
+    pairs = [_pair(store, key_id, estimate, actual, i) for i in range(batch)]
     lines = [f"\\set r{i} random(1, 9000000000000000000)" for i in range(batch)]
-    lines += ["\\startpipeline", "BEGIN;"]
-    for i in range(batch):
-        rid = _Sql(f"('res_pgbench' || :r{i})")
-        lines.append(_render(hold, {
-            "kid": key_id, "x": estimate, "now": _NOW, "id": rid, "key_id": key_id, "run_id": key_id,
-            "service": "rollout", "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
-            "estimate_nusd": estimate, "created_at": _NOW,
-            "expires_at": _Sql("((now() + interval '5 minutes') AT TIME ZONE 'utc')")}).replace("\n", " ") + ";")
-    for i in range(batch):
-        rid = _Sql(f"('res_pgbench' || :r{i})")
-        lines.append(_render(close, {"rid": rid, "charge": actual, "closing": "settled", "now": _NOW})
-                     .replace("\n", " ") + ";")
-    lines += ["COMMIT;", "\\endpipeline"]
+    lines += ["\\startpipeline", "BEGIN;", *(hold for hold, _ in pairs), *(close for _, close in pairs),
+              "COMMIT;", "\\endpipeline"]
     return "\n".join(lines) + "\n"
 
 
-def server_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual: int,
-                   seconds: float) -> float | None:
-    """Pairs/s pgbench sustains on key ``key_id`` of ``store``'s schema (left with every hold
-    settled: ``actual`` charged per pair it completed); None where pgbench is not installed or
-    did not run."""
+def one_caller_script(store: Store, key_id: str, estimate: int, actual: int) -> str:
+    """One pair as one caller's reservation and settlement commit it: the hold in a transaction
+    of its own, then the close in another, each waiting for its answer (no pipeline: one caller
+    has nothing to send ahead). Each commit waits for the server's WAL flush
+    (``synchronous_commit``, as the gym's store leaves it)."""
+    hold, close = _pair(store, key_id, estimate, actual, 0)
+    return "\n".join(["\\set r0 random(1, 9000000000000000000)", hold, close]) + "\n"
+
+
+def _pgbench_tps(store: Store, pg_url: str, script_text: str, seconds: float) -> float | None:
+    """pgbench's scripts/s on ``store``'s schema (one connection, prepared statements); None
+    where pgbench is not installed or did not run."""
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         return None
     url = make_url(pg_url)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="rsigym-pgbench-") as script:
-        script.write(pgbench_script(store, key_id, estimate, actual))
+        script.write(script_text)
         script.flush()
         env = {**os.environ, "PGOPTIONS": f"-csearch_path={store.schema}"}
         if url.password:
@@ -93,4 +103,21 @@ def server_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual
              url.database or "postgres"],
             capture_output=True, text=True, env=env, timeout=seconds + 120, check=False)
     found = re.search(r"^tps = ([0-9.]+)", done.stdout, re.MULTILINE)
-    return float(found.group(1)) * BATCH if found and done.returncode == 0 else None
+    return float(found.group(1)) if found and done.returncode == 0 else None
+
+
+def server_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual: int,
+                   seconds: float) -> float | None:
+    """Pairs/s pgbench sustains on key ``key_id`` of ``store``'s schema, ``BATCH`` pairs a
+    transaction (left with every hold settled: ``actual`` charged per pair it completed); None
+    where pgbench is not installed or did not run."""
+    tps = _pgbench_tps(store, pg_url, pgbench_script(store, key_id, estimate, actual), seconds)
+    return None if tps is None else tps * BATCH
+
+
+def one_caller_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual: int,
+                       seconds: float) -> float | None:
+    """Pairs/s pgbench makes on key ``key_id`` as one caller (:func:`one_caller_script`): the
+    most any client, of any language, gets from this server at one caller when each reservation
+    and each settlement is committed before the caller goes on. None as :func:`server_ceiling`."""
+    return _pgbench_tps(store, pg_url, one_caller_script(store, key_id, estimate, actual), seconds)

@@ -38,6 +38,16 @@ serves (:func:`services.core.heap.prepare_heap`: the heap built so far frozen, y
 At the end, per store, the 0-overspend check: every key's spent + reserved <= budget, reserved
 == 0, spent == pairs counted x the settled amount; no ledger row left ``reserved``; per ledger
 key the settled rows' count == its pairs and their sum == its spent. Prints OK or each finding.
+
+The bounds a run is read against, measured in it: on each store, the *floor of one caller* (the
+ledger's own statements and transactions on the bare driver, no gym code around them); on
+PostgreSQL, the *server's ceiling* (pgbench's C client, the ledger's two statements, 32 pairs a
+pipelined transaction: what group commit can at best reach) and *one caller's ceiling* (the same
+client and statements, each in a transaction of its own, each committed durably before the next
+is sent: the most any client gets from this server at one caller). Under the goal's line the
+bench prints the verdict for the gateway's path under load (the ``async`` cells with more than
+one caller) and for one caller, with one caller's bound on this machine (PostgreSQL: the best of
+the one-caller ceilings; SQLite: the floor) and whether the goal is within its reach.
 ``--profile`` adds a cProfile of the 1-caller SQLite ledger run (top entries by cumulative time).
 
 ``--ledger-rows N`` first puts N settled rows in the ledger, on 1,000 keys of their own, made as
@@ -75,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import fresh_pg_schema  # (importing _common puts the repository root on sys.path)
-from _pg_ceiling import BATCH, server_ceiling
+from _pg_ceiling import BATCH, one_caller_ceiling, server_ceiling
 
 from sqlalchemy import bindparam, func, insert, make_url, select
 
@@ -424,6 +434,19 @@ def check_ceiling_key(store: Store, key_id: str, who: str = "pgbench") -> list[s
     return []
 
 
+def one_caller_bound(kind: str, floors: dict[str, tuple[int, float]],
+                     lone_ceilings: list[float | None]) -> tuple[float, str] | None:
+    """The most one caller can make on this machine, and what measured it: on PostgreSQL, the
+    server's own (the best of pgbench's one-caller runs: two durable commits a pair, no Python);
+    on SQLite, the floor (the ledger's statements on the bare driver, with no checkpoint to
+    share the disk with). None when not measured."""
+    if kind == "postgres":
+        known = [rate for rate in lone_ceilings if rate is not None]
+        return (max(known), "any client (pgbench's C one, two durable commits a pair)") if known else None
+    pairs, seconds = floors.get(kind, (0, 0.0))
+    return (pairs / seconds, "the ledger's statements on the bare driver (the floor, no checkpoints)") if seconds else None
+
+
 def profile_one_caller(ledger: Ledger, keys: Keys, seconds: float) -> str:
     pair, key = ledger_pair(ledger), keys.hot
     prof = cProfile.Profile()
@@ -484,7 +507,8 @@ def main() -> None:
     cells: list[Cell] = []
     checks: dict[str, list[str]] = {}
     ceilings: list[float | None] = []
-    ceiling_key = ""
+    lone_ceilings: list[float | None] = []
+    ceiling_key = lone_key = ""
     profile = ""
     floors: dict[str, tuple[int, float]] = {}
     for kind in stores:
@@ -515,8 +539,10 @@ def main() -> None:
             floors[kind] = ledger_sql_floor(store, connect, floor_key, args.seconds)
             checks.setdefault(kind, []).extend(check_ceiling_key(store, floor_key, "bare-SQL"))
             if kind == "postgres":  # the server alone, before and after the cells (the box's pace drifts)
-                ceiling_key = make_keys(store, 0).hot
+                ceiling_key, lone_key = make_keys(store, 0).hot, make_keys(store, 0).hot
                 ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
+                lone_ceilings.append(one_caller_ceiling(store, args.pg_url, lone_key, ESTIMATE, ACTUAL,
+                                                        max(args.seconds, 3)))
             for pattern in ("hot", "spread"):
                 for n in callers:
                     cell = run_cell(Cell(kind, pattern, n, "ledger"), ledger_keys, ledger_pair(ledger), args.seconds)
@@ -537,7 +563,10 @@ def main() -> None:
             checks[kind] += check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
             if kind == "postgres":
                 ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
+                lone_ceilings.append(one_caller_ceiling(store, args.pg_url, lone_key, ESTIMATE, ACTUAL,
+                                                        max(args.seconds, 3)))
                 checks[kind] += check_ceiling_key(store, ceiling_key)
+                checks[kind] += check_ceiling_key(store, lone_key, "pgbench one caller")
 
     print()
     print(f"ledger throughput: reserve+settle pairs/s, {args.seconds:g} s per cell, "
@@ -575,11 +604,23 @@ def main() -> None:
             print(f"  on the gateway's path (async) with more than one caller: "
                   f"{'met' if low.rate >= goals[kind] else 'NOT met'} in all {len(many)} cells "
                   f"(worst {low.rate:,.0f}/s at {low.pattern} x{low.callers})")
+        alone = [c for c in cells if c.store == kind and c.kind == "async" and c.callers == 1]
+        bound = one_caller_bound(kind, floors, lone_ceilings)
+        if alone and bound is not None:  # what one caller can reach on this machine, whatever the code
+            low, (rate, what) = min(alone, key=lambda c: c.rate), bound
+            print(f"  on the gateway's path with one caller: {'met' if low.rate >= goals[kind] else 'NOT met'} "
+                  f"(worst {low.rate:,.0f}/s at {low.pattern} x1); one caller's bound on this machine, {what}: "
+                  f"{rate:,.0f} pairs/s: the goal is {'within' if rate >= goals[kind] else 'OUT OF'} its reach")
     for kind, (pairs, seconds) in floors.items():
         rate = pairs / seconds if seconds else 0.0
         lone = by[(kind, "hot", 1, "async")].rate if (kind, "hot", 1, "async") in by else float("nan")
         print(f"{kind} floor of one caller: the ledger's own statements and transactions on the bare driver "
               f"(no gym code around them), one key: {rate:,.0f} pairs/s; hot x1 async / floor {lone / rate:.2f}")
+    if lone_ceilings:
+        shown = " / ".join("no pgbench" if rate is None else f"{rate:,.0f}" for rate in lone_ceilings)
+        print(f"postgres one caller's ceiling (pgbench: the ledger's two statements, C client, one connection, "
+              f"each in a transaction of its own, committed durably before the next is sent), before / after the "
+              f"cells: {shown} pairs/s")
     if ceilings:
         top = max((c for c in cells if c.store == "postgres" and c.kind in ("ledger", "async")), key=lambda c: c.rate)
         known = [rate for rate in ceilings if rate is not None]
