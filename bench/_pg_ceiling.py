@@ -1,12 +1,18 @@
-"""What the PostgreSQL server alone sustains on the ledger's own statements: the ceiling that
+"""What the PostgreSQL server alone sustains on the ledger's own statements: the ceilings that
 bench/ledger_throughput.py compares the ledger with.
 
-``pgbench`` (C, one connection, prepared statements, pipeline mode) runs the two statements a
-pair costs on PostgreSQL: ``HOLD_AND_RECORD`` then ``CLOSE_AND_MOVE`` (services/core/ledger.py),
-compiled from the ledger's own SQLAlchemy statements, ``batch`` pairs a transaction, every hold
-before every close, as a group commit sends them. The binds are those the gateway gives (a run
-key, the bench's amounts, the server's clock). No Python is on the path, so the gap to it is the
-Python side's (driver, group commit, event loop), at the same server, schema and disk.
+``pgbench`` (C, one connection, prepared statements) runs the two statements a pair costs on
+PostgreSQL: ``HOLD_AND_RECORD`` then ``CLOSE_AND_MOVE`` (services/core/ledger.py), compiled from
+the ledger's own SQLAlchemy statements, with the binds the gateway gives (a run key, the bench's
+amounts, the server's clock). No Python is on the path, so the gap to it is the Python side's
+(driver, group commit, event loop), at the same server, schema and disk. Two forms:
+
+* :func:`server_ceiling`: ``BATCH`` pairs a transaction in pipeline mode, every hold before every
+  close, as a group commit sends them: the reference for the ledger under load;
+* :func:`one_caller_ceiling`: one pair as one caller commits it, the hold in a transaction of its
+  own, then the close in another, each answered before the next is sent: what a client with no
+  work of its own gets at one caller, two durable commits a pair (``synchronous_commit`` as the
+  gym leaves it).
 """
 
 from __future__ import annotations
@@ -117,7 +123,8 @@ def server_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual
 
 def one_caller_ceiling(store: Store, pg_url: str, key_id: str, estimate: int, actual: int,
                        seconds: float) -> float | None:
-    """Pairs/s pgbench makes on key ``key_id`` as one caller (:func:`one_caller_script`): the
-    most any client, of any language, gets from this server at one caller when each reservation
-    and each settlement is committed before the caller goes on. None as :func:`server_ceiling`."""
+    """Pairs/s pgbench makes on key ``key_id`` as one caller (:func:`one_caller_script`): what a
+    client with no work of its own gets from this server at one caller when each reservation and
+    each settlement is committed before the caller goes on (the commits' WAL flushes are most of
+    it). None as :func:`server_ceiling`."""
     return _pgbench_tps(store, pg_url, one_caller_script(store, key_id, estimate, actual), seconds)

@@ -42,9 +42,9 @@ key the settled rows' count == its pairs and their sum == its spent. Prints OK o
 The bounds a run is read against, measured in it: on each store, the *floor of one caller* (the
 ledger's own statements and transactions on the bare driver, no gym code around them); on
 PostgreSQL, the *server's ceiling* (pgbench's C client, the ledger's two statements, 32 pairs a
-pipelined transaction: what group commit can at best reach) and *one caller's ceiling* (the same
-client and statements, each in a transaction of its own, each committed durably before the next
-is sent: the most any client gets from this server at one caller). Under the goal's line the
+pipelined transaction: the reference for group commit) and *one caller's ceiling* (the same client
+and statements, each in a transaction of its own, each committed durably before the next is sent:
+what a client with no work of its own gets from this server at one caller). Under the goal's line the
 bench prints the verdict for the gateway's path under load (the ``async`` cells with more than
 one caller) and for one caller, with one caller's bound on this machine (PostgreSQL: the best of
 the one-caller ceilings; SQLite: the floor) and whether the goal is within its reach.
@@ -442,7 +442,7 @@ def one_caller_bound(kind: str, floors: dict[str, tuple[int, float]],
     share the disk with). None when not measured."""
     if kind == "postgres":
         known = [rate for rate in lone_ceilings if rate is not None]
-        return (max(known), "any client (pgbench's C one, two durable commits a pair)") if known else None
+        return (max(known), "a client with no work of its own (pgbench's C one, two durable commits a pair)") if known else None
     pairs, seconds = floors.get(kind, (0, 0.0))
     return (pairs / seconds, "the ledger's statements on the bare driver (the floor, no checkpoints)") if seconds else None
 
