@@ -434,12 +434,22 @@ def check_ceiling_key(store: Store, key_id: str, who: str = "pgbench") -> list[s
     return []
 
 
+def server_alone(store: Store, pg_url: str, ceiling_key: str, lone_key: str,
+                 seconds: float) -> tuple[float | None, float | None]:
+    """The PostgreSQL server alone, on keys of its own: (its pipelined ceiling, one caller's
+    ceiling) in pairs/s (bench/_pg_ceiling.py), each run for at least 3 s."""
+    took = max(seconds, 3)
+    return (server_ceiling(store, pg_url, ceiling_key, ESTIMATE, ACTUAL, took),
+            one_caller_ceiling(store, pg_url, lone_key, ESTIMATE, ACTUAL, took))
+
+
 def one_caller_bound(kind: str, floors: dict[str, tuple[int, float]],
                      lone_ceilings: list[float | None]) -> tuple[float, str] | None:
-    """The most one caller can make on this machine, and what measured it: on PostgreSQL, the
-    server's own (the best of pgbench's one-caller runs: two durable commits a pair, no Python);
-    on SQLite, the floor (the ledger's statements on the bare driver, with no checkpoint to
-    share the disk with). None when not measured."""
+    """What one caller can make on this machine at most, and what measured it: on PostgreSQL, the
+    server's own (the best of pgbench's one-caller runs: two durable commits a pair, no Python:
+    a bound for any client that commits as the ledger does); on SQLite, the floor (the ledger's
+    statements on the bare driver, with no checkpoint to share the disk with: a bound for these
+    statements, not for any schema). None when not measured."""
     if kind == "postgres":
         known = [rate for rate in lone_ceilings if rate is not None]
         return (max(known), "a client with no work of its own (pgbench's C one, two durable commits a pair)") if known else None
@@ -540,9 +550,9 @@ def main() -> None:
             checks.setdefault(kind, []).extend(check_ceiling_key(store, floor_key, "bare-SQL"))
             if kind == "postgres":  # the server alone, before and after the cells (the box's pace drifts)
                 ceiling_key, lone_key = make_keys(store, 0).hot, make_keys(store, 0).hot
-                ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
-                lone_ceilings.append(one_caller_ceiling(store, args.pg_url, lone_key, ESTIMATE, ACTUAL,
-                                                        max(args.seconds, 3)))
+                pipelined, lone = server_alone(store, args.pg_url, ceiling_key, lone_key, args.seconds)
+                ceilings.append(pipelined)
+                lone_ceilings.append(lone)
             for pattern in ("hot", "spread"):
                 for n in callers:
                     cell = run_cell(Cell(kind, pattern, n, "ledger"), ledger_keys, ledger_pair(ledger), args.seconds)
@@ -562,9 +572,9 @@ def main() -> None:
             solo_store.dispose()
             checks[kind] += check(store, ledger_keys, raw_keys, solo_keys, hop_keys, async_keys)
             if kind == "postgres":
-                ceilings.append(server_ceiling(store, args.pg_url, ceiling_key, ESTIMATE, ACTUAL, max(args.seconds, 3)))
-                lone_ceilings.append(one_caller_ceiling(store, args.pg_url, lone_key, ESTIMATE, ACTUAL,
-                                                        max(args.seconds, 3)))
+                pipelined, lone = server_alone(store, args.pg_url, ceiling_key, lone_key, args.seconds)
+                ceilings.append(pipelined)
+                lone_ceilings.append(lone)
                 checks[kind] += check_ceiling_key(store, ceiling_key)
                 checks[kind] += check_ceiling_key(store, lone_key, "pgbench one caller")
 
@@ -606,7 +616,7 @@ def main() -> None:
                   f"(worst {low.rate:,.0f}/s at {low.pattern} x{low.callers})")
         alone = [c for c in cells if c.store == kind and c.kind == "async" and c.callers == 1]
         bound = one_caller_bound(kind, floors, lone_ceilings)
-        if alone and bound is not None:  # what one caller can reach on this machine, whatever the code
+        if alone and bound is not None:  # what one caller can reach here (see one_caller_bound)
             low, (rate, what) = min(alone, key=lambda c: c.rate), bound
             print(f"  on the gateway's path with one caller: {'met' if low.rate >= goals[kind] else 'NOT met'} "
                   f"(worst {low.rate:,.0f}/s at {low.pattern} x1); one caller's bound on this machine, {what}: "
