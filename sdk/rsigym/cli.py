@@ -612,7 +612,8 @@ def _records_chain(gym: Gym, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(_dump(chain))
     else:
-        _out(f"{'ok' if chain.ok else 'BROKEN'}: {chain.events} events, head at {chain.head_seq}")
+        word = "ok" if chain.ok else ("UNVERIFIABLE" if chain.status == "unverifiable" else "BROKEN")
+        _out(f"{word}: {chain.events} events, head at {chain.head_seq}")
         for p in chain.problems:
             _out(f"  #{p.get('seq')} {p.get('problem')}: {p.get('detail')}")
     return 0 if chain.ok else 1

@@ -552,11 +552,16 @@ class Annotation(HasRequestMeta, _WithMeta):
 
 class ChainReport(HasRequestMeta, _WithMeta):
     """The verification of the run's event chain: ``ok`` is False when any event was changed,
-    deleted or reordered, the tail truncated or the head forged (``problems``)."""
+    deleted or reordered, the tail truncated, the head forged or the chain rolled back behind its
+    anchor outside the store (``problems``: ``status`` "broken"), or when the anchor could not
+    vouch for the head (``status`` "unverifiable")."""
 
     object: str = "chain"
     run_id: str
     ok: bool
+    status: str | None = None
+    """intact | broken | unverifiable (None from a gym older than the anchor)."""
     events: int
     head_seq: int
     problems: list[dict[str, Any]] = Field(default_factory=list)
+    anchor: dict[str, Any] = Field(default_factory=dict)

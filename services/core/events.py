@@ -12,7 +12,12 @@ in ``record_heads``, with an HMAC under the gym's internal secret, so:
 * deleting one leaves a gap in the sequence and a broken ``prev_hash`` link;
 * truncating the tail leaves the head pointing past the last stored event;
 * rewriting the whole chain consistently still fails the head's HMAC, which only the platform
-  can compute.
+  can compute;
+* cutting the chain back to an older head and putting back that head's row (whose HMAC is
+  valid) is caught by the head's anchor outside the store (services/core/record_anchor.py):
+  every committed head is also written there, and the check compares (``rolled_back``). An
+  anchor that cannot be read, or has no entry for a run with events, leaves the chain
+  *unverifiable* (``ChainReport.status``), never intact.
 
 Appends of one run are serialised on the head row (``SELECT … FOR UPDATE`` on PostgreSQL;
 SQLite's ``BEGIN IMMEDIATE`` already serialises writers), and ``(run_id, seq)`` is the
@@ -35,6 +40,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from services.core.record_anchor import AnchorUnavailable, RecordAnchor, note_on_commit
 from services.core.store import Store, Work
 from services.core.tables import Base, UTCDateTime, utcnow
 
@@ -46,7 +52,8 @@ UNSEALED_HEAD = "_unsealed_head"
 DATASET_REGISTERED = "dataset.registered"  # dataset_id, sha256, rows, bytes, format, name
 HARNESS_UPLOADED = "harness.uploaded"  # harness_id, sha256, bytes, files, name
 TRAINING_JOB = "training.job"  # job_id, status, base_model, input_checkpoint, config_hash, datasets
-#                                [{id, sha256}], loss_module_hash, output_checkpoints, steps, cost_nusd
+#                                [{id, sha256}], loss_module_hash, output_checkpoints, steps, cost_nusd,
+#                                resumes (times a dead worker's job was taken again)
 CHECKPOINT_REGISTERED = "checkpoint.registered"  # checkpoint_id, job_id, base_model, parent_checkpoint,
 #                                                  weights_hash, dataset_hashes, config_hash, step
 EVALUATION_JOB = "evaluation.job"  # job_id, purpose, status, model, harness, benchmark, split, attempts, score
@@ -123,29 +130,55 @@ def event_view(e: RecordEvent) -> dict[str, Any]:
             "prev_hash": e.prev_hash, "hash": e.hash}
 
 
+ANCHOR_FLUSH_S = 2.0
+"""How long a check waits for this process's own pending anchor writes before it reads the anchor."""
+
+
 @dataclass
 class ChainReport:
-    """The result of walking one run's chain. ``ok`` is False on the first break found."""
+    """The result of walking one run's chain and comparing its head with the anchor outside the
+    store. ``ok`` only when no break was found *and* the anchor vouched for the head (or the log
+    has no anchor: a bare store's, in tests and benches)."""
 
     run_id: str
     ok: bool
     events: int
     head_seq: int
     problems: list[dict[str, Any]] = field(default_factory=list)
-    """[{"seq", "problem": changed|deleted|reordered|truncated|head_forged|head_missing, "detail"}]"""
+    """[{"seq", "problem": changed|deleted|reordered|truncated|head_forged|head_missing|rolled_back, "detail"}]"""
+    anchor: dict[str, Any] = field(default_factory=lambda: {"status": "none"})
+    """{"status": ok|rolled_back|missing|unavailable|none, "seq"? (the last anchored head), "heads"?
+    (how many were anchored), "where"? (the anchor), "detail"?}"""
+
+    @property
+    def verifiable(self) -> bool:
+        """False when the anchor could not be read or has no entry for the run's events."""
+        return self.anchor.get("status") not in ("missing", "unavailable")
+
+    @property
+    def status(self) -> str:
+        """``broken`` (a problem found), ``unverifiable`` (no break found, but the anchor could not
+        vouch for the head) or ``intact``."""
+        return "broken" if self.problems else ("intact" if self.verifiable else "unverifiable")
 
     def view(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "ok": self.ok, "events": self.events, "head_seq": self.head_seq,
-                "problems": self.problems}
+        return {"run_id": self.run_id, "ok": self.ok, "status": self.status, "events": self.events,
+                "head_seq": self.head_seq, "problems": self.problems, "anchor": self.anchor}
 
 
 class EventLog:
     """Appends to and verifies the per-run chains. ``secret`` seals the heads (the gym's
     internal secret: services and gateway share it, agents never see it)."""
 
-    def __init__(self, store: Store, secret: str):
+    def __init__(self, store: Store, secret: str, anchor: RecordAnchor | None = None):
         self.store = store
         self.secret = secret
+        self._anchor = anchor
+
+    @property
+    def anchor(self) -> RecordAnchor | None:
+        """Where heads are anchored: the one given, else the store's (set by the gym's context)."""
+        return self._anchor if self._anchor is not None else self.store.record_anchor
 
     def append(self, s: Session, *, run_id: str, kind: str, data: dict[str, Any], key_id: str | None = None,
                experiment_id: str | None = None) -> RecordEvent:
@@ -170,6 +203,8 @@ class EventLog:
         # Not the ORM's unit of work: the row and the head move in the caller's transaction all the same.
         run(_INSERT_EVENT, values)
         run(_MOVE_HEAD, {**head, "rid": run_id})
+        if (anchor := self.anchor) is not None:
+            note_on_commit(s, anchor, run_id, seq, digest)  # written off this thread once it commits
         return RecordEvent(**values)
 
     def _statements(self, s: Session) -> tuple[Callable[[ClauseElement, dict[str, Any]], list[Any]], str]:
@@ -247,5 +282,43 @@ class EventLog:
             elif head.seq != last_seq or head.hash != last_hash:
                 problems.append({"seq": head.seq, "problem": "changed",
                                  "detail": "the stored events do not end where the head says"})
-        return ChainReport(run_id=run_id, ok=not problems, events=len(rows),
-                           head_seq=head.seq if head else 0, problems=problems)
+        anchor, rolled_back = self._against_anchor(run_id, rows)
+        problems.extend(rolled_back)
+        report = ChainReport(run_id=run_id, ok=False, events=len(rows), head_seq=head.seq if head else 0,
+                             problems=problems, anchor=anchor)
+        report.ok = report.status == "intact"
+        return report
+
+    def _against_anchor(self, run_id: str, rows: list[RecordEvent]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The anchor's view of the run, and a ``rolled_back`` problem when the stored chain ends
+        before the last anchored head or differs from an anchored head (cut back, then maybe
+        written again past it)."""
+        anchor = self.anchor
+        if anchor is None:
+            return {"status": "none", "detail": "this log has no anchor outside the store"}, []
+        anchor.flush(ANCHOR_FLUSH_S)  # this process's own appends first
+        try:
+            marks = anchor.read(run_id)
+        except AnchorUnavailable as err:
+            return {"status": "unavailable", "where": anchor.where, "detail": str(err)}, []
+        if not marks:
+            if not rows:
+                return {"status": "ok", "seq": 0, "where": anchor.where}, []
+            return {"status": "missing", "where": anchor.where,
+                    "detail": f"the anchor has no head for this run, so its {len(rows)} events cannot be checked "
+                              "against it"}, []
+        seen = {"seq": marks[-1].seq, "heads": len(marks), "where": anchor.where}
+        last_seq = rows[-1].seq if rows else 0
+        if marks[-1].seq > last_seq:
+            return {**seen, "status": "rolled_back"}, [{
+                "seq": last_seq + 1, "problem": "rolled_back",
+                "detail": f"the anchor outside the store saw event {marks[-1].seq}; the stored chain ends at event "
+                          f"{last_seq}: it was cut back to an older head"}]
+        stored = {e.seq: e.hash for e in rows}
+        for mark in marks:
+            if not mark.matches(stored.get(mark.seq, "")):
+                return {**seen, "status": "rolled_back"}, [{
+                    "seq": mark.seq, "problem": "rolled_back",
+                    "detail": f"event {mark.seq} is not the event the anchor outside the store saw: the chain was "
+                              "cut back and written again from there"}]
+        return {**seen, "status": "ok"}, []

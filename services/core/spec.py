@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from services.core.canonical import Spellings, spellings_of
 from services.core.config import GymConfig
 from services.core.policy import NO_DEFAULT
+from services.core.record_anchor import anchor_for
 from services.core.settings import GymSettings, ProviderSecrets
 from services.core.store import Store
 
@@ -35,6 +36,12 @@ class ServiceContext:
     settings: GymSettings
     internal_secret: str
     secrets: ProviderSecrets
+
+    def __post_init__(self) -> None:
+        # Every process of the gym checks and extends its record chains against the same anchor
+        # outside the store; a store shared by several contexts keeps the first one's.
+        if self.store is not None and self.store.record_anchor is None:
+            self.store.record_anchor = anchor_for(self.settings, self.internal_secret)
 
     @property
     def data_dir(self) -> Path:
@@ -57,6 +64,10 @@ class Operation:
     gateway runs them on the event loop for a small body instead of sending them to a thread."""
     json_body: bool = False
     """The body is a JSON object checked against the key's policy fields."""
+    allows_nul: bool = False
+    """The body's strings may hold NUL (U+0000): a model's prompt, relayed to its provider and kept
+    only as escaped JSON. Every other route refuses it when the body is parsed (PostgreSQL's text
+    cannot hold it; services/core/request_json.py)."""
     model_field: str | None = None
     """Body field holding a model name to check against the key's allowlist."""
     concurrency: bool = True

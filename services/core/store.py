@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from alembic import command
@@ -28,8 +29,12 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from services.core.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 from services.core.fanout import KeyEvents
 from services.core.group_commit import GroupCommit
+from services.core.private_files import FILE_MODE, open_private, private_dir
 from services.core.settings import StoreSettings
 from services.core.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
+
+if TYPE_CHECKING:
+    from services.core.record_anchor import RecordAnchor
 
 T = TypeVar("T")
 log = logging.getLogger("rsigym.store")
@@ -50,6 +55,17 @@ _GUARDED: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, exc.DBAPIError
 
 def sqlite_url(data_dir: Path) -> str:
     return f"sqlite:///{Path(data_dir) / 'gym.sqlite3'}"
+
+
+def _private_sqlite_file(path: Path) -> None:
+    """The SQLite file made (empty: a valid database) 0600 in a 0700 directory before SQLite opens
+    it, so its -wal and -shm files, which SQLite creates with the database's own mode, are 0600 as
+    well; those of an older gym are set to 0600 here (services/core/private_files.py)."""
+    private_dir(path.parent)
+    os.close(open_private(path, os.O_RDWR | os.O_CREAT))
+    for suffix in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", FILE_MODE)
 
 
 _SQLITE_WRITERS: dict[str, threading.RLock] = {}
@@ -342,10 +358,14 @@ class Store:
         self.schema = schema
         self.key_events = key_events or KeyEvents()
         """Where changes to keys stored here are announced (processes cache what keys may do)."""
+        self.record_anchor: RecordAnchor | None = None
+        """Where the heads of the record chains stored here are anchored outside the store
+        (services/core/record_anchor.py): set by the gym's :class:`ServiceContext`; None for a
+        bare store (tests, benches), whose chains are checked without an anchor."""
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
         if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite_file(Path(url.removeprefix("sqlite:///")))
         self.engine = _make_engine(url, self.settings, schema)
         sqlite_file = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
         self._writer = _sqlite_writer(sqlite_file) if sqlite_file is not None else None

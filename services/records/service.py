@@ -229,7 +229,10 @@ class RecordsService:
     # -- chain -----------------------------------------------------------------------------
 
     def chain(self, identity: Identity) -> dict[str, Any]:
-        return {"object": "chain", **self.events.verify(identity.run_id).view()}
+        view = self.events.verify(identity.run_id).view()
+        # where the anchor lives (a path, a Redis host) and why it failed are the operator's to know
+        view["anchor"] = {k: v for k, v in view["anchor"].items() if k in ("status", "seq", "heads")}
+        return {"object": "chain", **view}
 
     # -- operator --------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from gateway.dashboard.app import format_usd
-from gateway.dashboard.session import COOKIE, issue, session_key, verify
+from gateway.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
 from services.core.checkpoints import Checkpoint
 from services.core.errors import NotFound
 from services.core.ids import new_id
@@ -188,7 +188,7 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
             page.goto(f"{base}/?token={ADMIN_TOKEN}")
             assert page.url == base + "/login"
             page.goto(f"{base}/login?token={ADMIN_TOKEN}")
-            assert page.url == base + "/login" and not anon.cookies()
+            assert page.url == base + "/login" and [c["name"] for c in anon.cookies()] == [LOGIN_COOKIE]
             shots.append(_shot(page, "01-login"))
             # a wrong token: 401, the form again, the token not echoed back
             page.fill("#token", "rsa-guessed-token-XYZ")
@@ -197,7 +197,7 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
             assert answer.value.status == 401
             assert page.get_by_role("alert").inner_text() == "That is not this gym's admin token."
             assert "rsa-guessed-token-XYZ" not in page.content()
-            assert not anon.cookies()
+            assert COOKIE not in [c["name"] for c in anon.cookies()]
             anon.close()
 
             # -- log in ---------------------------------------------------------------------
@@ -208,11 +208,13 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
             page.fill("#token", ADMIN_TOKEN)
             page.click("button[type=submit]")
             page.wait_for_url(base + "/")
-            (cookie,) = ctx.cookies()
+            (cookie,) = ctx.cookies()  # the login form's own cookie is gone
             assert (cookie["name"], cookie["path"], cookie["httpOnly"], cookie["sameSite"]) == (
                 COOKIE, "/admin/ui", True, "Strict")
             assert ADMIN_TOKEN not in cookie["value"]
             assert 11 * 3600 < cookie["expires"] - time.time() <= 12 * 3600
+            csrf = page.locator("meta[name=csrf-token]").get_attribute("content")
+            assert csrf and page.locator("form.logout input[name=csrf_token]").get_attribute("value") == csrf
 
             # -- overview: the run's budget and spend, and the totals --------------------------
             row = page.locator(f"tr[data-run='{run_id}']")
@@ -283,11 +285,19 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
             assert page.evaluate("window.__pwned") is None and dialogs == []
             shots.append(_shot(page, "08-trajectory"))
 
-            # -- log out: the session is gone -------------------------------------------------
+            # -- log out: the session is gone, also for a copy of its cookie -------------------
+            copy = browser.new_context()
+            copy.add_cookies([{k: cookie[k] for k in ("name", "value", "domain", "path", "httpOnly", "sameSite")}])
+            copied = copy.new_page()
+            copied.goto(base + "/jobs")
+            assert copied.url == base + "/jobs"  # a copied cookie works while the session lives ...
             page.click("header >> text=Log out")
             page.wait_for_url(base + "/login")
             page.goto(base + "/")
             assert page.url == base + "/login"
+            copied.goto(base + "/jobs")
+            assert copied.url == base + "/login"  # ... and is refused once it was logged out
+            copy.close()
             ctx.close()
         finally:
             browser.close()
@@ -298,28 +308,35 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
         "01-login", "02-overview", "03-run", "04-jobs", "05-scores", "06-leaderboard", "07-evaluation", "08-trajectory")]
 
 
+def _login_csrf(http: httpx.Client, base: str) -> tuple[str, str]:
+    """(the login form's cookie, its CSRF token), as a browser gets them with the form."""
+    form = http.get(f"{base}/login")
+    token = form.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
+    return form.cookies[LOGIN_COOKIE], token
+
+
 def test_session_cookie_opens_the_ui_only_and_cannot_be_forged(seeded: Seeded, gym: Any) -> None:
     """Outside the browser: what a stolen, forged or expired cookie, or a token in the URL, gets."""
     base = seeded.url + "/admin/ui"
     key = session_key(ADMIN_TOKEN, gym.gateway.internal_secret)
     with httpx.Client(timeout=30) as http:
-        # the token as a query parameter of the login POST (no form body): refused, no cookie
-        r = http.post(f"{base}/login?token={ADMIN_TOKEN}")
+        nonce, csrf = _login_csrf(http, base)
+        # the token as a query parameter of the login POST (the form's fields but no token): refused, no cookie
+        r = http.post(f"{base}/login?token={ADMIN_TOKEN}", data={"csrf_token": csrf})
         assert r.status_code == 401 and COOKIE not in r.cookies
-        r = http.post(f"{base}/login", data={"token": ADMIN_TOKEN}, follow_redirects=False)
+        r = http.post(f"{base}/login", data={"token": ADMIN_TOKEN, "csrf_token": csrf}, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/admin/ui/"
         good = r.cookies[COOKIE]
         http.cookies.clear()  # from here on, each request carries exactly what it says
-        assert verify(key, good) is not None
         page = http.get(f"{base}/runs/{seeded.run['id']}", headers={"Cookie": f"{COOKIE}={good}"})
         assert page.status_code == 200 and seeded.run["id"] in page.text
         assert "script-src 'self'" in page.headers["content-security-policy"]
         # the UI session is not an admin credential: the JSON admin API refuses it
         api = http.get(seeded.url + "/admin/v1/keys", headers={"Cookie": f"{COOKIE}={good}"})
         assert api.status_code == 401 and seeded.run["key"] not in api.text
-        # forged (other key), tampered and expired cookies are all sent to the login form
+        # made-up, tampered and hashed-instead-of-raw ids, and the login form's nonce, are all sent to the login form
         tampered = good[:-2] + ("AA" if not good.endswith("AA") else "BB")
-        for bad in (issue(b"not-the-key", 3600), tampered, issue(key, 60, now=0), "", "v1.1.2.3"):
+        for bad in ("made-up-session-id-" + "x" * 24, tampered, id_hash(key, good), nonce, "", "v1.1.2.3"):
             r = http.get(f"{base}/", headers={"Cookie": f"{COOKIE}={bad}"}, follow_redirects=False)
             assert (r.status_code, r.headers.get("location")) == (303, "/admin/ui/login"), bad
         # a run's own key opens nothing here either

@@ -6,6 +6,7 @@ from services.core import agent_turns as _agent_turns  # noqa: F401 - registers 
 from services.core import checkpoints as _checkpoints  # noqa: F401 - registers its table
 from services.core import events as _events  # noqa: F401 - registers its tables
 from services.core import experiments as _experiments  # noqa: F401 - registers its tables
+from services.core import operator_sessions as _operator_sessions  # noqa: F401 - registers its tables
 from services.core import storage_quota as _storage_quota  # noqa: F401 - registers its table
 from services.core.tables import Base
 from services.evaluation import tables as _evaluation_tables  # noqa: F401 - registers its tables

@@ -282,13 +282,27 @@ def check_provenance(ctx: AuditContext, submission: dict[str, Any]) -> CheckResu
     details["harness"] = harness_details
     findings.extend(_finding(SUBSTITUTION, p, None) for p in substituted)
     findings.extend(_finding(TAMPERING, p, None) for p in tampered)
-    chain = ctx.events.verify(ctx.run_id)
-    details["chain"] = chain.view()
-    findings.extend(_finding(TAMPERING, f"record chain: {p['problem']} at event {p['seq']}: {p['detail']}", None)
-                    for p in chain.problems)
+    chain, unverifiable, details["chain"] = chain_findings(ctx)
+    findings.extend(chain)
+    inconclusive = inconclusive or unverifiable
     flagged = any(f.code == "EXECUTED" for f in findings)
     verdict = "flag" if flagged else ("inconclusive" if inconclusive else "pass")
     return CheckResult(name="provenance", verdict=verdict, findings=findings, details=details)  # type: ignore[arg-type]
+
+
+def chain_findings(ctx: AuditContext) -> tuple[list[Finding], bool, dict[str, Any]]:
+    """The run's record chain, checked (``EventLog.verify``): a tampering finding per problem
+    found (a rolled-back chain among them), an inconclusive one when its head could not be
+    checked against the anchor outside the store; whether it was unverifiable; the check's view."""
+    chain = ctx.events.verify(ctx.run_id)
+    findings = [_finding(TAMPERING, f"record chain: {p['problem']} at event {p['seq']}: {p['detail']}", None)
+                for p in chain.problems]
+    unverifiable = chain.status == "unverifiable"
+    if unverifiable:
+        findings.append(Finding(category=TAMPERING, code="INCONCLUSIVE", submission=True,
+                                evidence="record chain: cannot be checked against its anchor outside the store: "
+                                         + str(chain.anchor.get("detail") or chain.anchor.get("status"))))
+    return findings, unverifiable, chain.view()
 
 
 def lineage_datasets(ctx: AuditContext, checkpoint_id: str | None) -> list[tuple[str, str]]:
