@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from gateway.direct_call import DirectService
 from gateway.service_link import ServiceLink
 from services.core.config import GymConfig, load_config
 from services.core.no_proxy import keep_off_proxies
+from services.core.private_files import private_dir, write_private
 from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, plain_gateway_url
 from services.core.spec import ServiceContext
@@ -83,11 +83,8 @@ def ensure_admin_token(settings: GymSettings) -> str:
     if settings.admin_token:
         return settings.admin_token
     token = "rsa-" + secrets.token_urlsafe(32)
-    path = Path(settings.data_dir) / "admin-token"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
+    path = private_dir(settings.data_dir) / "admin-token"
+    write_private(path, token + "\n")
     return token
 
 
@@ -105,10 +102,8 @@ def ensure_internal_secret(settings: GymSettings) -> str:
     if existing:
         return existing
     secret = secrets.token_urlsafe(32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
+    private_dir(path.parent)
+    write_private(path, secret + "\n")
     return secret
 
 
@@ -130,6 +125,7 @@ def build_embedded(
     """The gateway and every service in one process; services are reachable only through
     the gateway (in-process streaming transport, still signed)."""
     settings = settings or GymSettings()
+    private_dir(settings.data_dir)  # 0700: no other local user lists or reads the gym's files
     keep_off_proxies(settings.gateway_url)
     config = config or load_config(settings.config)
     provider_secrets = provider_secrets or ProviderSecrets()
@@ -191,6 +187,7 @@ def build_service(
     if not settings.internal_secret:
         raise SystemExit("a service needs RSIGYM_INTERNAL_SECRET shared with the gateway")
     require_gateway_url(settings, name)
+    private_dir(settings.data_dir)  # 0700: no other local user lists or reads the gym's files
     keep_off_proxies(settings.gateway_url)
     config = config or load_config(settings.config)
     provider_secrets = ProviderSecrets()

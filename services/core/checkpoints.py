@@ -21,6 +21,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from services.core.errors import NotFound
 from services.core.events import CHECKPOINT_REGISTERED, EventLog
 from services.core.ids import new_id
+from services.core.private_files import lock_down, private_dir
 from services.core.storage_quota import StorageQuota, tree_bytes
 from services.core.store import Store
 from services.core.tables import Base, UTCDateTime, utcnow
@@ -88,10 +89,11 @@ class CheckpointRegistry:
         servable from this moment. With ``events``, the row and its ``checkpoint.registered``
         event (for ``key_id``, the job's key) commit together."""
         ckpt_id = new_id("ckpt")
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         tmp = self.root / f".{ckpt_id}.partial"
         try:
             model.save_pretrained(tmp)
+            lock_down(tmp)  # written under the process's umask: private before it is servable
             stored = tree_bytes(tmp)
             if self.quota is not None:  # refused before it is servable; the job fails with the reason
                 self.quota.check_object("checkpoints", stored, param=None)

@@ -186,6 +186,9 @@ class SandboxConfig(_Strict):
     uid_base: int = Field(default=200_000, gt=1000)
     """Local sandboxes run as unprivileged uids uid_base … uid_base + 9999, one per live sandbox."""
     max_file_transfer_mb: int = Field(default=64, gt=0)
+    replica_lease_s: float = Field(default=30.0, gt=0)
+    """A sandbox-service replica renews its lease every third of this; a replica whose lease ran out
+    is dead, and the others reap its sandboxes (services/sandbox/replicas.py)."""
     e2b_api_url: str = "https://api.e2b.app"
     e2b_domain: str = "e2b.app"
     e2b_sandbox_url: str | None = None

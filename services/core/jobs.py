@@ -5,7 +5,9 @@ the worker renews the row's ``heartbeat_at`` while the job runs and finishes it 
 state is never overwritten, and only the claiming worker may finish a running job). A job whose
 heartbeat is older than ``heartbeat_ttl_s`` belongs to a worker that died (``kill -9``, a lost
 node): :meth:`JobRunnerBase.reap_stale` fails it — or puts it back in the queue when its kind
-can resume — and releases the ledger holds it left (``ref_id`` = job id, still ``reserved``).
+can resume (training from its last checkpoint, evaluation from its recorded trials), at most
+``max_resumes`` times — and releases the ledger holds it left (``ref_id`` = job id, still
+``reserved``: the step or trial the dead worker was in is not the agent's cost).
 
 Where the work runs is the dispatcher's business: embedded mode keeps an in-process thread pool
 (:class:`services.core.workers.JobPool`); distributed mode sends a Celery task to the job's
@@ -505,11 +507,14 @@ class JobRunnerBase:
         reaped = 0
         for job_id, claims in rows:
             resume = self.resumable and (claims or 0) <= self.job_settings.max_resumes
+            error = reason if not self.resumable else (
+                f"{reason}; not resumed again: it was started {_times(claims or 0)} and "
+                f"RSIGYM_JOBS_MAX_RESUMES allows {self.job_settings.max_resumes} resumes")
             with self.store.transaction() as s:
                 values: dict[str, Any] = (
                     {"status": "queued", "worker": None, "heartbeat_at": None, "queued_at": utcnow(),
                      "dispatched_at": None} if resume
-                    else {"status": "failed", "error": reason, "finished_at": utcnow()})
+                    else {"status": "failed", "error": error, "finished_at": utcnow()})
                 if _updated(s, update(t).where(t.id == job_id, stale).values(**values)) != 1:
                     continue
                 if not resume:
@@ -520,7 +525,7 @@ class JobRunnerBase:
                         "re-queued" if resume else "failed", released)
             self._after_reaped(job_id)
             if not resume:
-                self._after_final(job_id, "failed", reason)
+                self._after_final(job_id, "failed", error)
         if reaped:  # re-queued jobs go out again, and the dead jobs' runs have free slots
             self.pump_quietly()
         return reaped
@@ -584,6 +589,10 @@ def _updated(session: Session, statement: Any) -> int:
     """Run an UPDATE; how many rows it changed."""
     result = session.execute(statement.execution_options(synchronize_session=False))
     return int(cast(CursorResult[Any], result).rowcount)
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n} times"
 
 
 def _aware(value: Any) -> Any:

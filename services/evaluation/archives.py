@@ -41,6 +41,7 @@ from typing import IO, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from services.core.errors import Conflict, GymError, InvalidRequest, Unprocessable
+from services.core.private_files import DIR_MODE, EXEC_MODE, FILE_MODE, lock_down
 
 MANIFEST_NAME = "harness.toml"
 MiB = 2**20
@@ -387,7 +388,7 @@ def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, entry: _Entry, tar
     """Stream one regular file out, never past its header size; the manifest's bytes are returned."""
     source = tf.extractfile(member)
     assert source is not None
-    mode = 0o755 if entry.executable else 0o644
+    mode = EXEC_MODE if entry.executable else FILE_MODE  # the gym's alone (services/core/private_files.py)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     written = 0
     keep = bytearray() if entry.name == MANIFEST_NAME else None
@@ -401,7 +402,7 @@ def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, entry: _Entry, tar
                 keep += chunk
     if written != entry.size:
         raise _refuse(f"member {entry.name!r} is truncated: {written} of {entry.size} bytes")
-    os.chmod(target, mode)  # not the umask's doing, not the archive's: never setuid or world-writable
+    os.chmod(target, mode)  # not the umask's doing, not the archive's: never setuid, nobody else's to read
     return bytes(keep) if keep is not None else None
 
 
@@ -425,9 +426,9 @@ def _unpack(fh: IO[bytes], entries: list[_Entry], manifest_bytes: bytes, root: P
                 raise _refuse(f"member {member.name!r} refused: {exc}") from None
             target = root / entry.name
             if entry.kind == "dir":
-                target.mkdir(mode=0o755, parents=True, exist_ok=True)
+                target.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
                 continue
-            target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            target.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
             if entry.kind == "file":
                 data = _write_file(tf, member, entry, target)
                 if data is not None and data != manifest_bytes:
@@ -465,7 +466,7 @@ def extract_archive(path: Path | str, dest_dir: Path | str, limits: ArchiveLimit
         staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
         try:
             _unpack(fh, entries, manifest_bytes, staging, limits)
-            staging.chmod(0o755)
+            lock_down(staging)  # directories made as parents got the umask's mode: 0700, all of them
             if dest.exists() or dest.is_symlink():
                 raise Conflict(f"extraction destination {str(dest)!r} already exists", param="dest")
             staging.rename(dest)

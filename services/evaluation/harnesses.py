@@ -22,6 +22,7 @@ from sqlalchemy import select
 from services.core.errors import Conflict, NotFound
 from services.core.events import HARNESS_UPLOADED, EventLog
 from services.core.ids import new_id
+from services.core.private_files import private_dir
 from services.core.storage_quota import StorageQuota, tree_bytes
 from services.core.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
@@ -43,7 +44,7 @@ class HarnessStore:
         self.events = events
         self.quota = quota
         """The runs' storage meter; None only for readers (audits), which never upload."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
 
     def upload(self, *, run_id: str, key_id: str, raw: bytes) -> dict[str, Any]:
         """Check, unpack and record an archive for the run, metered on its storage quota: the

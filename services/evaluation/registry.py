@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import select
 
 from services.core.errors import Conflict, NotFound, Unprocessable
+from services.core.private_files import lock_down, private_dir
 from services.core.store import Store
 from services.core.config import AuditConfig
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
@@ -70,7 +71,7 @@ class BenchmarkRegistry:
     def __init__(self, store: Store, root: Path, audit: AuditConfig | None = None):
         self.store, self.root = store, root
         self.audit = audit or AuditConfig()
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self._cache: dict[str, Benchmark] = {}
         self._lock = threading.Lock()
 
@@ -96,6 +97,7 @@ class BenchmarkRegistry:
             if dest.exists():
                 shutil.rmtree(dest)
             shutil.copytree(bench.root, dest, symlinks=False)
+            lock_down(dest)  # the copy took the source's modes: hidden tests are the gym's alone
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         bench = load_benchmark(dest)

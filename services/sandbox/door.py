@@ -47,13 +47,17 @@ class DoorServer:
     def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
-    def open(self, sandbox_id: str, socket_path: str, gateway_url: str, key: str) -> None:
+    def open(self, sandbox_id: str, socket_path: str, gateway_url: str, key: str, owner: int | None = None) -> None:
+        """Serve the sandbox's door at ``socket_path``; ``owner``: the sandbox's host uid (None: it
+        runs as the gym's own), the one uid besides the gym's that may connect."""
         async def start() -> None:
             if os.path.exists(socket_path):
                 os.unlink(socket_path)
             server = await asyncio.start_unix_server(
                 lambda r, w: self._serve(r, w, gateway_url.rstrip("/"), key, sandbox_id), socket_path)
-            os.chmod(socket_path, 0o666)  # the sandbox's uid connects to it; the dir around it is the sandbox's own
+            if owner is not None:
+                os.chown(socket_path, owner, owner)
+            os.chmod(socket_path, 0o600)  # connecting needs write access: the sandbox's uid, no other user
             self._servers[sandbox_id] = server
 
         self._run(start())

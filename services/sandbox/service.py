@@ -6,6 +6,12 @@ paid slice of time, and the backend's sandbox. A supervisor thread then pays sli
 slice ahead, ends sandboxes whose timeout ran out, and kills (fail closed) any sandbox
 whose next slice the key cannot pay. Every end path settles the time used, gives back the
 slot and records why the sandbox ended.
+
+Replicas: a sandbox belongs to the replica of this service that created it (its row's
+``replica``). Another replica answers calls for it with 503 ``service_unavailable`` (it cannot
+reach it), and ends it only once that replica is dead (services/sandbox/replicas.py): then
+:meth:`SandboxService.reap` closes its row, settles its open slice up to the dead replica's last
+heartbeat and gives its slot back.
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 import json
 
 import anyio
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from services.core.concurrency import ConcurrencySlots
@@ -43,12 +50,13 @@ from services.core.keys import KeyRegistry
 from services.core.ledger import Ledger
 from services.core.money import nusd_to_usd
 from services.core.spec import ServiceContext
-from services.core.tables import utcnow
+from services.core.tables import LedgerEntry, utcnow
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
 from services.sandbox.schemas import CreateSandbox
 from services.sandbox.door import DOOR_PORT, DoorServer
 from services.sandbox.metering import SliceMeter, nusd_per_second
+from services.sandbox.replicas import ReplicaLease
 from services.sandbox.tables import SandboxRow
 
 log = logging.getLogger("rsigym.sandbox")
@@ -59,14 +67,15 @@ TICK_S = 0.25
 
 
 _REACH = select(SandboxRow.run_id, SandboxRow.key_id, SandboxRow.owner_only, SandboxRow.chain_ids,
-                SandboxRow.state, SandboxRow.end_reason).where(SandboxRow.id == bindparam("sid"))
+                SandboxRow.state, SandboxRow.end_reason, SandboxRow.replica).where(SandboxRow.id == bindparam("sid"))
 """What :meth:`SandboxService.owned` reads of a sandbox (a prepared statement: every envd call
 asks it)."""
-_ENDED = (update(cast(Table, SandboxRow.__table__)).where(SandboxRow.id == bindparam("sid"))
+_ENDED = (update(cast(Table, SandboxRow.__table__)).where(SandboxRow.id == bindparam("sid"), SandboxRow.state == "running")
           .values({"state": bindparam("state"), "end_reason": bindparam("reason"), "ended_at": bindparam("ended_at"),
                    "seconds": bindparam("seconds"), "cost_nusd": bindparam("cost_nusd")})
           .returning(SandboxRow.run_id, SandboxRow.key_id, SandboxRow.template))
-"""A sandbox's row closed, in one statement (the ORM's load, change and flush cost ~2 ms of each end)."""
+"""A sandbox's row closed, in one statement (the ORM's load, change and flush cost ~2 ms of each end);
+a row another replica closed already (it judged this one dead) is left as it is."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,9 @@ class SandboxService:
         self.secret = context.internal_secret
         self.events = EventLog(context.store, context.internal_secret)
         self._doors: DoorServer | None = None
+        self.replicas = ReplicaLease(context.store, self.config.replica_lease_s)
+        self._renew_at = self._reap_at = 0.0
+        """When (monotonic) the lease is renewed and dead replicas' sandboxes are reaped next."""
         self._live: dict[str, _Live] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -130,16 +142,15 @@ class SandboxService:
     # -- lifecycle ---------------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a restart this process holds no sandbox: close the rows that say otherwise
-        (each with its ``sandbox.session`` event, for the time it had been paid for)."""
-        reason = "the gym restarted"
-        with self.store.transaction() as s:
-            rows = list(s.scalars(select(SandboxRow).where(SandboxRow.state == "running",
-                                                           SandboxRow.backend == self.backend.name)))
-            for row in rows:
-                row.state, row.end_reason, row.ended_at = "failed", reason, utcnow()
-                self._record_session(s, sandbox_id=row.id, run_id=row.run_id, key_id=row.key_id, template=row.template,
-                                     seconds=row.seconds, cost_nusd=row.cost_nusd, reason=reason, state=row.state)
+        """At start: take this replica's lease, then reap what dead replicas left running (this
+        replica's own earlier life among them) — never a live replica's sandboxes."""
+        self._registered()
+        self.reap()
+
+    def _registered(self) -> str:
+        """This replica's id, its lease taken first (a sandbox row never names a replica without one)."""
+        with self._lock:
+            return self.replicas.id or self.replicas.register()
 
     def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         req = validated(CreateSandbox, body, what="sandbox request")
@@ -183,8 +194,10 @@ class SandboxService:
                 if req.rsigym_dirs else None
             if req.rsigym_door is not None:
                 self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "",
-                                self.context.settings.gateway_url or "", req.rsigym_door.key)
+                                self.context.settings.gateway_url or "", req.rsigym_door.key,
+                                owner=getattr(self.backend, "uid_of", lambda _id: None)(sandbox_id))
                 undo.callback(self.doors.close, sandbox_id)
+            replica = self._registered()
             meter.restart_clock()
             now = utcnow()
             row = SandboxRow(
@@ -193,6 +206,7 @@ class SandboxService:
                 sandbox_metadata=dict(req.metadata), internet=internet, owner_only=door_port is not None,
                 state="running", started_at=now,
                 end_at=now + timedelta(seconds=timeout), price_nusd_per_s=meter.price_nusd_per_s,
+                replica=replica, slot_lease=lease,
             )
             with self.store.transaction() as s:
                 s.add(row)
@@ -303,6 +317,11 @@ class SandboxService:
         if self._doors is not None:
             self._doors.shutdown()
             self._doors = None
+        try:
+            self.replicas.retire()
+        except Exception as err:  # noqa: BLE001 - stopping must not fail: the lease runs out on its own
+            log.warning("sandbox replica lease not given back: %s",
+                        err.message if isinstance(err, GymError) else type(err).__name__)
 
     @property
     def doors(self) -> DoorServer:
@@ -323,6 +342,97 @@ class SandboxService:
                     self._check(sandbox_id, live)
                 except Exception:  # one bad sandbox must not stop metering of the others
                     log.exception("sandbox %s: supervisor error", sandbox_id)
+            try:
+                self._keep_lease()
+            except Exception as err:  # noqa: BLE001 - retried next tick; a lease that runs out is handled there
+                log.warning("sandbox replica lease: %s", err.message if isinstance(err, GymError) else type(err).__name__)
+
+    def _keep_lease(self) -> None:
+        """Every third of the lease: renew it — or, when it ran out, give up every sandbox (another
+        replica may have reaped them) and take a new one — then reap dead replicas' sandboxes."""
+        now = time.monotonic()
+        if not self.replicas.id or now < self._renew_at:
+            return
+        third = self.config.replica_lease_s / 3
+        self._renew_at = now + third
+        if not self.replicas.renew():
+            lost = self.replicas.id
+            log.warning("sandbox replica %s: its lease ran out; its %d sandboxes end", lost, len(self._live))
+            for sandbox_id in list(self._live):
+                self.end(sandbox_id, "failed", f"its sandbox replica lost its lease ({lost})")
+            with self._lock:
+                self.replicas.register()
+        if now >= self._reap_at:
+            self._reap_at = now + third
+            self.reap()
+
+    # -- dead replicas --------------------------------------------------------------------
+
+    def reap(self) -> int:
+        """End the rows of sandboxes whose replica is dead (services/sandbox/replicas.py); returns
+        how many. Each is taken by one conditional UPDATE, so replicas reaping at once never end a
+        sandbox twice; a live replica's sandboxes are never touched."""
+        me = self.replicas.id
+        with self.store.transaction() as s:
+            rows = s.execute(select(SandboxRow.id, SandboxRow.replica).where(
+                SandboxRow.state == "running", SandboxRow.backend == self.backend.name,
+                or_(SandboxRow.replica.is_(None), SandboxRow.replica != me))).all()
+            dead = self.replicas.dead(s, {owner for _, owner in rows}) if rows else {}
+        reaped = sum(self._reap_one(sandbox_id, owner, dead[owner]) for sandbox_id, owner in rows if owner in dead)
+        self.replicas.forget([owner for owner in dead if owner])
+        return reaped
+
+    def _reap_one(self, sandbox_id: str, owner: str | None, last_alive: datetime | None) -> int:
+        """Close one dead replica's sandbox: its open slices settled for the time it is known to
+        have run (to its replica's last heartbeat; nothing after), its row ended with its totals
+        and its ``sandbox.session`` event, its slot given back. 1 if this call ended it."""
+        with self.store.transaction() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None or row.state != "running" or row.replica != owner:
+                return 0
+            s.expunge(row)
+        known_s = max(0.0, ((last_alive or row.started_at) - row.started_at).total_seconds())
+        seconds = self._settle_orphan(sandbox_id, row.price_nusd_per_s, known_s)
+        reason = (f"its sandbox replica stopped ({owner or 'unrecorded'}; last heard "
+                  f"{last_alive.isoformat(timespec='seconds') if last_alive else 'never'})")
+        with self.store.transaction() as s:
+            charged = int(s.scalar(select(func.coalesce(func.sum(LedgerEntry.actual_nusd), 0)).where(
+                LedgerEntry.ref_id == sandbox_id, LedgerEntry.status.in_(("settled", "expired")))) or 0)
+            taken = s.execute(update(SandboxRow).where(
+                SandboxRow.id == sandbox_id, SandboxRow.state == "running",
+                SandboxRow.replica.is_(None) if owner is None else SandboxRow.replica == owner)
+                .values(state="failed", end_reason=reason, ended_at=utcnow(), seconds=seconds, cost_nusd=charged)
+                .execution_options(synchronize_session=False))
+            if cast(Any, taken).rowcount != 1:
+                return 0
+            self._record_session(s, sandbox_id=sandbox_id, run_id=row.run_id, key_id=row.key_id,
+                                 template=row.template, seconds=seconds, cost_nusd=charged, reason=reason, state="failed")
+        self.slots.release(row.slot_lease)
+        log.warning("sandbox %s of run %s reaped: %s; %.1f s, %d nUSD", sandbox_id, row.run_id, reason, seconds, charged)
+        return 1
+
+    def _settle_orphan(self, sandbox_id: str, price: int, known_s: float) -> float:
+        """Close a dead replica's open reservations for the sandbox, oldest first: each charged for
+        the time between what is already paid and ``known_s`` (the sandbox's run until its replica's
+        last heartbeat), never more than it holds; a slice that had not begun is released. Returns
+        the seconds paid in all (``known_s`` for a free template)."""
+        with self.store.transaction() as s:
+            entries = s.execute(select(LedgerEntry.id, LedgerEntry.status, LedgerEntry.estimate_nusd,
+                                       LedgerEntry.actual_nusd)
+                                .where(LedgerEntry.ref_id == sandbox_id)
+                                .order_by(LedgerEntry.created_at, LedgerEntry.id)).all()
+        paid_s = sum(int(actual or 0) for _, status, _, actual in entries if status in ("settled", "expired")) / price \
+            if price else 0.0
+        for reservation_id, status, estimate, _ in entries:
+            if status != "reserved":
+                continue
+            use_s = min(max(0.0, known_s - paid_s), estimate / price) if price else 0.0
+            if use_s * price >= 1:
+                self.ledger.settle(reservation_id, math.ceil(use_s * price))
+            else:
+                self.ledger.release(reservation_id)
+            paid_s += use_s
+        return round(paid_s, 3) if price else known_s
 
     def _check(self, sandbox_id: str, live: _Live) -> None:
         now = time.monotonic()
@@ -378,15 +488,34 @@ class SandboxService:
         writer's turn on SQLite), which also says why it ended."""
         if self.check_live(identity, sandbox_id, running=running):
             return
+        row, replica = self._reach_of(sandbox_id)
+        _refuse_unless_reachable(row, identity, sandbox_id, running)
+        if running and row is not None and replica != self.replicas.id:
+            self._refuse_elsewhere(identity, sandbox_id, replica)
+
+    def _reach_of(self, sandbox_id: str) -> tuple[_Reach | None, str | None]:
+        """Who may reach a sandbox, from its row (one prepared read), and which replica runs it."""
         with self.store.read() as work:
             found = work.first(_REACH, {"sid": sandbox_id})
-        row = None
-        if found is not None:
-            run_id, key_id, owner_only, chain_ids, state, end_reason = found
-            if isinstance(chain_ids, str):  # SQLite hands JSON back as text
-                chain_ids = json.loads(chain_ids)
-            row = _Reach(run_id, key_id, bool(owner_only), chain_ids, state, end_reason)
-        _refuse_unless_reachable(row, identity, sandbox_id, running)
+        if found is None:
+            return None, None
+        run_id, key_id, owner_only, chain_ids, state, end_reason, replica = found
+        if isinstance(chain_ids, str):  # SQLite hands JSON back as text
+            chain_ids = json.loads(chain_ids)
+        return _Reach(run_id, key_id, bool(owner_only), chain_ids, state, end_reason), replica
+
+    def _refuse_elsewhere(self, identity: Identity, sandbox_id: str, replica: str | None) -> None:
+        """A running sandbox of another replica: 503 while that replica lives (only it can reach
+        the sandbox); if it is dead, the sandbox is reaped here and the caller hears that it ended."""
+        with self.store.transaction() as s:
+            dead = self.replicas.dead(s, {replica})
+        if replica not in dead:
+            raise ServiceUnavailable(f"sandbox {sandbox_id} runs on another replica of the sandbox service, which "
+                                     "this one cannot reach; its calls must go to the replica that created it",
+                                     headers={"Retry-After": "1"})
+        self._reap_one(sandbox_id, replica, dead[replica])  # (or another replica just did)
+        row, _ = self._reach_of(sandbox_id)
+        _refuse_unless_reachable(row, identity, sandbox_id, running=True)  # the 404 that says why it ended
 
     def list(self, identity: Identity, *, running_only: bool = True, metadata: dict[str, str] | None = None,
              limit: int = 1000) -> list[SandboxRow]:

@@ -1,11 +1,12 @@
-"""SQL table of the sandbox service: one row per sandbox, its owner and what it cost."""
+"""SQL tables of the sandbox service: one row per sandbox (its owner, the replica that runs it,
+what it cost) and one lease per live sandbox-service replica (services/sandbox/replicas.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, Index, String, Text, false
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from services.core.tables import Base, UTCDateTime, utcnow
@@ -13,7 +14,8 @@ from services.core.tables import Base, UTCDateTime, utcnow
 
 class SandboxRow(Base):
     __tablename__ = "sandboxes"
-    __table_args__ = (Index("ix_sandboxes_run_state", "run_id", "state"),)
+    __table_args__ = (Index("ix_sandboxes_run_state", "run_id", "state"),
+                      Index("ix_sandboxes_state_replica", "state", "replica"))
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40))
@@ -39,3 +41,25 @@ class SandboxRow(Base):
     seconds: Mapped[float] = mapped_column(Float, default=0.0)
     cost_nusd: Mapped[int] = mapped_column(BigInteger, default=0)
     price_nusd_per_s: Mapped[int] = mapped_column(BigInteger)
+    replica: Mapped[str | None] = mapped_column(String(120))
+    """The sandbox-service replica that runs it (:class:`SandboxReplica`); None: a row written
+    before replicas were recorded."""
+    slot_lease: Mapped[str | None] = mapped_column(String(40))
+    """Its live-sandbox slot (services/core/concurrency.py), given back by whoever ends it."""
+
+
+class SandboxReplica(Base):
+    """A live sandbox-service replica's lease, renewed while it runs: a replica whose lease ran
+    out (or, on the same host, whose process is gone) is dead, and its sandboxes are reaped."""
+
+    __tablename__ = "sandbox_replicas"
+
+    id: Mapped[str] = mapped_column(String(120), primary_key=True)
+    """host:pid:random — one per process start, so a restarted replica is a new one."""
+    host: Mapped[str] = mapped_column(String(200))
+    """Hostname, boot and PID namespace (services/sandbox/replicas.py): where ``pid`` means something."""
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    """Renewed with every heartbeat by the replica's own lease length."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -53,7 +54,8 @@ def shuffled_chunks(rows: list[tuple[list[int], list[int]]], batch_size: int, *,
 
 
 def iterate_batches(rows: list[tuple[list[int], list[int]]], batch_size: int, *, seed: int, pad_id: int,
-                    epochs: int | None = None) -> Iterator[dict[str, Any]]:
-    """Shuffled, padded tensor batches (see :func:`shuffled_chunks`)."""
-    for chunk in shuffled_chunks(rows, batch_size, seed=seed, epochs=epochs):
+                    epochs: int | None = None, skip: int = 0) -> Iterator[dict[str, Any]]:
+    """Shuffled, padded tensor batches (see :func:`shuffled_chunks`), the first ``skip`` left out
+    (a resumed job continues the same order after the batches it had taken)."""
+    for chunk in itertools.islice(shuffled_chunks(rows, batch_size, seed=seed, epochs=epochs), skip, None):
         yield collate(chunk, pad_id)

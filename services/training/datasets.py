@@ -22,6 +22,7 @@ from sqlalchemy import select
 from services.core.errors import NotFound, PayloadTooLarge, Unprocessable
 from services.core.events import DATASET_REGISTERED, EventLog
 from services.core.ids import new_id
+from services.core.private_files import private_dir
 from services.core.storage_quota import StorageQuota
 from services.core.store import Store
 from services.models.chat_format import split_example
@@ -180,8 +181,8 @@ class DatasetStore:
         target = self.blob_path(digest)
         if target.exists():
             return False
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+        private_dir(self.root)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")  # 0600
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(raw)

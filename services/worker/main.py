@@ -18,6 +18,7 @@ from celery import Celery
 from services.core.config import GymConfig, load_config
 from services.core.jobs import QUEUES, JobRunnerBase
 from services.core.no_proxy import keep_off_proxies
+from services.core.private_files import private_dir
 from services.core.redact import install_log_redaction
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings, WorkerSettings
 from services.core.spec import ServiceContext
@@ -42,6 +43,7 @@ def build_runners(kinds: set[str], settings: GymSettings, store_settings: StoreS
                   config: GymConfig | None = None) -> dict[str, JobRunnerBase]:
     """The runners of the given job kinds, over the store and data dir the services use."""
     keep_off_proxies(settings.gateway_url)
+    private_dir(settings.data_dir)  # 0700: no other local user lists or reads the gym's files
     config = config or load_config(settings.config)
     provider_secrets = ProviderSecrets()
     install_log_redaction(*provider_secrets.values(config.provider_key_envs()))

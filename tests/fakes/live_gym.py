@@ -16,7 +16,7 @@ import httpx
 
 import rsigym
 from gateway.builder import Gym, build_embedded
-from services.core.config import EvaluationConfig, GymConfig
+from services.core.config import EvaluationConfig, GymConfig, SandboxConfig
 from services.core.settings import GymSettings, ProviderSecrets
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve_gym
@@ -117,9 +117,10 @@ class LiveGym:
 
 
 @contextmanager
-def live_gym(data_dir: Path, *, trial_concurrency: int = 4) -> Iterator[LiveGym]:
+def live_gym(data_dir: Path, *, trial_concurrency: int = 4, sandbox: SandboxConfig | None = None) -> Iterator[LiveGym]:
     """An embedded gym served on a free loopback port (as ``rsigym up`` serves it)."""
-    config = GymConfig(evaluation=EvaluationConfig(workers=2, trial_concurrency=trial_concurrency))
+    config = GymConfig(evaluation=EvaluationConfig(workers=2, trial_concurrency=trial_concurrency),
+                       sandbox=sandbox or SandboxConfig())
     gym = build_embedded(GymSettings(data_dir=data_dir, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),
                          config=config, provider_secrets=ProviderSecrets({}), run_reaper=False)
     try:

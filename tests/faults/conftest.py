@@ -100,9 +100,10 @@ class Procs:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         logs.mkdir(parents=True, exist_ok=True)
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+        """``prefix``: a command the gym part is exec'd through (it must exec, so ``kill9`` hits the part)."""
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it; closed with the test
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", *args], cwd=ROOT, env=self.env,
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "gateway.cli.main", *args], cwd=ROOT, env=self.env,
                                 stdout=out, stderr=subprocess.STDOUT)
         out.close()
         self.procs[name] = proc

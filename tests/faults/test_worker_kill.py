@@ -5,12 +5,14 @@ services and the gateway in this process, the workers as their own processes).
 The gym notices a dead worker by its job's heartbeat (services/core/jobs.py): a running job
 whose ``heartbeat_at`` is older than ``RSIGYM_JOBS_HEARTBEAT_TTL_S`` is reaped by the next round
 of any reaper (the services' and every worker's, each ``RSIGYM_JOBS_REAP_INTERVAL_S``) — here
-within 6 + 2 s of the kill (production defaults: 30 + 10 s), with no worker alive at all:
+within 6 + 2 s of the kill (production defaults: 30 + 10 s), with no worker alive at all. Both
+kinds are resumable: the job goes back to the queue and the next worker finishes it.
 
-* training: the job ends ``failed`` ("its worker stopped"); the steps it did stay billed, the
-  hold of the step it was in is released; nothing is held;
-* evaluation (resumable): the job goes back to the queue and a new worker finishes it; each
-  trial is recorded once.
+* training: killed two or more steps after its first checkpoint; the next worker continues from
+  that checkpoint (steps go on from it, the steps after it that were billed run again with the
+  same losses and are not billed again), the hold of the step it was in is released, every step
+  is billed once, one ``training.job`` event lists the checkpoints of both workers;
+* evaluation: each trial is recorded once.
 
 Afterwards the ledgers sum to what the keys spent, nothing is held, no job is ``running``, and
 the gym serves other runs (a second run's training job succeeds on the new worker).
@@ -34,10 +36,13 @@ from sqlalchemy import func, select
 
 import rsigym
 from gateway.builder import build_gateway, build_service
+from services.core.checkpoints import Checkpoint
+from services.core.events import TRAINING_JOB, RecordEvent
 from services.core.settings import GymSettings, StoreSettings
 from services.core.store import Store
+from services.core.tables import LedgerEntry
 from services.evaluation.tables import EvaluationJob
-from services.training.tables import TrainingJob
+from services.training.tables import TrainingJob, TrainingStep
 from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, PG_URL, admin_headers
 from tests.faults.conftest import Procs, assert_ledger_sound, until
 from tests.fakes.live_gym import harness_archive, mini_benchmark
@@ -49,6 +54,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow,
 
 REDIS_URL = os.environ.get("RSIGYM_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
 TTL_S, REAP_S = 6, 2
+TRAIN_STEPS, EVERY = 120, 40
 ROWS = [{"messages": [{"role": "user", "content": f"What is {i} - 1?"}, {"role": "assistant", "content": str(i - 1)}]}
         for i in range(2, 34)]
 
@@ -72,6 +78,19 @@ class Cluster:
     def holder(self, table: Any, job_id: str) -> str | None:
         with self.store.transaction() as s:
             return s.scalar(select(table.worker).where(table.id == job_id))
+
+    def progress(self, job_id: str) -> tuple[int, int]:
+        """(the job's step, the step of its newest checkpoint or 0), from the store."""
+        with self.store.transaction() as s:
+            step = s.scalar(select(TrainingJob.step).where(TrainingJob.id == job_id)) or 0
+            saved = s.scalar(select(func.max(Checkpoint.step)).where(Checkpoint.job_id == job_id)) or 0
+        return step, saved
+
+    def steps(self, job_id: str) -> dict[int, tuple[float, int]]:
+        """step -> (loss, cost billed) of the job's rows in the steps table."""
+        with self.store.transaction() as s:
+            return {n: (loss, cost) for n, loss, cost in s.execute(
+                select(TrainingStep.step, TrainingStep.loss, TrainingStep.cost_nusd).where(TrainingStep.job_id == job_id))}
 
     def running_jobs(self) -> int:
         with self.store.transaction() as s:
@@ -133,24 +152,49 @@ def test_worker_killed_mid_training_and_mid_evaluation(cluster: Cluster, tmp_pat
     assert r.status_code == 201, r.text
     key, gym = c.run()
 
-    # -- mid-training ------------------------------------------------------------------------
+    # -- mid-training: killed past its first checkpoint, resumed from it by the next worker -----
     dataset = gym.training.upload_dataset(ROWS, name="minus-one")
-    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=400, batch_size=2, max_length=32,
-                                  seed=1)
-    until("training steps written", lambda: gym.training.get_job(job.id).step >= 2, timeout=300, poll=0.5)
+    job = gym.training.create_job(datasets=[dataset.id], base_model="tiny", steps=TRAIN_STEPS, batch_size=2,
+                                  max_length=32, checkpoint_every=EVERY, seed=1)
+    until("two steps past a checkpoint", lambda: (p := c.progress(job.id))[1] and p[0] >= p[1] + 2,
+          timeout=300, poll=0.05)
     killed_at = _kill_holder(c, TrainingJob, job.id)
-    step_at_kill = gym.training.get_job(job.id).step
-    # No worker is alive: the services' own reaper fails the job once its heartbeat is stale.
-    dead = until("the dead worker's training job failed",
-                 lambda: (j := gym.training.get_job(job.id)).status != "running" and j, timeout=TTL_S + REAP_S + 20)
-    print(f"\ntraining job of the killed worker failed {time.monotonic() - killed_at:.1f} s after the kill "
-          f"(bound: heartbeat_ttl_s {TTL_S} + reap_interval_s {REAP_S})")
-    assert dead.status == "failed" and "worker stopped" in (dead.error or ""), dead
-    f = assert_ledger_sound(c.store, key["id"])
-    assert f["rows"].get("settled", 0) >= step_at_kill and f["spent_nusd"] > 0, f  # the steps it did are billed
+    lost = c.steps(job.id)  # what the dead worker had written: step -> (loss, cost)
+    _, resume_at = c.progress(job.id)
+    requeued = until("the dead worker's training job re-queued",
+                     lambda: (j := gym.training.get_job(job.id)).status != "running" and j, timeout=TTL_S + REAP_S + 20)
+    print(f"\ntraining job of the killed worker re-queued {time.monotonic() - killed_at:.1f} s after the kill "
+          f"(bound: heartbeat_ttl_s {TTL_S} + reap_interval_s {REAP_S}), {len(lost)} steps done, "
+          f"checkpoint at step {resume_at}")
+    assert requeued.status == "queued" and len(lost) < TRAIN_STEPS, requeued  # no worker is alive: it waits
+    assert_ledger_sound(c.store, key["id"])  # the hold of the step it was in is released, not charged
+    c.start_worker()  # the replacement continues it
+    trained = gym.training.wait(job.id, timeout=300, poll=0.5)
+    assert (trained.status, trained.step) == ("succeeded", TRAIN_STEPS), (trained, c.procs.log("worker-2"))
+    after = c.steps(job.id)
+    assert sorted(after) == list(range(1, TRAIN_STEPS + 1))  # every step once
+    replayed = range(resume_at + 1, max(lost) + 1)  # billed by the dead worker, run again from the checkpoint
+    assert [after[n][1] for n in replayed] == [lost[n][1] for n in replayed]  # at the cost billed once
+    assert [after[n][0] for n in replayed] == pytest.approx([lost[n][0] for n in replayed], rel=1e-4, abs=1e-6)
+    ckpt = next(ck for ck in gym.training.checkpoints() if ck.job_id == job.id and ck.step == resume_at)
+    assert f"resumed (taken 2 times) from checkpoint {ckpt.id} at step {resume_at}" in gym.training.logs(job.id)
+    with c.store.transaction() as s:
+        billed = s.execute(select(LedgerEntry.status, func.count(), func.coalesce(func.sum(LedgerEntry.actual_nusd), 0))
+                           .where(LedgerEntry.ref_id == job.id).group_by(LedgerEntry.status)).all()
+        final = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == TRAIN_STEPS)).one()
+        outputs = list(s.scalars(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step)))
+        events = [e.data for e in s.scalars(select(RecordEvent).where(RecordEvent.run_id == key["id"],
+                                                                        RecordEvent.kind == TRAINING_JOB))]
+    by_status = {status: (n, int(charged or 0)) for status, n, charged in billed}
+    # each step billed once (the held step the worker died in, if any, released, not charged)
+    assert by_status.pop("settled") == (TRAIN_STEPS, sum(cost for _, cost in after.values())), billed
+    assert set(by_status) <= {"released"} and by_status.get("released", (0, 0))[1] == 0, billed
+    assert (final.job_id, final.parent_checkpoint_id) == (job.id, None)  # the job's provenance, both workers'
+    assert [(e["job_id"], e["status"], e["resumes"], e["output_checkpoints"]) for e in events] == [
+        (job.id, "succeeded", 1, outputs)] and ckpt.id in outputs
+    assert_ledger_sound(c.store, key["id"])
 
     # -- mid-evaluation: a harness that takes its time, so the kill lands between trials -------
-    c.start_worker()
     bench = until("benchmark validated", lambda: next((b for b in c.admin.get("/admin/v1/benchmarks").json()["data"]
                                                        if b["name"] == "mini" and b["status"] != "validating"), None),
                   timeout=300, poll=1)

@@ -1,10 +1,12 @@
 """The job lifecycle (services/core/jobs.py) on SQLite and PostgreSQL: one claim per job, finish
-once, a dead worker's job reaped with its ledger holds released, an evaluation resumed without
-re-running recorded trials, and the queue figures the gateway exports."""
+once, a dead worker's job reaped with its ledger holds released, a training job resumed from its
+last checkpoint with each step billed once, an evaluation resumed without re-running recorded
+trials, and the queue figures the gateway exports."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import threading
 import time
@@ -16,7 +18,10 @@ import pytest
 from sqlalchemy import func, select, update
 
 from bench.eval_scaling import run_job
+from services.core.checkpoints import Checkpoint
 from services.core.config import GymConfig
+from services.core.events import TRAINING_JOB, RecordEvent
+from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.jobs import JobRunnerBase, PoolDispatcher, queue_figures
 from services.core.keys import KeyRegistry
@@ -33,7 +38,7 @@ from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.schemas import MINIMAL
 from services.evaluation.tables import EvaluationJob, TrialClaim, TrialResultRow
 from services.evaluation.trials import TrialOutcome, TrialRequest
-from services.training.tables import TrainingJob
+from services.training.tables import TrainingJob, TrainingStep
 from tests.fakes.live_gym import mini_benchmark
 
 
@@ -129,15 +134,24 @@ def test_a_task_for_a_job_alive_elsewhere_does_nothing(store: Store, tmp_path: P
     assert trial.ran == [] and _status(store, EvaluationJob, job_id)[:2] == ("running", "elsewhere:1:abc")
 
 
-def test_a_dead_workers_training_job_fails_and_its_holds_are_released(store: Store, tmp_path: Path) -> None:
+def _training(store: Store, tmp_path: Path) -> tuple[Any, Identity]:
+    """The training service of an embedded gym whose jobs the test runs itself (``runner.execute``)."""
     from services.training.service import TrainingService
 
-    key_id = _key(store)
     context = ServiceContext(config=GymConfig(), store=store, settings=GymSettings(data_dir=tmp_path),
                              internal_secret="x", secrets=ProviderSecrets({}))
-    runner = TrainingService(context).runner
-    runner.dispatcher.shutdown()
-    runner.dispatcher = Recorder()
+    service = TrainingService(context)
+    service.runner.dispatcher.shutdown()
+    service.runner.dispatcher = Recorder()
+    key_id = _key(store, usd=5.0)
+    identity = Identity(request_id="req_t", key_id=key_id, run_id=key_id, service="training", operation="jobs",
+                        issued_at=time.time())
+    return service, identity
+
+
+def test_a_dead_workers_training_job_is_requeued_then_failed_past_max_resumes(store: Store, tmp_path: Path) -> None:
+    service, identity = _training(store, tmp_path)
+    runner, key_id = service.runner, identity.key_id
     dead, alive = new_id("ftjob"), new_id("ftjob")
     with store.transaction() as s:
         for job_id, beat in ((dead, utcnow() - timedelta(minutes=5)), (alive, utcnow())):
@@ -148,15 +162,103 @@ def test_a_dead_workers_training_job_fails_and_its_holds_are_released(store: Sto
     held = [ledger.reserve(key_id, service="training", operation="train_step", estimate_nusd=1000, ref_id=j)
             for j in (dead, alive)]
     assert runner.reap_stale() == 1
-    assert _status(store, TrainingJob, dead)[0] == "failed"
+    assert _status(store, TrainingJob, dead)[:2] == ("queued", None)  # to be resumed by the next worker
     assert _status(store, TrainingJob, alive)[0] == "running"  # its worker still beats
     with store.transaction() as s:
         states = dict(s.execute(select(LedgerEntry.ref_id, LedgerEntry.status)).all())
         key = s.get(ApiKey, key_id)
         assert key is not None
-        assert states == {dead: "released", alive: "reserved"}
+        assert states == {dead: "released", alive: "reserved"}  # the dead worker's step is not the agent's cost
         assert (key.reserved_nusd, key.spent_nusd) == (held[1].estimate_nusd, 0)
     assert runner.reap_stale() == 0  # reaped once
+    max_resumes = runner.job_settings.max_resumes
+    with store.transaction() as s:  # its workers keep dying: past max_resumes it fails, saying why
+        s.execute(update(TrainingJob).where(TrainingJob.id == dead).values(
+            status="running", worker="w:2:y", heartbeat_at=utcnow() - timedelta(minutes=5), claims=max_resumes + 1))
+    assert runner.reap_stale() == 1
+    status, _, error = _status(store, TrainingJob, dead)
+    assert status == "failed" and error == (
+        f"its worker stopped (no heartbeat); not resumed again: it was started {max_resumes + 1} times and "
+        f"RSIGYM_JOBS_MAX_RESUMES allows {max_resumes} resumes")
+    with store.transaction() as s:
+        events = s.scalars(select(RecordEvent).where(RecordEvent.kind == TRAINING_JOB)).all()
+        assert [(e.data["job_id"], e.data["status"], e.data["resumes"]) for e in events] == [
+            (dead, "failed", max_resumes)]
+
+
+def test_a_dead_workers_training_job_resumes_from_its_checkpoint_and_bills_each_step_once(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker dies after step 6 (checkpoint at 4) in the middle of step 7: the next worker
+    continues from the checkpoint — weights, AdamW, schedule, RNG, batch order — so the loss
+    curve is the one an uninterrupted job draws; steps 5 and 6 run again unmetered."""
+    service, identity = _training(store, tmp_path)
+    runner = service.runner
+    rows = [{"messages": [{"role": "user", "content": f"What is {i} - 1?"}, {"role": "assistant", "content": str(i - 1)}]}
+            for i in range(2, 18)]
+    raw = "\n".join(json.dumps(r) for r in rows).encode()
+    dataset = service.datasets.upload(run_id=identity.run_id, key_id=identity.key_id, raw=raw, name="minus-one")
+    body = {"datasets": [dataset["id"]], "base_model": "tiny", "steps": 12, "batch_size": 2, "max_length": 32,
+            "checkpoint_every": 4, "seed": 3, "lora": {"dropout": 0.1}}
+
+    def losses(job_id: str) -> list[float]:
+        return [m["loss"] for m in runner.get(job_id, identity.run_id)["metrics"]]
+
+    whole = service.submit(identity, body)["id"]
+    assert runner.execute(whole) and runner.get(whole, identity.run_id)["status"] == "succeeded"
+
+    job_id = service.submit(identity, body)["id"]
+    alive = runner.should_stop
+
+    def dies_after_step_6(job: str) -> bool:
+        with store.transaction() as s:
+            step = s.scalar(select(TrainingJob.step).where(TrainingJob.id == job)) or 0
+        if step < 6:
+            return bool(alive(job))
+        with store.transaction() as s:  # kill -9: its heartbeat stops (and it is no longer the job's holder)
+            s.execute(update(TrainingJob).where(TrainingJob.id == job).values(
+                worker="dead:1:x", heartbeat_at=utcnow() - timedelta(minutes=5)))
+        ledger.reserve(identity.key_id, service="training", operation="train_step", estimate_nusd=1234, ref_id=job)
+        return True
+
+    ledger = Ledger(store)
+    monkeypatch.setattr(runner, "should_stop", dies_after_step_6)
+    assert runner.execute(job_id)
+    monkeypatch.undo()
+    before = runner.get(job_id, identity.run_id)
+    assert (before["status"], before["step"], len(before["checkpoints"])) == ("running", 6, 1)  # no step-6 checkpoint
+    first_checkpoint = before["checkpoints"][0]
+    assert (runner.state_dir / job_id / "step-000004").is_dir()
+
+    assert runner.reap_stale() == 1 and _status(store, TrainingJob, job_id)[0] == "queued"
+    assert runner.execute(job_id)
+    done = runner.get(job_id, identity.run_id)
+    assert (done["status"], done["step"], [m["step"] for m in done["metrics"]]) == ("succeeded", 12, list(range(1, 13)))
+    assert losses(job_id) == pytest.approx(losses(whole), rel=1e-4, abs=1e-6)  # continued, not restarted
+    log = runner.logs(job_id, identity.run_id)
+    assert f"resumed (taken 2 times) from checkpoint {first_checkpoint} at step 4" in log
+    assert "steps 5-6 were billed before and are run again unmetered" in log
+    with store.transaction() as s:
+        ckpts = s.execute(select(Checkpoint.id, Checkpoint.step, Checkpoint.job_id, Checkpoint.parent_checkpoint_id)
+                          .where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)).all()
+        assert [(c[1], c[2], c[3]) for c in ckpts] == [(4, job_id, None), (8, job_id, None), (12, job_id, None)]
+        billed = s.execute(select(LedgerEntry.status, func.count(), func.coalesce(func.sum(LedgerEntry.actual_nusd), 0))
+                           .where(LedgerEntry.ref_id == job_id).group_by(LedgerEntry.status)).all()
+        step_costs = s.scalar(select(func.sum(TrainingStep.cost_nusd)).where(TrainingStep.job_id == job_id))
+        last_cumulative = s.scalar(select(TrainingStep.cumulative_cost_nusd).where(TrainingStep.job_id == job_id,
+                                                                                  TrainingStep.step == 12))
+        job = s.get(TrainingJob, job_id)
+        key = s.get(ApiKey, identity.key_id)
+        events = s.scalars(select(RecordEvent).where(RecordEvent.kind == TRAINING_JOB)).all()
+    assert job is not None and key is not None
+    by_status = {status: (n, int(charged or 0)) for status, n, charged in billed}
+    # each of the 12 steps billed once; the hold of step 7 the dead worker was in was released
+    assert by_status["settled"] == (12, step_costs) and by_status["released"] == (1, 0) and "reserved" not in by_status
+    assert job.cost_nusd == step_costs == last_cumulative
+    assert key.reserved_nusd == 0 and key.spent_nusd == 2 * step_costs  # this job and the uninterrupted one
+    mine = [e.data for e in events if e.data["job_id"] == job_id]
+    assert len(mine) == 1 and mine[0]["status"] == "succeeded" and mine[0]["resumes"] == 1
+    assert mine[0]["output_checkpoints"] == [c[0] for c in ckpts] and mine[0]["cost_nusd"] == step_costs
+    assert not (runner.state_dir / job_id).exists()  # the resume state goes with the job
 
 
 def test_a_dead_workers_evaluation_resumes_and_skips_recorded_trials(store: Store, tmp_path: Path) -> None:
@@ -200,7 +302,9 @@ def test_a_job_that_keeps_killing_its_workers_is_failed_not_resumed_forever(stor
                 claims=round_))
         assert runner.reap_stale() == 1
     assert [j for j, _, _ in recorder.sent] == [job_id]  # re-queued (and re-sent) once, then failed
-    assert _status(store, EvaluationJob, job_id)[::2] == ("failed", "its worker stopped (no heartbeat)")
+    assert _status(store, EvaluationJob, job_id)[::2] == ("failed", "its worker stopped (no heartbeat); not resumed "
+                                                              "again: it was started 2 times and "
+                                                              "RSIGYM_JOBS_MAX_RESUMES allows 1 resumes")
 
 
 def test_a_cancelled_queued_job_is_cancelled_by_its_task(store: Store, tmp_path: Path) -> None:

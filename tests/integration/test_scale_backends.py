@@ -32,10 +32,10 @@ from services.inference.backends.tinker import TinkerEngine
 from services.inference.backends.vllm import VLLMEngine
 from services.models.chat_format import render_prompt, split_example
 from services.models.loading import load_tokenizer, resolve_model_dir
-from services.training.backends.tinker import MANIFEST, TinkerTrainer, tinker_manifest
+from services.training.backends.tinker import MANIFEST, TinkerTrainer, TinkerWeights, tinker_manifest
 from services.training.schemas import JobRequest
 from services.training.tables import TrainingJob
-from services.training.trainer import StepReport, TrainingInputs, run_training
+from services.training.trainer import Resume, StepReport, TrainingInputs, run_training
 from tests.conftest import MODELS_DIR
 from tests.fakes.fake_tinker import FakeServiceClient, FakeTinkerConnectionError
 from tests.fakes.fake_vllm import create_fake_vllm
@@ -298,9 +298,12 @@ class Job:
 
     def run(self, client: Any, model_dir: Path, pairs: list[tuple[str, str]], steps: int, **request: Any) -> Any:
         parent = request.pop("parent", None)
+        resume = request.pop("resume", None)
+        trainer = request.pop("trainer", None) or TinkerTrainer(client, TINKER_BASE)
         req = JobRequest.model_validate({"datasets": ["ds_1"], "base_model": "tiny", "steps": steps, **request})
-        inputs = TrainingInputs(model_dir=str(model_dir), parent_adapter=parent, pairs=pairs, request=req, steps=steps)
-        return run_training(TinkerTrainer(client, TINKER_BASE), inputs, train_usd_per_mtok=PRICE, meter=self.meter,
+        inputs = TrainingInputs(model_dir=str(model_dir), parent_adapter=parent, pairs=pairs, request=req, steps=steps,
+                                resume=resume)
+        return run_training(trainer, inputs, train_usd_per_mtok=PRICE, meter=self.meter,
                             on_step=self.reports.append, on_checkpoint=self.on_checkpoint,
                             should_stop=lambda: self.stop_after is not None and len(self.reports) >= self.stop_after)
 
@@ -337,6 +340,41 @@ def test_tinker_trainer_meters_every_step_and_stops_at_the_step_the_budget_canno
     manifest = tinker_manifest(row.path)
     assert manifest is not None and manifest["path"].startswith("tinker://") and manifest["step"] == 3
     assert sorted(p.name for p in Path(row.path).iterdir()) == [MANIFEST] and len(row.weights_hash) == 64
+
+
+def test_a_tinker_job_resumes_from_its_checkpoints_tinker_state_or_fails_saying_why(
+        sqlite_store: Store, model_dir: Path, tmp_path: Path) -> None:
+    pairs = examples(8)
+    key = new_key(sqlite_store, 10**12)
+    fake = FakeServiceClient(model_dir, tmp_path / "tinker", TINKER_BASE)
+    job = Job(sqlite_store, tmp_path, key)
+    job.stop_after = 3  # the first worker gets as far as step 3; its checkpoint of step 2 is resumed
+    job.run(fake, model_dir, pairs, steps=6, batch_size=4, checkpoint_every=2, learning_rate=1e-2)
+    first = list(job.reports)
+    with sqlite_store.transaction() as s:
+        row = s.get(Checkpoint, job.checkpoints[0]["id"])
+    assert row is not None
+    path = row.path
+    manifest = tinker_manifest(path)
+    assert manifest is not None and manifest["step"] == 2 and manifest["state_path"]
+    job.stop_after, job.reports = None, []
+    trainer = TinkerTrainer(fake, TINKER_BASE)
+    outcome = job.run(fake, model_dir, pairs, steps=6, batch_size=4, checkpoint_every=2, learning_rate=1e-2,
+                      trainer=trainer, resume=Resume(step=2, adapter=path, billed_nusd=[first[2].cost_nusd]))
+    assert (outcome.status, outcome.steps) == ("succeeded", 6)
+    assert [(r.step, r.replayed) for r in job.reports] == [(3, True), (4, False), (5, False), (6, False)]
+    assert [name for name, d in fake.calls if name == "load_state" and d["path"] == manifest["state_path"]]
+    assert "weights of step 2 only" in trainer.restored()  # this client cannot load Adam's state: said so
+    assert job.reports[0].cost_nusd == first[2].cost_nusd  # what it was billed by the first worker
+    assert job.reports[0].tokens == first[2].tokens  # the same batch: the order skipped the two taken
+    assert account(sqlite_store, key) == (sum(r.cost_nusd for r in first + job.reports[1:]), 0)  # step 3 once
+
+    no_state = tmp_path / "no-state"  # a checkpoint whose Tinker training state was never saved
+    TinkerWeights({**manifest, "state_path": None}).save_pretrained(no_state)
+    failed = job.run(fake, model_dir, pairs, steps=6, batch_size=4, checkpoint_every=2,
+                     resume=Resume(step=2, adapter=str(no_state)))
+    assert (failed.status, failed.error) == ("failed", "cannot resume: the checkpoint of step 2 has no tinker "
+                                                       "training state")
 
 
 def test_tinker_training_learns_and_its_checkpoints_are_servable(sqlite_store: Store, model_dir: Path,

@@ -284,8 +284,11 @@ def test_good_archive_extracts_with_safe_modes(box: Sandbox) -> None:
             continue
         mode = path.lstat().st_mode
         assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH | stat.S_IWGRP), f"{path} has mode {oct(mode)}"
-    assert stat.S_IMODE((dest / "src/main.py").stat().st_mode) == 0o755
-    assert stat.S_IMODE((dest / "data/weights.bin").stat().st_mode) == 0o644
+    # the gym's alone (tests/security/test_files_at_rest.py): executables stay executable, by their owner
+    assert stat.S_IMODE((dest / "src/main.py").stat().st_mode) == 0o700
+    assert stat.S_IMODE((dest / "data/weights.bin").stat().st_mode) == 0o600
+    assert {stat.S_IMODE(p.stat().st_mode) for p in [dest, *dest.rglob("*")] if p.is_dir() and not p.is_symlink()} \
+        == {0o700}
     new = {path for path, _ in _snapshot(box.root) - before}
     assert new and all(path == "work/harness" or path.startswith("work/harness/") for path in new), new
 

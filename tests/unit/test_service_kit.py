@@ -35,7 +35,7 @@ from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
 from services.core.tables import ApiKey
 from services.training.schemas import JobRequest
-from services.training.trainer import StepReport, StepResult, TrainerError, TrainingInputs, run_training
+from services.training.trainer import Resume, StepReport, StepResult, TrainerError, TrainingInputs, run_training
 from tests.conftest import bearer, client_for, create_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,6 +204,12 @@ class ScriptedTrainer:
         self.saved.append(step)
         return f"weights@{step}"
 
+    def save_state(self, directory: Path) -> None:
+        pass
+
+    def restored(self) -> str:
+        return "nothing"
+
     def close(self) -> None:
         self.closed += 1
 
@@ -220,7 +226,8 @@ def ledger_store(tmp_path: Path) -> Any:
 
 
 def _run(store: Store, trainer: ScriptedTrainer, budget_steps: float, steps: int = 10, every: int = 4,
-         stop_after: int | None = None) -> tuple[Any, list[StepReport], list[tuple[Any, int]], str]:
+         stop_after: int | None = None, resume: Resume | None = None,
+         ) -> tuple[Any, list[StepReport], list[tuple[Any, int]], str]:
     cost = token_cost_nusd(trainer.tokens, PRICE)
     view, _ = KeyRegistry(store).create(policy=preset_policy("joint", GymConfig()), budget_nusd=int(budget_steps * cost))
     reports: list[StepReport] = []
@@ -228,7 +235,8 @@ def _run(store: Store, trainer: ScriptedTrainer, budget_steps: float, steps: int
     request = JobRequest.model_validate({"datasets": ["ds"], "base_model": "tiny", "steps": steps,
                                          "checkpoint_every": every})
     outcome = run_training(
-        trainer, TrainingInputs(model_dir="-", parent_adapter=None, pairs=[], request=request, steps=steps),
+        trainer, TrainingInputs(model_dir="-", parent_adapter=None, pairs=[], request=request, steps=steps,
+                                resume=resume),
         train_usd_per_mtok=PRICE, meter=StepMeter(Ledger(store), view["id"], "training", "train_step", ref_id="j"),
         on_step=reports.append, on_checkpoint=lambda weights, step, metrics: ckpts.append((weights, step)),
         should_stop=lambda: stop_after is not None and len(reports) >= stop_after)
@@ -272,6 +280,22 @@ def test_a_failing_step_fails_the_job_and_is_billed_only_if_work_happened(ledger
     assert (outcome.status, outcome.steps, outcome.error) == ("failed", 2, "step 3: the backend fell over")
     assert len(reports) == 2 and [s for _, s in ckpts] == [2]
     assert _account(ledger_store, key) == ((3 if after_work else 2) * cost, 0)
+
+
+def test_a_resumed_loop_continues_after_its_checkpoint_and_bills_each_step_once(ledger_store: Store) -> None:
+    # The dead worker had billed steps 1-6 (7 and 8 at other prices); its checkpoint was at step 4.
+    trainer = ScriptedTrainer()
+    cost = token_cost_nusd(trainer.tokens, PRICE)
+    resume = Resume(step=4, adapter="ckpt@4", state="state@4", billed_nusd=[777, 888])
+    outcome, reports, ckpts, key = _run(ledger_store, trainer, budget_steps=3.5, steps=10, every=4, resume=resume)
+    assert trainer.stepped == [5, 6, 7, 8, 9]  # from the step after the checkpoint, never from 1
+    assert [(r.step, r.cost_nusd, r.replayed) for r in reports] == [
+        (5, 777, True), (6, 888, True), (7, cost, False), (8, cost, False), (9, cost, False)]
+    # 5 and 6 ran again unmetered (the agent paid for them once, before); the steps after them are
+    # billed: this budget pays for three, so step 10 is refused.
+    assert (outcome.status, outcome.steps) == ("budget_exhausted", 9)
+    assert _account(ledger_store, key) == (3 * cost, 0)
+    assert ckpts == [("weights@8", 8), ("weights@9", 9)]  # the resumed checkpoint is not written again
 
 
 def test_prepare_and_final_save_failures_are_outcomes_not_crashes(ledger_store: Store) -> None:

@@ -61,6 +61,7 @@ from typing import Any
 from services.core.config import SandboxTemplate
 from services.core.errors import GymError, ServiceUnavailable, Unprocessable
 from services.core.host_uids import HostUidPool, kill_uid, pids_of_uid
+from services.core.private_files import open_private, traversable_dir, write_private
 from services.sandbox import seccomp
 from services.sandbox.backends.base import STREAM_LINE_LIMIT, SandboxSpec
 from services.sandbox.cgroups import SandboxCgroup
@@ -79,6 +80,7 @@ BASE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/ho
 POOL_RETRY_S = 30.0
 """After a pool sandbox failed to start, the pool waits this long before trying that template again."""
 INFO_FILE = "bwrap-info.json"
+SANDBOX_UMASK = 0o022
 INIT_EXIT_WAIT_S = 5.0
 """How long a kill waits for the namespace's init to exit before it sweeps the uid instead."""
 
@@ -111,7 +113,7 @@ class LocalBackend:
         self.bwrap = shutil.which("bwrap")
         self._owns_root = root is None  # a fresh temporary root is removed again at close
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="rsigym-sandboxes-", dir=scratch))
-        self.root.mkdir(parents=True, exist_ok=True)
+        traversable_dir(self.root)
         os.chmod(self.root, 0o711)  # sandbox uids must traverse it to their own dir; nothing is listable
         self.uid_base = uid_base
         self.uids = HostUidPool(uid_base)
@@ -273,10 +275,16 @@ class LocalBackend:
         for d in (base, ctl):
             d.mkdir(mode=0o700)
         os.chmod(base, 0o711)
-        shutil.copyfile(AGENT_SOURCE, base / "agent.py")
-        (base / "env.json").write_text(json.dumps(env))
+        # The sandbox's uid reads these two through read-only binds; nobody else reads them (env.json
+        # holds the sandbox's environment, a model door's key among it): that uid's alone, 0400.
+        write_private(base / "agent.py", AGENT_SOURCE.read_bytes())
+        write_private(base / "env.json", json.dumps(env))
         for f in ("agent.py", "env.json"):
-            os.chmod(base / f, 0o644)
+            if uid is not None:
+                os.chown(base / f, uid, uid)
+            os.chmod(base / f, 0o400)
+            # their mount points in ctl, made here (empty, the gym's) rather than by bubblewrap under the umask
+            os.close(open_private(ctl / f, os.O_WRONLY | os.O_CREAT))
         if uid is not None:
             os.chown(ctl, uid, uid)  # the agent creates its socket here; taken back once it is ready
         cgroup = SandboxCgroup.create(base.name, spec.template.max_processes, spec.template.cpu_count)
@@ -296,10 +304,13 @@ class LocalBackend:
             # bubblewrap writes its namespace init's host pid here (host-only: base is the gym's)
             info_fd = os.open(base / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             argv = [*prefix, *self._argv(spec, uid, base, filter_fd, info_fd, pooled=pooled)]
-            with open(base / "agent.log", "wb") as errors:
+            with os.fdopen(open_private(base / "agent.log"), "wb") as errors:
+                # umask: what the sandbox's own processes create is as in any Linux box (and E2B's),
+                # whatever the gym's own (0077: services/core/private_files.py)
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
                     pass_fds=(filter_fd, info_fd), start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                    umask=SANDBOX_UMASK,
                 )
         except BaseException:
             if cgroup is not None:
@@ -380,6 +391,11 @@ class LocalBackend:
     def door_path(self, sandbox_id: str) -> str | None:
         local = self._sandboxes.get(sandbox_id)
         return str(local.dir / "ctl" / "door.sock") if local else None
+
+    def uid_of(self, sandbox_id: str) -> int | None:
+        """The host uid the sandbox runs as (None: the gym's own, when it is not root)."""
+        local = self._sandboxes.get(sandbox_id)
+        return local.uid if local else None
 
     def exit_reason(self, sandbox_id: str) -> str:
         """Why a sandbox's first process ended on its own (for the record)."""

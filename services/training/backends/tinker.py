@@ -14,7 +14,11 @@ charged even if it then fails — as soon as Tinker has accepted its forward/bac
 A checkpoint is Tinker's: ``save_weights_for_sampler`` (servable, ``tinker://…``) and
 ``save_state`` (to continue from). The registry stores a small directory holding
 ``tinker.json`` with both paths, so weights hashes and provenance work unchanged and the
-Tinker inference engine can sample from it.
+Tinker inference engine can sample from it. A job resumed after its worker died opens a new
+training client on the last checkpoint's ``save_state`` path (``load_state_with_optimizer``:
+weights and Adam's moments; a client without it: weights only, and the job's log says so) and
+skips the batches it had taken; a checkpoint without a saved state cannot be resumed and the
+job fails, saying so.
 
 The client boundary is duck-typed: ``client`` is a ``tinker.ServiceClient`` or anything shaped
 like one (``tests/fakes/fake_tinker.py``). The request types come from ``tinker.types`` when
@@ -23,6 +27,7 @@ the package is installed, else from the minimal local definitions below.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -237,9 +242,11 @@ class TinkerTrainer:
             raise TrainerError("the base model has no tinker_base_model configured")
         rank = request.lora.rank
         parent: dict[str, Any] | None = None
-        if inputs.parent_adapter:
+        resume = inputs.resume if inputs.resume is not None and inputs.resume.step > 0 else None
+        adapter = resume.adapter if resume is not None else inputs.parent_adapter
+        if adapter:
             try:
-                parent = tinker_manifest(inputs.parent_adapter)
+                parent = tinker_manifest(adapter)
             except ValueError as err:
                 raise TrainerError(str(err)) from err
             if parent is None:
@@ -248,7 +255,9 @@ class TinkerTrainer:
                 raise TrainerError(f"the parent checkpoint was trained on {parent.get('base_model')!r}, "
                                    f"not {self.tinker_base_model!r}")
             if not parent.get("state_path"):
-                raise TrainerError("the parent checkpoint has no tinker training state to continue from")
+                raise TrainerError(f"cannot resume: the checkpoint of step {resume.step} has no tinker training state"
+                                   if resume is not None else
+                                   "the parent checkpoint has no tinker training state to continue from")
             rank = int(parent.get("rank") or rank)
         tokenizer = load_tokenizer(inputs.model_dir)
         rows = [(ids, labels) for ids, labels in encode_examples(tokenizer, inputs.pairs, request.max_length)
@@ -260,11 +269,25 @@ class TinkerTrainer:
             base_model=self.tinker_base_model, rank=rank, seed=request.seed,
             train_attn=bool(targets & ATTN_MODULES) or not (targets & MLP_MODULES),
             train_mlp=bool(targets & MLP_MODULES), train_unembed=False))
+        self._restored = "nothing (the job starts again from its input; the batch order is the same)"
         if parent is not None:
             state_path = parent["state_path"]
-            _remote("loading the parent checkpoint", lambda: self.training.load_state(state_path).result())
+            with_optimizer = getattr(self.training, "load_state_with_optimizer", None)
+            if resume is not None and with_optimizer is not None:
+                _remote("loading the checkpoint's training state", lambda: with_optimizer(state_path).result())
+                self._restored = (f"the weights and Adam's state of step {resume.step} (tinker load_state_with_optimizer) "
+                                  f"and the batch order")
+            else:
+                _remote("loading the parent checkpoint", lambda: self.training.load_state(state_path).result())
+                if resume is not None:
+                    self._restored = (f"the weights of step {resume.step} only: this tinker client cannot load the "
+                                      f"optimizer state, so Adam's moments start again; and the batch order")
         self.rank, self.request, self.total = rank, request, inputs.steps
-        self.batches = shuffled_chunks(rows, request.batch_size, seed=request.seed)
+        skip = resume.step if resume is not None else 0
+        self.batches = itertools.islice(shuffled_chunks(rows, request.batch_size, seed=request.seed), skip, None)
+
+    def restored(self) -> str:
+        return self._restored
 
     def next_batch(self) -> Batch:
         return next(self.batches)
@@ -293,6 +316,9 @@ class TinkerTrainer:
             state_path = str(_remote("saving the training state", lambda: self.training.save_state(name).result().path))
         return TinkerWeights({"format": MANIFEST_FORMAT, "base_model": self.tinker_base_model, "path": sampler_path,
                               "state_path": state_path, "rank": self.rank, "step": step})
+
+    def save_state(self, directory: Path) -> None:
+        """Nothing here: the state to resume from is Tinker's, its path in the checkpoint's manifest."""
 
     def close(self) -> None:
         self.training = None
