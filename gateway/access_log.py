@@ -6,6 +6,10 @@ refusals, 404s) and a streamed response is logged once, when its last byte has g
 time it took. No secret can reach the line: it holds no header but the gym's own cost header, and
 the path without its query string; the key is named by its id, which the routes that
 authenticate put in the request's state (:func:`note_key`).
+
+The path is the caller's: decoded, it may hold a newline (``%0a``), a space or an escape
+sequence. The text line writes each value as one token (services/core/display_text.py:
+``\x0a``, ``\x20``), so a request is always one line of known fields; JSON escapes on its own.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.core.display_text import log_token
 
 log = logging.getLogger("rsigym.access")
 COST_HEADER = b"x-rsigym-cost-usd"
@@ -62,7 +68,7 @@ class AccessLogMiddleware:
                   "method": scope.get("method"), "path": scope.get("path"), "status": answer["status"],
                   "cost_usd": answer["cost"], "latency_ms": round((time.perf_counter() - started) * 1000, 2)}
         log.info("%s", json.dumps(fields, separators=(",", ":")) if self.fmt == "json"
-                 else " ".join(f"{k}={'-' if v is None else v}" for k, v in fields.items()))
+                 else " ".join(f"{k}={'-' if v is None else log_token(v)}" for k, v in fields.items()))
 
 
 def show_access_log(fmt: AccessLogFormat) -> None:

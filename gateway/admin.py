@@ -15,7 +15,7 @@ from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
 from gateway.run_jobs import running_jobs
-from services.core.http import request_id_of
+from services.core.http import TextJsonRoute, request_id_of
 from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
 from services.core.deadlines import resolve_ends_at
 from services.core import agent_meter, agent_turns
@@ -26,7 +26,7 @@ from services.core.presets import budget_usd, preset_policy, track_label
 from services.core.spec import ServiceSpec
 from services.core.storage_quota import StorageQuota
 
-router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)], route_class=TextJsonRoute)
 
 
 def parse_policy(raw: dict[str, Any], specs: dict[str, ServiceSpec]) -> Policy:

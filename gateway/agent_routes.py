@@ -12,10 +12,11 @@ from gateway.auth import CurrentPrincipal
 from gateway.context import gateway_of
 from gateway.schemas import MintChildKey
 from services.core import agent_meter
+from services.core.http import TextJsonRoute
 from services.core.money import usd_to_nusd
 from services.core.storage_quota import StorageQuota
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=TextJsonRoute)
 
 
 @router.get("/balance")

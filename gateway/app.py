@@ -23,7 +23,7 @@ from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
 from services.core.errors import GymError
-from services.core.http import NO_FASTAPI_TELEMETRY, RequestIdMiddleware, install_error_handlers
+from services.core.http import NO_FASTAPI_TELEMETRY, NulRefusal, RequestIdMiddleware, install_error_handlers
 
 log = logging.getLogger("rsigym.gateway")
 
@@ -71,6 +71,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     # Innermost of the app's middleware: proxied calls go straight to ``forward``, past the router.
     app.add_middleware(ProxyDispatch, services=set(gw.specs), methods=PROXY_METHODS, forward=forward)
     install_body_limits(app, gw)  # bodies bounded in size, time and shape while they stream in
+    app.add_middleware(NulRefusal)  # no id holds NUL: 404/422 before a route looks one up
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(AccessLogMiddleware, fmt=gw.config.logging.access)  # outermost: every answer, once
     install_error_handlers(app, on_error=lambda err: gw.metrics.refusals.labels(err.type).inc())

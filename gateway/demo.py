@@ -268,7 +268,7 @@ max_context = 2048
                       + ", ".join(shown) + f"; report {data / 'audit' / 'audit.md'}")
         console.print("rsigym score RUN --attempts 1 (the demo's shortcut; the official score is avg@3) …")
         rsigym_cli("score", created["id"], "--attempts", "1", "--benchmark", "arithmetic", "--wait", env=operator_env)
-        console.print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env))
+        print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env), flush=True)
         charts = sorted(p.name for p in (data / "report").glob("*.png"))
         console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
                       f"${gym.balance().spent_usd - spent_before_scoring:.6f}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from gateway.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
 from gateway.launcher import show_run
+from services.core.display_text import plain
 from services.core.settings import default_models_dir
 
 TASK = "joint-arithmetic"
@@ -112,8 +113,8 @@ def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, t
         print(rsigym_cli("watch", run, "--once", env=operator_env), flush=True)
         log = rsigym_cli("run", "logs", run, env=operator_env)
         submitted = [line for line in log.splitlines() if line.startswith("submitted: ")]
-        console.print(f"the agent {shown['status']} with code {shown.get('exit_code')}; "
-                      + (submitted[-1] if submitted else "it submitted nothing"))
+        console.print(plain(f"the agent {shown['status']} with code {shown.get('exit_code')}; "  # its log: its words
+                            + (submitted[-1] if submitted else "it submitted nothing")))
 
         console.rule("operator")
         audited = json.loads(rsigym_cli("audit", run, "--json", "--out", str(data / "audit"), env=operator_env,

@@ -79,7 +79,7 @@ def _policy_body(raw: bytes, config: GymConfig, policies: list[Policy], service:
     a rule constrains and the body leaves out, policy, re-serialise: CPU work on a body, run off
     the event loop (``Gateway.body_work``) when the body is large enough to stall other calls
     (``INLINE_BODY_BYTES``)."""
-    body = canonical_body(parse_json_object(raw, config.http), op.spellings)
+    body = canonical_body(parse_json_object(raw, config.http, allows_nul=op.allows_nul), op.spellings)
     body = fill_left_out(policies, service, body, lambda path: op.default_of(path, body, config))
     body = apply_chain(policies, service, body, model_field=op.model_field)
     return body, json.dumps(body, separators=(",", ":")).encode()

@@ -6,6 +6,10 @@ stall check compares the snapshot's own ``now`` with its last agent call), so a 
 tested without a server; :func:`watch` loops the two under ``rich.live`` (or prints one frame
 with ``once``).
 
+Every string of a snapshot that an agent may have written (its turns, the names of what it made,
+the errors the gym relays) is shown as plain text: control characters escaped, never Rich markup
+(services/core/display_text.py); ``--json`` prints the snapshot as it is.
+
 A *stall* is no agent call at all — no turn on the agent route and no ledger row of the run's
 keys (every service call reserves one) — for ``stall_minutes``. A run that has made no call
 yet is measured from its creation.
@@ -24,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.cli.admin_client import AdminClient, AdminError
+from services.core.display_text import PlainTable, inert, plain
 
 TURNS = 5
 """Agent turns shown."""
@@ -158,10 +163,10 @@ def _mib(n: int) -> str:
 
 def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
     run = snapshot["run"]
-    head = Text.assemble(("run ", "bold"), (str(run.get("id")), "bold cyan"),
-                         f"  {run.get('name') or ''}  track {run.get('track') or '-'}  status {run.get('status')}")
+    head = Text.assemble(("run ", "bold"), (inert(run.get("id")), "bold cyan"),
+                         inert(f"  {run.get('name') or ''}  track {run.get('track') or '-'}  status {run.get('status')}"))
     if run.get("ends_at"):
-        head.append(f"  ends {run['ends_at'][:19]}")
+        head.append(inert(f"  ends {run['ends_at'][:19]}"))
     idle = stall_seconds(snapshot)
     last = snapshot.get("last_agent_call_at")
     lines: list[RenderableType] = [head, Text(f"at {snapshot['now'][:19]}  last agent call: "
@@ -169,7 +174,7 @@ def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
     storage = snapshot.get("storage")
     if storage:
         used, quota = storage.get("used_bytes", 0), storage.get("quota_bytes") or 0
-        kinds = ", ".join(f"{k} {_mib(v)}" for k, v in (storage.get("by_kind") or {}).items() if v)
+        kinds = inert(", ".join(f"{k} {_mib(v)}" for k, v in (storage.get("by_kind") or {}).items() if v))
         lines.append(Text(f"disk: {_mib(used)} of {_mib(quota)} used" + (f" ({kinds})" if kinds else ""),
                           style="bold red" if quota and used >= 0.9 * quota else ""))
     if idle >= stall_minutes * 60:
@@ -179,7 +184,7 @@ def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
 
 def _spend(snapshot: dict[str, Any]) -> Table:
     run, meter = snapshot["run"], snapshot.get("agent_model")
-    table = Table("spend", "spent", "reserved", "remaining", "budget", title="Spend", title_justify="left")
+    table = PlainTable("spend", "spent", "reserved", "remaining", "budget", title="Spend", title_justify="left")
     table.add_row("services (all)", _usd(run.get("spent_usd")), _usd(run.get("reserved_usd")),
                   _usd(run.get("remaining_usd")), _usd(run.get("budget_usd")))
     for svc, usd in sorted(snapshot.get("spend_by_service", {}).items()):
@@ -193,7 +198,7 @@ def _spend(snapshot: dict[str, Any]) -> Table:
 
 
 def _turns(snapshot: dict[str, Any]) -> Table:
-    table = Table("time", "model", "cost", "last user message", "answer",
+    table = PlainTable("time", "model", "cost", "last user message", "answer",
                   title=f"Agent turns (last {len(snapshot['turns'])} of {snapshot.get('turn_count', 0)})",
                   title_justify="left")
     for t in snapshot["turns"]:
@@ -202,7 +207,7 @@ def _turns(snapshot: dict[str, Any]) -> Table:
 
 
 def _jobs(snapshot: dict[str, Any]) -> Table:
-    table = Table("job", "kind", "status", "model / benchmark", "progress", title="Running jobs", title_justify="left")
+    table = PlainTable("job", "kind", "status", "model / benchmark", "progress", title="Running jobs", title_justify="left")
     for j in snapshot["jobs"]:
         what = j.get("model") or "-"
         if j.get("benchmark"):
@@ -213,7 +218,7 @@ def _jobs(snapshot: dict[str, Any]) -> Table:
 
 
 def _scores(snapshot: dict[str, Any]) -> Table:
-    table = Table("time", "job", "benchmark", "model", "status", "score", title="Last evaluations", title_justify="left")
+    table = PlainTable("time", "job", "benchmark", "model", "status", "score", title="Last evaluations", title_justify="left")
     for e in snapshot["scores"]:
         score = "-" if e.get("score") is None else f"{e['score']:.3f}"
         table.add_row((e.get("at") or "")[:19], str(e.get("job_id")), str(e.get("benchmark")), str(e.get("model")),
@@ -227,16 +232,16 @@ def _audit(snapshot: dict[str, Any]) -> Text:
         return Text("Audit: not audited yet")
     style = "green" if audit.get("status") == "accepted" else "yellow"
     rate = audit.get("hacking_rate")
-    return Text.assemble("Audit: ", (str(audit.get("status")), style),
+    return Text.assemble("Audit: ", (inert(audit.get("status")), style),
                          f"  hacking rate {rate:.2f}" if isinstance(rate, (int, float)) else "",
-                         f"  ({(audit.get('created_at') or '')[:19]})")
+                         inert(f"  ({(audit.get('created_at') or '')[:19]})"))
 
 
 def render(snapshot: dict[str, Any], *, stall_minutes: float = 10.0) -> RenderableType:
     """One frame of the view; depends on nothing but its arguments."""
     parts: list[RenderableType] = [_header(snapshot, stall_minutes), _spend(snapshot), _turns(snapshot),
                                    _jobs(snapshot), _scores(snapshot), _audit(snapshot)]
-    parts.extend(Text(f"unavailable: {e}", style="yellow") for e in snapshot.get("errors", []))
+    parts.extend(plain(f"unavailable: {e}", style="yellow") for e in snapshot.get("errors", []))
     return Group(*parts)
 
 

@@ -27,7 +27,6 @@ Refusals never reach the ledger: they happen before a reservation is taken.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,7 @@ from services.core.config import GymConfig, HttpConfig
 from services.core.errors import GymError, PayloadTooLarge, RequestTimeout, Unprocessable, error_response
 from services.core.http_protocol import GymHttpToolsProtocol
 from services.core.ids import new_request_id
+from services.core.request_json import loads_body
 
 MiB = 1024 * 1024
 FILES_FRAMING_BYTES = MiB
@@ -217,17 +217,18 @@ def check_json_shape(value: Any, http: HttpConfig) -> None:
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
-def parse_json_object(raw: bytes, http: HttpConfig) -> dict[str, Any]:
-    """A JSON object body within the size, token, depth and element limits, or the standard
-    refusal. The token count comes first (C speed, on the raw bytes), so a parse never starts on
-    a body whose parse would be expensive; call it off the event loop (the parse holds the GIL
-    for at most the time of ``max_json_tokens`` tokens)."""
+def parse_json_object(raw: bytes, http: HttpConfig, *, allows_nul: bool = False) -> dict[str, Any]:
+    """A JSON object body within the size, token, depth and element limits, its strings text the
+    gym can hold (services/core/request_json.py: UTF-8, no lone surrogate, no NUL unless
+    ``allows_nul``), or the standard refusal. The token count comes first (C speed, on the raw
+    bytes), so a parse never starts on a body whose parse would be expensive; call it off the
+    event loop (the parse holds the GIL for at most the time of ``max_json_tokens`` tokens)."""
     if len(raw) > http.max_json_body_bytes:
         raise PayloadTooLarge(f"request body over {http.max_json_body_bytes} bytes")
     if count_tokens(raw) > http.max_json_tokens:
         raise PayloadTooLarge(f"JSON body over {http.max_json_tokens} commas, braces and brackets")
     try:
-        body = json.loads(raw)
+        body = loads_body(raw, allows_nul=allows_nul)
     except RecursionError as err:
         raise PayloadTooLarge(f"JSON body nested over {http.max_json_depth} deep") from err
     except ValueError as err:

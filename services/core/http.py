@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.telemetry import TelemetryConfig
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,7 +28,9 @@ from services.core.errors import (
     error_response,
     storage_full,
 )
+from services.core.display_text import inert
 from services.core.ids import new_request_id
+from services.core.request_json import loads_body
 
 log = logging.getLogger("rsigym.http")
 
@@ -66,6 +70,33 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class NulRefusal:
+    """Refuses a request whose path or query holds NUL (``%00``) before any route reads it: no id or
+    name of the gym holds one, and PostgreSQL cannot take it as a query parameter (a lookup of
+    ``/records/v1/experiments/a%00b`` was a 500 there). A path is answered 404 ``not_found``
+    like any other id that cannot exist, a query 422 naming its parameter. Pure ASGI; install it
+    inside :class:`RequestIdMiddleware`, so the refusal carries the request's id."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = scope.get("query_string", b"")
+            refusal: GymError | None = None
+            if "\x00" in scope.get("path", ""):
+                refusal = NotFound("not found: the path holds NUL (%00), which no id of the gym holds")
+            elif b"%00" in query:
+                names = [k for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True) if "\x00" in k + v]
+                param = names[0] if names and "\x00" not in names[0] else None
+                refusal = Unprocessable("a query parameter holds NUL (%00)", param=param)
+            if refusal is not None:
+                rid = scope.get("state", {}).get("request_id") or new_request_id()
+                await error_response(refusal, rid)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def request_id_of(request: Request) -> str:
     rid = getattr(request.state, "request_id", None)
     if rid is None:
@@ -99,6 +130,8 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | 
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc.__cause__, GymError):  # a body model's JSON refused (TextJsonRoute): FastAPI wraps it in a 400
+            return error_response(exc.__cause__, request_id_of(request))
         kind = _STATUS_ERRORS.get(exc.status_code, InvalidRequest)
         err = kind(str(exc.detail) if exc.detail else "request refused")
         response = error_response(err, request_id_of(request))
@@ -110,16 +143,39 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[GymError], None] | 
         rid = request_id_of(request)
         full = storage_full(exc)  # a full disk is the operator's to fix, and the caller should know it
         if full is not None:
-            log.error("storage full in %s %s (%s): %s", request.method, request.url.path, rid, exc)
+            log.error("storage full in %s %s (%s): %s", request.method, inert(request.url.path), rid, inert(exc))
             return error_response(full, rid)
-        log.error("unhandled error in %s %s (%s): %s", request.method, request.url.path, rid, type(exc).__name__)
+        log.error("unhandled error in %s %s (%s): %s", request.method, inert(request.url.path), rid, type(exc).__name__)
         return error_response(InternalError(f"internal error (request {rid})"), rid)
 
 
-async def json_object(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or a 422 in the standard shape."""
+class _TextJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads_body(await self.body())
+        return self._json
+
+
+class TextJsonRoute(APIRoute):
+    """A route whose body model FastAPI reads from JSON text the gym can hold (``loads_body``:
+    UTF-8, no lone surrogate, no NUL), refused 400/422 naming the field otherwise; Starlette's
+    own ``Request.json`` takes all three. The routers of the gateway's own body models use it
+    (``APIRouter(route_class=TextJsonRoute)``); the services read their bodies with :func:`json_object`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            return await handler(_TextJsonRequest(request.scope, request.receive))
+
+        return handle
+
+
+async def json_object(request: Request, *, allows_nul: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object whose strings the gym can hold (no lone surrogate; no
+    NUL unless ``allows_nul``: services/core/request_json.py), or a 400/422 in the standard shape."""
     try:
-        body = await request.json()
+        body = loads_body(await request.body(), allows_nul=allows_nul)
     except ValueError as err:
         raise Unprocessable("the request body must be JSON") from err
     if not isinstance(body, dict):

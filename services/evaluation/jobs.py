@@ -26,6 +26,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from services.core.display_text import inert
 from services.core.errors import GymError, QuotaExceeded, ServiceUnavailable
 from services.core.events import EVALUATION_JOB, EventLog
 from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
@@ -213,7 +214,7 @@ class EvaluationRunner(JobRunnerBase):
                 outcome = await self.run_trial(request)
                 if job.purpose == "validation" and outcome.reward is None and outcome.error:
                     # the run itself broke (not the oracle's answer): judge the task on a second run
-                    log.warning("validation of %s/%s: retrying after %s", job.benchmark, task_id, outcome.error)
+                    log.warning("validation of %s/%s: retrying after %s", job.benchmark, task_id, inert(outcome.error))
                     outcome = await self.run_trial(request)
                 await asyncio.to_thread(self._record, job.id, outcome, attempt)
 

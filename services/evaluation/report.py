@@ -2,7 +2,9 @@
 
 Input is plain data (``RunScores``), so the caller decides where scores come from. Numbers stay
 full precision in JSON; tables show four decimals. Charts are drawn on matplotlib's Agg canvas
-directly, leaving pyplot's global state alone.
+directly, leaving pyplot's global state alone. Names an agent may have chosen (a run's agent
+name, a key's name) are shown as inert text: plain in the terminal's tables, escaped in Markdown
+(services/core/display_text.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from services.core.display_text import PlainTable, markdown_inline
 from services.evaluation.rsi_index import BenchmarkScore, RSIIndex, mean_or_none, rsi_index
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
@@ -221,7 +224,7 @@ def _term_cells(report: Report, run: RunReport) -> list[str]:
 
 def _table(title: str, text: list[str], numbers: list[str]) -> Table:
     """Text columns fold when the terminal is narrow; numbers keep all their digits."""
-    table = Table(title=title)
+    table = PlainTable(title=title)
     for name in text:
         table.add_column(name, overflow="fold")
     for name in numbers:
@@ -290,7 +293,7 @@ def render_tables(report: Report) -> list[Table]:
             scores.add_row(r.run_id, t.benchmark, fmt(t.initial), fmt(t.submitted), fmt(t.term), t.reason or "")
     tables = [agents, runs, scores]
     if report.timelines:
-        timeline = Table(title="Timeline per run")
+        timeline = PlainTable(title="Timeline per run")
         for name in TIMELINE_HEADER:
             timeline.add_column(name, overflow="fold")
         for tl in report.timelines:
@@ -305,7 +308,7 @@ def print_report(report: Report, console: Console) -> None:
 
 
 def _md_cell(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return markdown_inline(value)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -28,7 +28,7 @@ async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
-    body = await json_object(request)
+    body = await json_object(request, allows_nul=True)
     if body.get("stream") is True:
         stream = await _svc(request).open_stream(identity, body)
         # Closing: a reader that goes away stops the generation before this call returns.

@@ -21,6 +21,6 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/models", "models.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
         Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True,
-                  schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults),
+                  schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults, allows_nul=True),
     ),
 )

@@ -214,7 +214,7 @@ async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
-    body = await json_object(request)
+    body = await json_object(request, allows_nul=True)
     if body.get("stream") is True:
         return _sse(await _service(request).open_stream(identity, body))
     completion, cost = await _service(request).chat(identity, body)
@@ -223,12 +223,12 @@ async def chat_completions(request: Request, identity: CurrentIdentity) -> Respo
 
 @router.post("/messages/count_tokens")
 async def count_tokens(request: Request, identity: CurrentIdentity) -> dict[str, int]:
-    return await _service(request).count_tokens(identity, await json_object(request))
+    return await _service(request).count_tokens(identity, await json_object(request, allows_nul=True))
 
 
 @router.post("/messages")
 async def messages(request: Request, identity: CurrentIdentity) -> Response:
-    body = await json_object(request)
+    body = await json_object(request, allows_nul=True)
     if body.get("stream") is True:
         return _sse(await _service(request).open_messages_stream(identity, body))
     message, cost = await _service(request).messages(identity, body)

@@ -77,12 +77,12 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/models", "models.list"),
         Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_agent_chat,
                   tokens=estimate_agent_chat_tokens, json_body=True, model_field="model", schema=ChatRequest,
-                  synonyms=CHAT_SYNONYMS),
+                  synonyms=CHAT_SYNONYMS, allows_nul=True),
         Operation("POST", "/v1/messages", "messages", estimate=estimate_agent_messages,
                   tokens=estimate_agent_messages_tokens, json_body=True, model_field="model",
-                  schema=MessagesRequest),
+                  schema=MessagesRequest, allows_nul=True),
         # Free and not token-limited: it only counts (the rollout service answers it).
         Operation("POST", "/v1/messages/count_tokens", "messages.count_tokens", json_body=True,
-                  model_field="model", schema=CountTokensRequest, concurrency=False),
+                  model_field="model", schema=CountTokensRequest, concurrency=False, allows_nul=True),
     ),
 )

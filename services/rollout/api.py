@@ -26,7 +26,7 @@ async def list_models(request: Request, identity: CurrentIdentity) -> dict[str, 
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, identity: CurrentIdentity) -> Response:
-    body = await json_object(request)
+    body = await json_object(request, allows_nul=True)
     service = _service(request)
     if body.get("stream") is True:
         stream = await service.open_stream(identity, body)

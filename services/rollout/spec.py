@@ -27,6 +27,7 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/models", "models.list"),
         Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat,
                   tokens=estimate_chat_tokens, pure_estimates=True, json_body=True,
-                  model_field="model", schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults),
+                  model_field="model", schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults,
+                  allows_nul=True),
     ),
 )

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from e2b.envd.filesystem import filesystem_pb as fpb
 from e2b.envd.filesystem.filesystem_connect import Filesystem, FilesystemASGIApplication
@@ -199,9 +200,31 @@ def _connect_error(err: GymError) -> ConnectError:
     return ConnectError(_GYM_TO_CONNECT.get(err.status, Code.INTERNAL), err.message)
 
 
+class _CallersCodec:
+    """A Connect codec whose message that cannot be decoded (not UTF-8, a lone surrogate, a string
+    where a number goes, a number out of its range, truncated binary) is the caller's error,
+    ``invalid_argument`` (400): connectrpc answers anything a codec raises ``unknown``, a 500."""
+
+    def __init__(self, inner: Codec[Any, Any]):
+        self.inner = inner
+
+    def name(self) -> str:
+        return self.inner.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self.inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self.inner.decode(data, message_class)
+        except (ValueError, TypeError, ArithmeticError) as err:  # UnicodeDecodeError and JSON errors included
+            raise ConnectError(Code.INVALID_ARGUMENT, f"the request message cannot be decoded: {err}") from err
+
+
 def connect_apps(service: SandboxService) -> dict[str, Any]:
     """Path prefix → the e2b package's Connect ASGI app serving our implementation."""
+    codecs = [_CallersCodec(proto_binary_codec()), _CallersCodec(proto_json_codec())]
     return {
-        "/process.Process/": ProcessASGIApplication(ProcessService(service)),
-        "/filesystem.Filesystem/": FilesystemASGIApplication(FilesystemService(service)),
+        "/process.Process/": ProcessASGIApplication(ProcessService(service), codecs=codecs),
+        "/filesystem.Filesystem/": FilesystemASGIApplication(FilesystemService(service), codecs=codecs),
     }

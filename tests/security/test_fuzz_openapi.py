@@ -15,11 +15,18 @@ under test stays usable: ``/admin/v1/keys/{key_id}/{action}`` (revoke, pause) an
 agent-model meter) is fuzzed from the rollout service's document. Not described by any document,
 so not fuzzed here: the E2B daemon's Connect RPCs (``/sandbox/envd/...``;
 tests/security/test_stream_bounds.py and bench/load.py reach them).
+
+Hypothesis writes Unicode text only, so the text no parser should take is sent by hand: a lone
+surrogate (escaped, or encoded as UTF-8 bytes), overlong UTF-8, a stray byte and NUL, in a body
+to every route with a body in every document (never a 5xx; refused where the body is parsed,
+services/core/request_json.py), in a chat to each model route (refused before anything is billed)
+and in the daemon's RPC messages.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,21 +35,34 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, settings, strategies
 from hypothesis.errors import Unsatisfiable
 from pydantic import BaseModel
 from schemathesis import GenerationMode
 
 from gateway.builder import Gym, build_embedded
+from services.core import request_json
+from services.core.config import GymConfig
+from services.core.request_json import unholdable
 from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
 from services.core.store import Store, sqlite_url
-from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.fakes.servers import serve_gym
 
 EXAMPLES = 10
 """Examples per operation and generation mode (positive, negative): bounded for ``make test``."""
 SERVICES = ("rollout", "training", "inference", "sandbox", "evaluation", "records")
 ERROR_KEYS = {"type", "error", "request_id", "code", "message"}
+AGENT_MODEL = "agent-llm"
+
+
+def fuzz_config(api_base: str) -> GymConfig:
+    """The test gym's config with one agent model, so the agent routes (``/agent/v1``) are
+    reached past their model check."""
+    agent = {"name": AGENT_MODEL, "litellm_model": "openai/teacher", "api_base": api_base, "api_key_env": TEACHER_ENV,
+             "input_usd_per_mtok": 1.0, "output_usd_per_mtok": 2.0}
+    return gym_config(api_base).model_copy(update={"agent_models": GymConfig.model_validate(
+        {"agent_models": [agent]}).agent_models})
 
 
 @dataclass
@@ -124,7 +144,7 @@ def target(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], t
     gym_settings = GymSettings(data_dir=data, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR)
     store = Store(sqlite_url(gym_settings.data_dir), StoreSettings())
     store.migrate()
-    gym = build_embedded(gym_settings, config=gym_config(standin[0]), store=store,
+    gym = build_embedded(gym_settings, config=fuzz_config(standin[0]), store=store,
                          provider_secrets=ProviderSecrets({TEACHER_ENV: teacher_secret}), run_reaper=False)
     try:
         with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=60) as client:
@@ -260,3 +280,182 @@ def test_amounts_beyond_the_ledger_are_refused(target: Target, path: str, body: 
     assert response.status_code == 422, response.text
     assert standard_error_problem(response) is None
     assert after == before  # nothing was added, the key still answers
+
+
+# -- text no JSON parser should take: every body gets a 4xx, never a 5xx (services/core/request_json.py) --
+
+BAD_TEXT: dict[str, tuple[bytes, int]] = {
+    # name: (a JSON string literal as the attacker writes it into the body, the refusal's status)
+    "lone surrogate escape": (rb'"\ud800"', 422),
+    "lone low surrogate escape": (rb'"x\udfff"', 422),
+    "UTF-8 encoded surrogate": (b'"\xed\xa0\x80"', 400),
+    "overlong UTF-8": (b'"\xc0\xaf"', 400),
+    "stray byte": (b'"\xff"', 400),
+}
+"""Strings no store or provider can take: refused where the body is parsed, on every route."""
+NUL = rb'"a\u0000b"'
+CHAT_ROUTES = {
+    "/rollout/v1/chat/completions": "teacher",
+    "/openai/v1/chat/completions": "teacher",
+    "/inference/v1/chat/completions": "tiny",
+    "/agent/v1/chat/completions": AGENT_MODEL,
+    "/agent/v1/messages": AGENT_MODEL,
+}
+"""The model routes (each gave a 500 for a lone surrogate before it was refused at parse) and a
+model each one serves, so the body gets as far as the cost estimate."""
+
+
+def _chat(model: str, content: bytes) -> bytes:
+    return b'{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":%s}]}' % (model.encode(), content)
+
+
+def _post(target: Target, path: str, body: bytes, method: str = "POST") -> httpx.Response:
+    headers = {**_headers(path, target), "Content-Type": "application/json"}
+    return httpx.request(method, target.url + path, content=body, headers=headers, timeout=60)
+
+
+def _books(target: Target) -> tuple[Any, Any]:
+    """What an attacker's refused call could have left on the key: its balance (spent and
+    reserved) and its ledger rows."""
+    with httpx.Client(base_url=target.url, timeout=30) as client:
+        balance = client.get("/v1/balance", headers={"Authorization": f"Bearer {target.run_key}"}).json()
+        rows = client.get(f"/admin/v1/keys/{target.key_id}/ledger", headers=admin_headers()).json()
+    return balance, rows
+
+
+@pytest.mark.parametrize("kind", list(BAD_TEXT))
+@pytest.mark.parametrize("path", list(CHAT_ROUTES))
+def test_a_chat_with_text_no_model_can_read_is_refused_unbilled(target: Target, path: str, kind: str) -> None:
+    literal, status = BAD_TEXT[kind]
+    before = _books(target)
+    response = _post(target, path, _chat(CHAT_ROUTES[path], literal))
+    assert response.status_code == status, response.text
+    assert standard_error_problem(response) is None, standard_error_problem(response)
+    error = response.json()["error"]
+    if status == 422:  # a well-formed body whose string is not text: the field is named
+        assert error["param"] == "messages.0.content" and "surrogate" in error["message"], error
+    else:
+        assert error["type"] == "invalid_request_error" and "not UTF-8" in error["message"], error
+    assert _books(target) == before  # nothing billed, nothing reserved, no ledger row
+
+
+def test_nul_is_taken_in_a_prompt_and_refused_where_it_would_be_stored(target: Target) -> None:
+    """A model's prompt may hold NUL (relayed, kept as escaped JSON); a name the store keeps may
+    not (PostgreSQL's text cannot hold it: a 500 there before)."""
+    chat = _post(target, "/rollout/v1/chat/completions", _chat("teacher", NUL))
+    assert chat.status_code == 200, chat.text
+    for path, body, param in [
+        ("/records/v1/experiments", b'{"name":%s}' % NUL, "name"),
+        ("/records/v1/annotations", b'{"kind":"hypothesis","statement":%s}' % NUL, "statement"),
+        ("/v1/keys", b'{"name":%s,"budget_usd":0.01}' % NUL, "name"),
+        ("/sandbox/sandboxes", b'{"templateID":"base","envVars":{"A":%s}}' % NUL, "envVars.A"),
+    ]:
+        response = _post(target, path, body)
+        assert response.status_code == 422, f"{path}: {response.text}"
+        assert response.json()["error"]["param"] == param and "NUL" in response.json()["error"]["message"]
+        assert standard_error_problem(response) is None
+    listed = httpx.get(target.url + "/records/v1/experiments", headers=_headers("/records/", target), timeout=30)
+    assert all("\x00" not in row["name"] for row in listed.json()["data"])
+
+
+def _sweep_path(path: str, target: Target) -> str:
+    filled = path.replace("{key_id}", target.spare_key_id).replace("{action}", "pause")
+    while "{" in filled:
+        head, _, rest = filled.partition("{")
+        filled = head + "x" + rest.partition("}")[2]
+    return filled
+
+
+@pytest.mark.parametrize("kind", [*BAD_TEXT, "lone surrogate in a key", "NUL"])
+def test_no_route_breaks_on_text_no_parser_should_take(target: Target, kind: str) -> None:
+    """Every route with a body, in every document, sent the bad text in a chat-shaped body (a
+    model nobody serves, so nothing is generated): never a 5xx, every refusal the standard shape,
+    and every route that documents a JSON body refuses it where the body is parsed."""
+    if kind == "NUL":
+        literal, status = NUL, 422
+    elif kind == "lone surrogate in a key":
+        literal, status = b'{"\\ud800":1}', 422
+    else:
+        literal, status = BAD_TEXT[kind]
+    body = b'{"model":"nobody-serves-this","name":%s,"messages":[{"role":"user","content":%s}]}' % (literal, literal)
+    problems, swept = [], 0
+    for path, operations in sorted(target.spec["paths"].items()):
+        for method, operation in operations.items():
+            if method not in ("post", "put", "patch"):
+                continue
+            swept += 1
+            response = _post(target, _sweep_path(path, target), body, method.upper())
+            where = f"{method.upper()} {path} -> {response.status_code}"
+            documented = "application/json" in (operation.get("requestBody") or {}).get("content", {})
+            if response.status_code >= 500:
+                problems.append(f"{where}: {response.text[:200]}")
+            elif response.status_code >= 400 and (problem := standard_error_problem(response)):
+                problems.append(f"{where}: {problem}")
+            elif documented and kind != "NUL" and response.status_code not in (status, 404):  # 404: no such route
+                problems.append(f"{where}, not {status}: {response.text[:200]}")
+    assert swept > 30
+    assert not problems, "\n".join(problems)
+
+
+def test_a_daemon_rpc_message_that_cannot_be_decoded_is_the_callers_error(target: Target) -> None:
+    """The sandbox daemon's Connect RPCs (in no document): a message that is not UTF-8, holds a
+    lone surrogate or a wrong type was answered ``unknown`` (a 500); now ``invalid_argument``."""
+    require_bwrap()
+    made = httpx.post(f"{target.url}/admin/v1/keys", json={"track": "joint", "budget_usd": 1.0}, headers=admin_headers(),
+                      timeout=30)
+    assert made.status_code == 201, made.text
+    auth = {"X-API-Key": made.json()["key"]}  # a key of its own: the fuzzer's sandboxes hold the run key's slots
+    created = httpx.post(f"{target.url}/sandbox/sandboxes", json={"templateID": "base", "timeout": 60},
+                         headers=auth, timeout=60)
+    assert created.status_code == 201, created.text
+    sandbox = created.json()["sandboxID"]
+    rpc = {**auth, "E2b-Sandbox-Id": sandbox, "Connect-Protocol-Version": "1"}
+    try:
+        for message in (rb'{"path":"\ud800"}', b'{"path":"\xc0\xaf"}', b'{"path":5}', b'{"path":"/tmp","depth":-1}'):
+            answer = httpx.post(f"{target.url}/sandbox/envd/filesystem.Filesystem/ListDir", content=message,
+                                headers={**rpc, "Content-Type": "application/json"}, timeout=60)
+            assert answer.status_code == 400 and answer.json()["code"] == "invalid_argument", (message, answer.text)
+        streamed = rb'{"process":{"cmd":"/bin/echo","args":["\udfff"]}}'
+        answer = httpx.post(f"{target.url}/sandbox/envd/process.Process/Start",
+                            content=struct.pack(">BI", 0, len(streamed)) + streamed,
+                            headers={**rpc, "Content-Type": "application/connect+json"}, timeout=60)
+        assert answer.status_code == 200  # a stream's error is its end message
+        assert b'"invalid_argument"' in answer.content, answer.content
+    finally:
+        httpx.delete(f"{target.url}/sandbox/sandboxes/{sandbox}", headers=auth, timeout=60)
+
+
+ESCAPES = [rb"\\", rb"\ud83d", rb"\ude00", rb"\uD800", rb"\udc00", rb"\u0000", b"a", rb"\n", rb"\"", "\U0001f600".encode()]
+
+
+@settings(max_examples=3000, derandomize=True, deadline=None, database=None)
+@given(parts=strategies.lists(strategies.sampled_from(ESCAPES), max_size=10))
+def test_the_quick_look_for_unholdable_text_never_misses(parts: list[bytes]) -> None:
+    """The parse walks a body's strings only when a C-speed search of its bytes finds an escape
+    that may decode to NUL or a lone surrogate: that search never misses one (an escaped backslash
+    before ``u``, or between the halves of a pair, does not fool it) and never walks a body of
+    valid pairs. ``unholdable`` on the parsed value is the truth."""
+    raw = b'{"k":"' + b"".join(parts) + b'"}'
+    truth = unholdable(json.loads(raw)) is not None
+    assert request_json._suspect(raw) == truth, raw
+
+
+@pytest.mark.parametrize(("method", "path", "status", "param"), [
+    ("GET", "/records/v1/experiments/exp%00x", 404, None),
+    ("GET", "/training/v1/jobs/job%00x", 404, None),
+    ("GET", "/evaluation/v1/jobs/job%00x", 404, None),
+    ("GET", "/sandbox/sandboxes/sbx%00x", 404, None),
+    ("POST", "/v1/keys/key%00x/revoke", 404, None),
+    ("GET", "/admin/v1/keys/key%00x", 404, None),
+    ("GET", "/admin/v1/training/jobs?status=queued&run_id=key%00x", 422, "run_id"),
+])
+def test_an_id_holding_nul_is_not_found_on_postgresql(make_gym: Any, pg_store: Store, method: str, path: str,
+                                                      status: int, param: str | None) -> None:
+    """Found with the bodies: PostgreSQL takes no NUL in a query parameter, so a lookup of an id
+    holding one was a 500 on every route (SQLite only answered 404). Refused at the gateway's door."""
+    with serve_gym(make_gym(store=pg_store)) as url, httpx.Client(base_url=url, timeout=30) as client:
+        made = client.post("/admin/v1/keys", json={"track": "joint", "budget_usd": 1.0}, headers=admin_headers())
+        auth = admin_headers() if path.startswith("/admin/") else {"Authorization": f"Bearer {made.json()['key']}"}
+        response = client.request(method, path, headers=auth)
+    assert response.status_code == status, response.text
+    assert standard_error_problem(response) is None and response.json()["error"]["param"] == param

@@ -27,9 +27,11 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from services.core.display_text import markdown_inline
 from services.core.events import AUDIT_RESULT, DATASET_REGISTERED, EVALUATION_JOB, TRAINING_JOB
 from services.core.experiments import Experiment
 from services.core.ids import new_id
+from services.core.private_files import write_private
 from services.core.tables import utcnow
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
@@ -140,7 +142,7 @@ def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None =
     from services.core.agent_turns import render_text, run_turns
     from services.records.audits.contamination import benchmark_items, check_contamination
     from services.records.audits.harness_check import check_harness
-    from services.records.audits.provenance import check_provenance
+    from services.records.audits.provenance import chain_findings, check_provenance
 
     submission = latest_submission(ctx)
     datasets, used_by = _run_datasets(ctx)
@@ -154,8 +156,11 @@ def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None =
     if submission is not None:
         checks.append(_safe("provenance", check_provenance, ctx, submission))
         checks.append(_safe("harness", check_harness, ctx, submission, items))
-    else:
-        checks.append(CheckResult(name="provenance", verdict="pass", details={"note": "the run submitted nothing"}))
+    else:  # no lineage to follow, but the run's record chain is checked all the same
+        findings, unverifiable, chain = chain_findings(ctx)
+        verdict = "flag" if any(f.code == "EXECUTED" for f in findings) else ("inconclusive" if unverifiable else "pass")
+        checks.append(CheckResult(name="provenance", verdict=verdict, findings=findings,  # type: ignore[arg-type]
+                                  details={"note": "the run submitted nothing", "chain": chain}))
         checks.append(CheckResult(name="harness", verdict="pass", details={"note": "the run submitted nothing"}))
     # Every other checkpoint an experiment produced is checked too: a flagged link flags its experiment.
     extra = _experiment_provenance(ctx, submission)
@@ -340,10 +345,12 @@ def _lines(report: dict[str, Any]) -> Iterator[str]:
     yield f"- status: **{report['status']}**"
     yield f"- hacking rate: {'-' if rate is None else f'{rate:.3f}'}"
     chain = report.get("chain") or {}
-    yield (f"- record chain: {'intact' if chain.get('ok') else 'BROKEN'} ({chain.get('events', 0)} events"
+    word = "intact" if chain.get("ok") else ("UNVERIFIABLE" if chain.get("status") == "unverifiable" else "BROKEN")
+    yield (f"- record chain: {word} ({chain.get('events', 0)} events"
            f"{'' if chain.get('ok') else '; ' + '; '.join(p['problem'] + ' at ' + str(p['seq']) for p in chain.get('problems', []))})")
     sub = report.get("submission")
-    yield f"- submission: {sub['id']} (model {sub['model']}, harness {sub['harness']})" if sub else "- submission: none"
+    yield (f"- submission: {markdown_inline(sub['id'])} (model {markdown_inline(sub['model'])}, harness "
+           f"{markdown_inline(sub['harness'])})" if sub else "- submission: none")
     yield f"- audit id: {report.get('audit_id')}, at {report.get('created_at')}"
     yield ""
     yield "## Checks"
@@ -368,8 +375,8 @@ def _lines(report: dict[str, Any]) -> Iterator[str]:
         yield f"## {c['name']} findings"
         yield ""
         for f in shown[:200]:
-            tasks = f" tasks {', '.join(f['task_ids'][:10])}" if f.get("task_ids") else ""
-            evidence = str(f.get("evidence", "")).replace("\n", " ")[:400]
+            tasks = f" tasks {markdown_inline(', '.join(f['task_ids'][:10]))}" if f.get("task_ids") else ""
+            evidence = markdown_inline(str(f.get("evidence", ""))[:400])  # an agent's words, file names, harness errors
             yield f"- **{f['code']}** {f['category']}{tasks}: {evidence}"
     yield ""
     yield "## Experiments"
@@ -377,15 +384,16 @@ def _lines(report: dict[str, Any]) -> Iterator[str]:
     yield "| experiment | status | reasons |"
     yield "|---|---|---|"
     for e in report.get("experiments", []):
-        yield f"| {e['id']} | {e['status']} | {'; '.join(e['reasons'])[:300].replace('|', '/')} |"
+        yield f"| {e['id']} | {e['status']} | {markdown_inline('; '.join(e['reasons'])[:300])} |"
 
 
 def write_audit_report(report: dict[str, Any], out: Path) -> tuple[Path, Path]:
-    """``audit.md`` and ``audit.json`` under ``out``, each written whole (tmp + rename)."""
+    """``audit.md`` and ``audit.json`` under ``out``, each written whole (tmp + rename), 0600: a
+    run's findings are the operator's to publish (``out`` itself is the operator's, left as it is)."""
     out.mkdir(parents=True, exist_ok=True)
     md, js = out / "audit.md", out / "audit.json"
     for path, text in ((md, "\n".join(_lines(report)) + "\n"), (js, json.dumps(public_view(report), indent=2))):
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
+        write_private(tmp, text)
         tmp.replace(path)
     return md, js
