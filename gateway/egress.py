@@ -16,6 +16,9 @@ curl, httpx, requests and urllib honour:
   address it checked, not a fresh resolution.
 * Refusals are ``403`` with the gym's standard error body (``permission_denied``, param
   ``egress``); each decision is appended to a log (the run directory's ``egress.log``).
+* With a run's credential (compose mode: ``RSIGYM_EGRESS_TOKEN``, which the run's agent has in its
+  proxy URL, ``http://run:TOKEN@…``), a request without that ``Proxy-Authorization`` is ``407``:
+  a proxy reached by anyone but its run's agent serves nobody. The header never goes upstream.
 
 Embedded mode: the launcher's supervisor serves this on a Unix socket the in-namespace relay
 exposes at ``127.0.0.1:8701``. Compose mode: ``rsigym egress-proxy`` is the ``egress`` service (one
@@ -25,6 +28,9 @@ per run, started by the launcher with the task's allowlist in ``RSIGYM_EGRESS_AL
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import hmac
 import ipaddress
 import json
 import socket
@@ -34,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.launcher_relay import _pipe
-from services.core.errors import PermissionDenied
+from services.core.errors import AuthenticationFailed, GymError, PermissionDenied
 
 HEAD_LIMIT = 16 * 1024
 """Bytes of request line and headers the proxy reads before refusing (431)."""
@@ -90,6 +96,14 @@ class EgressPolicy:
         return next((e for e in self.entries if e.matches(host, port)), None)
 
 
+def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
+    """What points pip, curl, httpx, requests and urllib at the egress proxy (both spellings:
+    curl reads only the lower-case ``http_proxy``); the gateway's own host stays direct."""
+    no_proxy = f"{gateway_host},localhost,127.0.0.1"
+    return {"HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "https_proxy": proxy_url, "http_proxy": proxy_url,
+            "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+
+
 Resolver = Callable[[str, int], list[str]]
 
 
@@ -116,12 +130,50 @@ def decide(policy: EgressPolicy, host: str, port: int, resolve: Resolver = _reso
     return public[0]
 
 
-def _refusal(status: int, reason: str, err: PermissionDenied | None = None, message: str = "") -> bytes:
+PROXY_AUTH = b"proxy-authorization"
+HOP_HEADERS = (PROXY_AUTH, b"proxy-connection")
+"""Headers meant for this proxy: never forwarded upstream."""
+
+
+def _refusal(status: int, reason: str, err: GymError | None = None, message: str = "", extra: str = "") -> bytes:
     body = json.dumps(err.body(None) if err else
                       {"type": "error", "error": {"type": "invalid_request_error", "message": message, "param": "egress"},
                        "request_id": None, "code": status, "message": message}).encode()
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode() + body
+            f"{extra}Connection: close\r\n\r\n").encode() + body
+
+
+def _headers(rest: bytes) -> list[tuple[bytes, bytes]]:
+    """(lower-cased name, value) of each header line of a request head (after its request line)."""
+    out = []
+    for line in rest.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep:
+            out.append((name.strip().lower(), value.strip()))
+    return out
+
+
+def credential_ok(rest: bytes, token: str) -> bool:
+    """Whether the head carries ``Proxy-Authorization: Basic`` with ``token`` as its password (any
+    user name), compared in constant time."""
+    for name, value in _headers(rest):
+        if name != PROXY_AUTH:
+            continue
+        scheme, _, encoded = value.partition(b" ")
+        if scheme.lower() != b"basic":
+            return False
+        try:
+            _, _, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+        except (binascii.Error, ValueError):
+            return False
+        return hmac.compare_digest(password, token.encode())
+    return False
+
+
+def _without_hop_headers(rest: bytes) -> bytes:
+    lines = rest.split(b"\r\n")
+    return b"\r\n".join(line for line in lines if not (b":" in line and
+                                                      line.partition(b":")[0].strip().lower() in HOP_HEADERS))
 
 
 def _split_target(target: str, default_port: int) -> tuple[str, int]:
@@ -135,8 +187,11 @@ class EgressProxy:
     """Serves one connection at a time per call of :meth:`handle` (``asyncio.start_server`` /
     ``start_unix_server`` callback)."""
 
-    def __init__(self, policy: EgressPolicy, log: Path | None = None, resolve: Resolver = _resolve):
-        self.policy, self.log, self.resolve = policy, log, resolve
+    def __init__(self, policy: EgressPolicy, log: Path | None = None, resolve: Resolver = _resolve,
+                 token: str | None = None):
+        """``token``: the run's credential; None (embedded mode: a socket only the run's agent has)
+        serves every client."""
+        self.policy, self.log, self.resolve, self.token = policy, log, resolve, token
 
     def _record(self, host: str, port: int, allowed: bool, reason: str = "") -> None:
         if self.log is None:
@@ -174,9 +229,17 @@ class EgressProxy:
         elif target.lower().startswith("http://"):
             authority, _, path = target[7:].partition("/")
             host, port = _split_target(authority.rpartition("@")[2], 80)
-            forward = f"{method} /{path} {version}\r\n".encode("latin-1") + rest
+            forward = f"{method} /{path} {version}\r\n".encode("latin-1") + _without_hop_headers(rest)
         else:
             writer.write(_refusal(400, "Bad Request", message="only CONNECT and absolute http:// requests are proxied"))
+            await writer.drain()
+            return
+        if self.token is not None and not credential_ok(rest, self.token):
+            self._record(host, port, False, "no valid run credential")
+            writer.write(_refusal(407, "Proxy Authentication Required",
+                                  AuthenticationFailed("this egress proxy serves its own run's agent only (proxy "
+                                                       "credentials missing or wrong)", param="egress"),
+                                  extra='Proxy-Authenticate: Basic realm="rsigym-egress"\r\n'))
             await writer.drain()
             return
         try:
@@ -201,8 +264,9 @@ class EgressProxy:
         await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
 
 
-async def serve_tcp(policy: EgressPolicy, host: str, port: int, log: Path | None = None) -> None:
-    proxy = EgressProxy(policy, log)
+async def serve_tcp(policy: EgressPolicy, host: str, port: int, log: Path | None = None,
+                    token: str | None = None) -> None:
+    proxy = EgressProxy(policy, log, token=token)
     server = await asyncio.start_server(proxy.handle, host, port, limit=HEAD_LIMIT)
     async with server:
         await server.serve_forever()

@@ -5,20 +5,24 @@ same supervisor stops it at the wall clock. A task's egress allowlist is served 
 ``egress`` container).
 
 ``start`` mints the run key through the admin API (the task's key body), renders the instruction
-into ``<data-dir>/runs/<run>/`` and starts a detached *supervisor* (``python -m gateway.launcher
-supervise DIR``, its own session) which:
+into ``<data-dir>/runs/<run>/`` (0700) and starts a detached *supervisor* (``python -m
+gateway.launcher supervise DIR``, its own session) which:
 
+* takes an unprivileged uid of the host's pool for the agent (when the gym runs as root);
 * serves ``DIR/sock/gateway.sock``, relaying every connection to the gateway's host and port;
-* starts the agent under bubblewrap with every namespace unshared (network included), only the
-  host's system directories read-only (the sandbox templates' ``host_dirs``), a fresh HOME, the
-  instruction, the agent's files and the socket directory bound — the data dir, the store, provider
-  keys and the admin token are not there;
+* starts the agent under bubblewrap as gateway/agent_namespace.py lays out — its own uid, no
+  capability, the sandboxes' seccomp filter, every namespace unshared (network included), the
+  host's system directories and a minimal /etc read-only, a fresh HOME, the instruction, the
+  agent's files and the socket directory bound; the data dir, the store, provider keys and the
+  admin token are not there, and the run key is in its environment, never on a command line;
 * inside, gateway/launcher_relay.py listens on 127.0.0.1:8700 (the agent's ``RSIGYM_URL``) and
   relays to that socket: the agent's only network reach is the gateway. It kills the agent when
-  the task's wall clock passes (the gateway refuses the run key after its deadline regardless);
-* records the exit in ``run.json``.
+  the task's wall clock passes; the supervisor kills the whole sandbox a little later should the
+  relay not have (the gateway refuses the run key after its deadline regardless);
+* records the exit in ``run.json``, sweeps the agent's uid and gives its HOME back to the gym.
 
-``stop`` kills the supervisor's process group and ends the run (deadline now, admin route).
+``stop`` asks the supervisor to end the run (SIGTERM: it cleans up as above), kills what is left of
+its process group, and ends the run at the gateway (deadline now, admin route).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,28 +44,31 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.egress import HEAD_LIMIT, EgressPolicy, EgressProxy
+from gateway import agent_namespace as ns
+from gateway import launcher_compose
+from gateway.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
+from gateway.launcher_compose import ComposeTarget, compose_plan
 from gateway.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
-from services.core.config import GymConfig, SandboxTemplate
+from services.core.config import GymConfig
 from services.core.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
+from services.core.host_uids import HostUidPool, kill_uid
+from services.core.private_files import open_private, restrict_umask, write_private
+from services.sandbox import seccomp
 
 AGENTS = Path(__file__).with_name("agents.toml")
 AGENT_FILES = Path(__file__).resolve().parents[1] / "agent_container" / "agents"
 HARNESS_FILES = AGENT_FILES.parent / "harness"
-HARNESS_INSIDE = "/opt/rsigym/harness"
-"""The harnesses' source (``minimal``: the starting point of an agent's own), read-only; the agent image
-has it at the same path."""
 RELAY = Path(__file__).with_name("launcher_relay.py")
 INSIDE_PORT = 8700
 INSIDE_URL = f"http://127.0.0.1:{INSIDE_PORT}"
 EGRESS_PORT = 8701
 """Inside, the egress proxy's address (only when the task allows a host): ``HTTPS_PROXY``."""
-HOME_INSIDE = "/home/agent"
-INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
-SOCKET_INSIDE = "/run/rsigym/sock/gateway.sock"
-EGRESS_SOCKET_INSIDE = "/run/rsigym/sock/egress.sock"
-PYTHON_INSIDE = "/usr/bin/python3"
-"""The system interpreter (visible through the host dirs) that runs the relay inside."""
+HOME_INSIDE, INSTRUCTION_INSIDE = ns.HOME_INSIDE, ns.INSTRUCTION_INSIDE
+WALL_CLOCK_GRACE_S = 15.0
+"""How long past the wall clock the supervisor waits for the relay to have stopped the agent
+before it kills the whole sandbox itself (an agent may have stopped its relay)."""
+STOP_WAIT_S = 10.0
+"""How long ``stop`` waits for the supervisor to clean up before it kills its process group."""
 
 
 class AgentTemplate(BaseModel):
@@ -112,16 +119,9 @@ def runs_root(data_dir: Path) -> Path:
     return Path(data_dir) / "runs"
 
 
-def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
-    """What points pip, curl, httpx, requests and urllib at the egress proxy (both spellings:
-    curl reads only the lower-case ``http_proxy``)."""
-    no_proxy = f"{gateway_host},localhost,127.0.0.1"
-    return {"HTTPS_PROXY": proxy_url, "HTTP_PROXY": proxy_url, "https_proxy": proxy_url, "http_proxy": proxy_url,
-            "NO_PROXY": no_proxy, "no_proxy": no_proxy}
-
-
 def agent_env(key: str, egress: bool = False) -> dict[str, str]:
-    """Everything the agent's environment holds (and nothing else: bwrap --clearenv)."""
+    """Everything the agent's environment holds, and nothing else: bubblewrap's own environment,
+    which it passes on (the key is never on a command line)."""
     env = {"RSIGYM_URL": INSIDE_URL, "RSIGYM_API_KEY": key,
            "OPENAI_BASE_URL": f"{INSIDE_URL}/agent/v1", "OPENAI_API_KEY": key,
            "ANTHROPIC_BASE_URL": f"{INSIDE_URL}/agent", "ANTHROPIC_API_KEY": key,
@@ -131,70 +131,8 @@ def agent_env(key: str, egress: bool = False) -> dict[str, str]:
     return env
 
 
-def bwrap_argv(bwrap: str, run_dir: Path, template: AgentTemplate, key: str, seconds: float,
-               extra_args: list[str], host_dirs: list[str], egress: bool = False) -> list[str]:
-    argv = [bwrap, "--die-with-parent", "--unshare-all", "--unshare-net", "--new-session", "--clearenv"]
-    for name, value in agent_env(key, egress).items():
-        argv += ["--setenv", name, value]
-    for d in host_dirs:
-        argv += ["--ro-bind-try", d, d]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--bind", str(run_dir / "home"), HOME_INSIDE,
-             "--ro-bind", str(run_dir / "instruction.md"), INSTRUCTION_INSIDE,
-             "--ro-bind", str((run_dir / "sock").resolve()), "/run/rsigym/sock",
-             "--ro-bind", str(RELAY), "/run/rsigym/relay.py",
-             "--ro-bind", str(AGENT_FILES), "/agent",
-             "--ro-bind", str(HARNESS_FILES), HARNESS_INSIDE]
-    for path in template.binds:
-        argv += ["--ro-bind", path, path]
-    command = [part.replace("{instruction}", INSTRUCTION_INSIDE) for part in template.command] + extra_args
-    relay = ["--port", str(INSIDE_PORT), "--socket", SOCKET_INSIDE, "--seconds", str(seconds)]
-    if egress:
-        relay += ["--egress-port", str(EGRESS_PORT), "--egress-socket", EGRESS_SOCKET_INSIDE]
-    return argv + ["--chdir", HOME_INSIDE, "--", PYTHON_INSIDE, "-I", "-S", "/run/rsigym/relay.py", *relay,
-                   "--", *command]
-
-
 def _now() -> str:
     return datetime.now(UTC).isoformat()
-
-
-@dataclass(frozen=True)
-class ComposeTarget:
-    """Where compose mode starts the agent: the operator's compose project (its core already up)."""
-
-    file: Path
-    project_dir: Path
-    project: str = "rsigym"
-    docker: str = "docker"
-
-
-def _compose(target: ComposeTarget, track: str) -> list[str]:
-    return [target.docker, "compose", "-f", str(target.file), "--project-directory", str(target.project_dir),
-            "-p", target.project, "--profile", track]
-
-
-def compose_plan(target: ComposeTarget, *, run: str, track: str, run_dir: Path, template: AgentTemplate,
-                 extra_args: list[str], egress: list[str]) -> dict[str, Any]:
-    """The ``docker compose run`` lines of a compose-mode run: the agent in its track's container
-    (``agent-<track>``: agentnet only, so the gateway is its one peer) and, when the task allows any
-    host, a per-run ``egress`` proxy container with the task's allowlist. The run key travels in the
-    docker CLI's environment (``-e NAME`` without a value), never on a command line."""
-    agent_name, egress_name = f"rsigym-agent-{run}", f"rsigym-egress-{run}"
-    command = [part.replace("{instruction}", INSTRUCTION_INSIDE)
-               for part in (template.compose_command or template.command)] + extra_args
-    agent = [*_compose(target, track), "run", "--rm", "-T", "--name", agent_name,
-             "-e", "RSIGYM_API_KEY", "-e", f"RSIGYM_INSTRUCTION={INSTRUCTION_INSIDE}",
-             "-v", f"{(run_dir / 'instruction.md').resolve()}:{INSTRUCTION_INSIDE}:ro"]
-    plan: dict[str, Any] = {"mode": "compose", "containers": [agent_name], "docker": target.docker}
-    if egress:
-        plan["egress_argv"] = [*_compose(target, track), "--profile", "egress", "run", "--rm", "-d",
-                               "--name", egress_name, "-e", "RSIGYM_EGRESS_ALLOW", "egress"]
-        plan["containers"].append(egress_name)
-        for name, value in proxy_env(f"http://{egress_name}:3128", "gateway").items():
-            agent += ["-e", f"{name}={value}"]
-    plan["argv"] = [*agent, f"agent-{track}", *command]
-    return plan
 
 
 def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any, key_body: dict[str, Any],
@@ -213,30 +151,33 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
         raise ServiceUnavailable(f"compose mode needs the docker CLI ({compose.docker!r} is not on PATH)")
     minted = client.create_key(key_body)
     run = minted.get("run_id") or minted["id"]
-    run_dir = runs_root(data_dir) / run
-    (run_dir / "home").mkdir(parents=True, exist_ok=True)
-    run_dir.chmod(0o700)
-    (run_dir / "instruction.md").write_text(instruction)
+    runs = runs_root(data_dir)
+    runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs.chmod(0o700)
+    run_dir = runs / run
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    run_dir.chmod(0o700)  # the run key, the agent's HOME and logs: the gym's alone
+    write_private(run_dir / "instruction.md", instruction)  # the agent's uid is given it when the run starts
     seconds = float(key_body.get("deadline_s") or task.limits.wall_clock_s)
     plan: dict[str, Any]
+    template = agents[agent]
     if compose is not None:
         (run_dir / "instruction.md").chmod(0o644)  # read by the container's non-root user
-        plan = compose_plan(compose, run=run, track=task.task.track, run_dir=run_dir, template=agents[agent],
-                            extra_args=extra_args or [], egress=egress)
-        plan |= {"key": minted["key"], "egress": egress}
+        command = [part.replace("{instruction}", INSTRUCTION_INSIDE)
+                   for part in (template.compose_command or template.command)] + (extra_args or [])
+        plan = compose_plan(compose, run=run, track=task.task.track, run_dir=run_dir, command=command,
+                            egress=egress, key=minted["key"])
     else:
         # AF_UNIX paths are short (108 bytes): the sockets live in a short private directory, linked here.
         sock_dir = Path(tempfile.mkdtemp(prefix="rsigym-run-"))
         (run_dir / "sock").symlink_to(sock_dir, target_is_directory=True)
-        host_dirs = SandboxTemplate(name="agent").host_dirs
-        argv = bwrap_argv(str(bwrap), run_dir, agents[agent], minted["key"], seconds, extra_args or [], host_dirs,
-                          egress=bool(egress))
-        plan = {"mode": "embedded", "argv": argv, "gateway_url": gateway_url, "egress": egress}
+        plan = {"mode": "embedded", "key": minted["key"], "gateway_url": gateway_url, "egress": egress,
+                "command": [part.replace("{instruction}", INSTRUCTION_INSIDE) for part in template.command]
+                + (extra_args or []),
+                "binds": template.binds, "uid_base": config.sandbox.uid_base}
     plan["seconds"] = seconds
-    path = run_dir / "supervise.json"  # holds the run key: operator side only (0600, never bound inside)
-    path.write_text(json.dumps(plan))
-    path.chmod(0o600)
-    with open(run_dir / "agent.log", "ab") as log:
+    write_private(run_dir / "supervise.json", json.dumps(plan))  # the run key: operator side only, never bound inside
+    with os.fdopen(open_private(run_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "gateway.launcher", "supervise", str(run_dir)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[1])
@@ -248,7 +189,7 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
 
 def _write(run_dir: Path, record: RunRecord) -> None:
     tmp = run_dir / "run.json.tmp"
-    tmp.write_text(record.model_dump_json(indent=2))
+    write_private(tmp, record.model_dump_json(indent=2))
     tmp.replace(run_dir / "run.json")
 
 
@@ -288,21 +229,32 @@ def stop_run(data_dir: Path, run: str, client: KeyMinter) -> RunRecord:
     record = show_run(data_dir, run)
     run_dir = runs_root(data_dir) / run
     if record.status == "running":
-        try:
-            os.killpg(record.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _end_supervisor(record.pid)
         record = record.model_copy(update={"status": "stopped", "ended_at": _now()})
         _write(run_dir, record)
     elif record.status == "stopped":
         raise Conflict(f"run {run} is already stopped", param="run")
     if record.mode == "compose":
-        plan = json.loads((run_dir / "supervise.json").read_text())
-        subprocess.run([plan["docker"], "rm", "-f", *plan["containers"]], stdin=subprocess.DEVNULL,
-                       capture_output=True, timeout=120, check=False)
+        launcher_compose.remove_run(json.loads((run_dir / "supervise.json").read_text()))
     _cleanup(run_dir)
     client.set_deadline(record.key_id, 0)
     return record
+
+
+def _end_supervisor(pid: int) -> None:
+    """SIGTERM to the supervisor (it kills the agent, sweeps its uid, closes its sockets), then
+    SIGKILL to whatever of its process group is left."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _cleanup(run_dir: Path) -> None:
@@ -333,66 +285,75 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hos
     await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
 
 
+async def serve_relay(host: str, port: int, gateway_url: str) -> None:
+    """``rsigym run-relay``: a compose-mode run's own path to the gateway (gateway/launcher_compose.py)."""
+    url = httpx.URL(gateway_url)
+    to_host, to_port = url.host, url.port or (443 if url.scheme == "https" else 80)
+    server = await asyncio.start_server(lambda r, w: _relay(r, w, to_host, to_port), host, port)
+    async with server:
+        await server.serve_forever()
+
+
 async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
     url = httpx.URL(plan["gateway_url"])
     host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
     sock_dir = (run_dir / "sock").resolve()
-    servers = [await asyncio.start_unix_server(lambda r, w: _relay(r, w, host, port), str(sock_dir / "gateway.sock"))]
-    if plan.get("egress"):
-        proxy = EgressProxy(EgressPolicy(plan["egress"]), log=run_dir / "egress.log")
-        servers.append(await asyncio.start_unix_server(proxy.handle, str(sock_dir / "egress.sock"), limit=HEAD_LIMIT))
-    for name in ("gateway.sock", "egress.sock"):
-        if (sock_dir / name).exists():
-            (sock_dir / name).chmod(0o600)
+    bwrap = ns.bwrap_path()
+    if bwrap is None:
+        print("rsigym: bubblewrap (bwrap) is gone from this host; the agent was not started", file=sys.stderr, flush=True)
+        return 127
+    uids = HostUidPool(int(plan["uid_base"])) if os.geteuid() == 0 else None
+    uid = uids.take() if uids is not None else None
+    servers: list[asyncio.AbstractServer] = []
     try:
-        agent = await asyncio.create_subprocess_exec(*plan["argv"], stdin=subprocess.DEVNULL)
-        return await agent.wait()  # the in-namespace relay kills the agent at the wall clock (exit 124)
+        ns.prepare_host_side(run_dir, sock_dir, uid)
+        servers.append(await asyncio.start_unix_server(lambda r, w: _relay(r, w, host, port),
+                                                       str(sock_dir / "gateway.sock")))
+        if plan.get("egress"):
+            proxy = EgressProxy(EgressPolicy(plan["egress"]), log=run_dir / "egress.log")
+            servers.append(await asyncio.start_unix_server(proxy.handle, str(sock_dir / "egress.sock"),
+                                                           limit=HEAD_LIMIT))
+        ns.own_sockets(sock_dir, uid)
+        seconds = float(plan["seconds"])
+        filter_fd = seccomp.filter_fd()
+        try:
+            argv = ns.bwrap_argv(bwrap=bwrap, uid=uid, filter_fd=filter_fd, run_dir=run_dir, sock_dir=sock_dir,
+                                 relay=RELAY, agents=AGENT_FILES, harnesses=HARNESS_FILES, binds=plan["binds"],
+                                 command=plan["command"], seconds=seconds, port=INSIDE_PORT,
+                                 egress_port=EGRESS_PORT if plan.get("egress") else None)
+            agent = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, pass_fds=(filter_fd,),
+                                                         env=agent_env(plan["key"], bool(plan.get("egress"))),
+                                                         umask=0o022)  # the supervisor's own is 0077
+        finally:
+            os.close(filter_fd)
+        try:
+            # the in-namespace relay kills the agent at the wall clock (exit 124)
+            return await asyncio.wait_for(agent.wait(), timeout=max(seconds, 0.0) + WALL_CLOCK_GRACE_S)
+        except TimeoutError:
+            print("rsigym: the run's wall clock has passed and its relay did not stop the agent; the sandbox is "
+                  "killed", file=sys.stderr, flush=True)
+            return 124
+        finally:
+            if agent.returncode is None:
+                agent.kill()  # bubblewrap; its PID namespace goes with it (--die-with-parent)
+                await agent.wait()
     finally:
         for server in servers:
             server.close()
-
-
-async def _docker(*argv: str) -> int:
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL)
-    try:
-        return await asyncio.wait_for(proc.wait(), 120)
-    except TimeoutError:
-        proc.kill()
-        return await proc.wait()
-
-
-async def _supervise_compose(plan: dict[str, Any]) -> int:
-    """Start the run's containers with ``docker compose run``; at the wall clock stop them (the
-    docker CLI's own exit does not stop a container); remove them at the end."""
-    env = {**os.environ, "RSIGYM_API_KEY": plan["key"], "RSIGYM_EGRESS_ALLOW": " ".join(plan.get("egress") or [])}
-    docker, containers = plan["docker"], plan["containers"]
-    try:
-        if plan.get("egress_argv"):
-            started = await asyncio.create_subprocess_exec(*plan["egress_argv"], stdin=subprocess.DEVNULL, env=env)
-            if (code := await asyncio.wait_for(started.wait(), 300)) != 0:
-                print(f"rsigym: the run's egress proxy did not start (docker exit {code})", file=sys.stderr, flush=True)
-                return code
-        agent = await asyncio.create_subprocess_exec(*plan["argv"], stdin=subprocess.DEVNULL, env=env)
-        try:
-            return await asyncio.wait_for(agent.wait(), timeout=max(float(plan["seconds"]), 0.0))
-        except TimeoutError:
-            print("rsigym: the run's wall clock has passed; the agent is stopped", file=sys.stderr, flush=True)
-            await _docker(docker, "stop", "-t", "5", containers[0])
-            try:
-                await asyncio.wait_for(agent.wait(), 30)
-            except TimeoutError:
-                agent.kill()
-                await agent.wait()
-            return 124
-    finally:
-        await _docker(docker, "rm", "-f", *containers)
+        if uid is not None and uids is not None:
+            kill_uid(uid)
+            ns.give_back(run_dir, uid)
+            uids.free(uid)
 
 
 async def _supervise(run_dir: Path) -> int:
     plan = json.loads((run_dir / "supervise.json").read_text())
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # `run stop`: clean up, then go
     try:
         if plan["mode"] == "compose":
-            code = await _supervise_compose(plan)
+            code = await launcher_compose.supervise(plan)
         else:
             code = await _supervise_embedded(run_dir, plan)
     finally:
@@ -408,7 +369,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "supervise":
         print("usage: python -m gateway.launcher supervise RUN_DIR", file=sys.stderr)
         return 2
-    return asyncio.run(_supervise(Path(argv[1])))
+    restrict_umask()  # its logs and the run's files are the gym's alone
+    try:
+        return asyncio.run(_supervise(Path(argv[1])))
+    except asyncio.CancelledError:  # stopped: `run stop` records it
+        return 143
 
 
 if __name__ == "__main__":

@@ -14,11 +14,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gateway.cli import gyms
 from gateway.cli.admin_client import AdminClient, AdminError
 from gateway.cli.progress import build_progress
+from services.core.display_text import PlainTable, inert, plain
 from services.core.errors import GymError
+from services.core.private_files import restrict_umask
 from services.core.settings import GymSettings
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
 from services.evaluation.report import INITIAL_RUN, build_report_rows
@@ -53,13 +56,23 @@ def _settings(data_dir: Path | None = None, config: Path | None = None) -> GymSe
 T = TypeVar("T")
 
 
+def _error(text: Any) -> None:
+    """``error: <text>`` on stderr. The text is shown as it is (services/core/display_text.py): a
+    gym's message may quote what an agent wrote, and is never read as markup."""
+    err_console.print(Text.assemble(("error", "red"), ": ", plain(text)))
+
+
+def _note(text: Any) -> None:
+    err_console.print(Text.assemble(("note", "yellow"), ": ", plain(text)))
+
+
 def _admin(data_dir: Path | None, url: str | None, fn: Callable[[AdminClient], T]) -> T:
     """Run ``fn`` with an admin client; an admin API error is printed and exits 1."""
     try:
         return fn(AdminClient(_settings(data_dir), url))
     except AdminError as err:
         rid = f" (request {err.request_id})" if err.request_id else ""
-        err_console.print(f"[red]error[/red]: {err.type}: {err.message}{rid}")
+        _error(f"{err.type}: {err.message}{rid}")
         raise typer.Exit(1) from None
 
 
@@ -68,7 +81,7 @@ def _call(method: str, path: str, data_dir: Path | None, url: str | None, **kwar
 
 
 def _key_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("id", "name", "track", "status", "budget", "spent", "reserved", "remaining", "parent")
+    table = PlainTable("id", "name", "track", "status", "budget", "spent", "reserved", "remaining", "parent")
     for r in rows:
         money = [f"{r[k]:.6f}" if r.get(k) is not None else "-" for k in ("budget_usd", "spent_usd", "reserved_usd", "remaining_usd")]
         table.add_row(r["id"], r.get("name") or "", r.get("track") or "", r["status"], *money, r.get("parent_id") or "")
@@ -76,7 +89,7 @@ def _key_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _key_details(row: dict[str, Any]) -> Table:
-    table = Table(show_header=False, box=None)
+    table = PlainTable(show_header=False, box=None)
     for field in ("id", "name", "track", "status", "budget_usd", "spent_usd", "reserved_usd", "remaining_usd",
                   "parent_id", "run_id", "created_at"):
         if row.get(field) is not None:
@@ -102,6 +115,8 @@ def up(
 ) -> None:
     """Run the embedded gym: gateway and every service in one process on one port."""
     import uvicorn
+
+    restrict_umask()  # files at rest are the gym's alone (services/core/private_files.py)
 
     from gateway.access_log import show_access_log
     from gateway.builder import build_embedded, own_url
@@ -169,6 +184,8 @@ def serve(
     """Distributed mode: run the gateway or one service as its own server."""
     import uvicorn
 
+    restrict_umask()  # files at rest are the gym's alone (services/core/private_files.py)
+
     from gateway.access_log import show_access_log
     from gateway.builder import build_gateway, build_service
     from services.core.body_limits import server_options
@@ -201,6 +218,7 @@ def worker(
     from services.core.settings import StoreSettings, WorkerSettings
     from services.worker.main import parse_queues, start_worker
 
+    restrict_umask()  # files at rest are the gym's alone (services/core/private_files.py)
     worker_settings = WorkerSettings()
     if concurrency is not None:
         worker_settings = worker_settings.model_copy(update={"concurrency": concurrency})
@@ -209,20 +227,40 @@ def worker(
 
 @app.command("egress-proxy")
 def egress_proxy(
-    allow: Annotated[str | None, typer.Option("--allow", envvar="RSIGYM_EGRESS_ALLOW",
-                                              help="Hosts the agent may reach (host, host:port, *.domain), "
-                                                   "space or comma separated; none: every request refused.")] = None,
+    allow: Annotated[str | None, typer.Option("--allow", help="Hosts the agent may reach (host, host:port, "
+                                              "*.domain), space or comma separated (default: RSIGYM_EGRESS_ALLOW); "
+                                              "none: every request refused.")] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 3128,
 ) -> None:
-    """The research agent's egress allowlist proxy (compose mode's ``egress`` service; see gateway/egress.py)."""
+    """The research agent's egress allowlist proxy (compose mode's per-run ``egress`` service; see
+    gateway/egress.py). With RSIGYM_EGRESS_TOKEN set, it serves only clients that present it."""
     import asyncio
 
     from gateway.egress import EgressPolicy, serve_tcp
+    from services.core.settings import EgressSettings
 
-    policy = EgressPolicy.from_env(allow)
-    console.print(f"egress proxy on {host}:{port}: {len(policy.entries)} allowed host pattern(s)")
-    asyncio.run(serve_tcp(policy, host, port))
+    settings = EgressSettings()
+    policy = EgressPolicy.from_env(allow if allow is not None else settings.allow)
+    console.print(f"egress proxy on {host}:{port}: {len(policy.entries)} allowed host pattern(s)"
+                  + (", run credential required" if settings.token else ""))
+    asyncio.run(serve_tcp(policy, host, port, token=settings.token))
+
+
+@app.command("run-relay")
+def run_relay(
+    to: Annotated[str, typer.Option("--to", help="The gateway's URL (http://host:port).")],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8700,
+) -> None:
+    """A run's own path to the gateway (compose mode's per-run ``gym`` service): every connection
+    on HOST:PORT is relayed, byte for byte, to the gateway; the run's network reaches nothing else."""
+    import asyncio
+
+    from gateway.launcher import serve_relay
+
+    console.print(f"relay on {host}:{port} to {to}")
+    asyncio.run(serve_relay(host, port, to))
 
 
 @app.command()
@@ -357,7 +395,7 @@ def ledger(key_id: str, agent: Annotated[bool, typer.Option("--agent", help="The
     if as_json:
         typer.echo(json.dumps({"data": rows}, indent=2))
         return
-    table = Table("time", "key", "service", "operation", "status", "estimate", "actual")
+    table = PlainTable("time", "key", "service", "operation", "status", "estimate", "actual")
     for r in rows:
         actual = "-" if r["actual_usd"] is None else f"{r['actual_usd']:.9f}"
         table.add_row(r["created_at"][:19], r["key_id"], r["service"], r["operation"], r["status"],
@@ -407,7 +445,7 @@ def list_across_runs(
         typer.echo(json.dumps({"object": "list", "kind": kind, "data": rows, "next_cursor": cursor}, indent=2))
         return
     columns = list(KINDS[kind].brief)
-    table = Table(*columns)
+    table = PlainTable(*columns)
     for r in rows:
         table.add_row(*(_cell(r.get(c)) for c in columns))
     console.print(table)
@@ -424,7 +462,7 @@ def _score_text(value: float | None) -> str:
 
 
 def _benchmark_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("name", "version", "status", "splits (tasks)", "training pool", "validation")
+    table = PlainTable("name", "version", "status", "splits (tasks)", "training pool", "validation")
     for b in rows:
         splits = ", ".join(f"{n}{' (hidden)' if i.get('hidden') else ''}: {i.get('tasks', '?')}"
                            for n, i in (b.get("splits") or {}).items())
@@ -491,7 +529,7 @@ def benchmarks_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: 
 
 
 def _scores_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table("score id", "run", "benchmark", "split", "model", "harness", "attempts", "status", "progress", "score")
+    table = PlainTable("score id", "run", "benchmark", "split", "model", "harness", "attempts", "status", "progress", "score")
     for r in rows:
         p = r.get("progress") or {}
         progress = f"{p.get('done', 0)}/{p.get('total', 0)}" if p else "-"
@@ -522,10 +560,10 @@ def _wait_for_scores(started: list[dict[str, Any]], run_id: str, poll: float, da
             for r in watched:
                 p = r.get("progress") or {}
                 if r["id"] not in bars:
-                    bars[r["id"]] = progress.add_task(f"{r['run_id']} {r['benchmark']}/{r['split']} avg@{r['attempts']}",
-                                                      total=p.get("total") or None, status=r["status"])
+                    label = f"{r['run_id']} {r['benchmark']}/{r['split']} avg@{r['attempts']}"
+                    bars[r["id"]] = progress.add_task(escape(inert(label)), total=p.get("total") or None, status="")
                 progress.update(bars[r["id"]], completed=p.get("done", 0), total=p.get("total") or None,
-                                status=f"{r['status']} {_score_text(r.get('score'))}")
+                                status=escape(inert(f"{r['status']} {_score_text(r.get('score'))}")))
             if all(r["status"] in FINAL for r in watched):
                 return watched
             time.sleep(poll)
@@ -587,7 +625,7 @@ def report(
     scores, keys = _admin(data_dir, url, lambda c: (c.scores(), c.keys()))
     rows, notes = build_report_rows(scores, keys, split)
     for note in notes:
-        err_console.print(f"[yellow]note[/yellow]: {note}")
+        _note(note)
     if not rows:
         err_console.print("no scored runs with an initial-system score yet: `rsigym score RUN --wait` first")
         raise typer.Exit(1)
@@ -611,15 +649,14 @@ def _report_records(client: AdminClient, run_ids: list[str]) -> tuple[Any, list[
     try:
         audits, default = newest_audits(client.audits()), NOT_AUDITED
     except AdminError as err:
-        err_console.print(f"[yellow]note[/yellow]: audits could not be read ({err.type}: {err.message}); "
-                          "integrity shown as unknown")
+        _note(f"audits could not be read ({err.type}: {err.message}); integrity shown as unknown")
         audits, default = {}, INTEGRITY_UNKNOWN
     timelines = []
     for run_id in run_ids:
         try:
             timelines.append(timeline_from_api(client.timeline(run_id)))
         except AdminError as err:
-            err_console.print(f"[yellow]note[/yellow]: no timeline for {run_id} ({err.type}: {err.message})")
+            _note(f"no timeline for {run_id} ({err.type}: {err.message})")
     return audits, timelines, default
 
 
@@ -627,7 +664,7 @@ def _report_records(client: AdminClient, run_ids: list[str]) -> tuple[Any, list[
 
 
 def _audit_summary(report: dict[str, Any]) -> Table:
-    table = Table("check", "verdict", "findings")
+    table = PlainTable("check", "verdict", "findings")
     for c in report["checks"]:
         shown = [f for f in c["findings"] if f["code"] not in ("NOT_OBSERVED", "NOT_APPLICABLE")]
         text = "; ".join(f"{f['code']} {f['category']}" + (f" ({len(f['task_ids'])} tasks)" if f.get("task_ids") else "")
@@ -672,12 +709,19 @@ def audit(
         rate = report.get("hacking_rate")
         console.print(f"run {run_id}: [bold]{report['status']}[/bold], hacking rate "
                       f"{'-' if rate is None else f'{rate:.3f}'}, record chain "
-                      f"{'intact' if (report.get('chain') or {}).get('ok') else 'BROKEN'}")
+                      f"{_chain_word(report.get('chain') or {})}")
         console.print(_audit_summary(report))
         if written:
             console.print("written: " + ", ".join(str(p) for p in written))
     if report["status"] != "accepted":
         raise typer.Exit(2)
+
+
+def _chain_word(chain: dict[str, Any]) -> str:
+    """intact | unverifiable (its head could not be checked against the anchor outside the store) |
+    BROKEN, from a chain check's view (services/core/events.py)."""
+    status = chain.get("status") or ("intact" if chain.get("ok") else "BROKEN")
+    return "BROKEN" if status == "broken" else str(status)
 
 
 @app.command()
@@ -697,17 +741,20 @@ def records(
         typer.echo(json.dumps(body, indent=2))
     elif what == "chain":
         console.print(f"run {run_id}: {body['events']} events, head at {body['head_seq']}: "
-                      + ("[green]intact[/green]" if body["ok"] else "[red]BROKEN[/red]"))
+                      + {"intact": "[green]intact[/green]", "unverifiable": "[yellow]UNVERIFIABLE[/yellow]"}.get(
+                          _chain_word(body), "[red]BROKEN[/red]"))
         for p in body.get("problems", []):
-            console.print(f"  event {p['seq']}: {p['problem']} — {p['detail']}")
+            console.print(plain(f"  event {p['seq']}: {p['problem']} — {p['detail']}"))
+        if _chain_word(body) == "unverifiable":
+            console.print(plain(f"  anchor: {(body.get('anchor') or {}).get('detail')}"))
     elif what == "events":
-        table = Table("seq", "kind", "key", "experiment", "at", "data")
+        table = PlainTable("seq", "kind", "key", "experiment", "at", "data")
         for e in body["data"]:
             table.add_row(str(e["seq"]), e["kind"], e.get("key_id") or "-", e.get("experiment_id") or "-",
                           e["created_at"][:19], json.dumps(e["data"])[:80])
         console.print(table)
     else:
-        table = Table("experiment", "owner", "name", "status", "parents", "checkpoints", "reasons")
+        table = PlainTable("experiment", "owner", "name", "status", "parents", "checkpoints", "reasons")
         for e in body["data"]:
             table.add_row(e["id"], e["owner_key_id"], e["name"], e["status"], ", ".join(e.get("parents") or []) or "-",
                           ", ".join((e.get("theta_out") or {}).get("checkpoints") or []) or "-",
@@ -759,13 +806,13 @@ def _agreement(files: list[Path], as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
-    table = Table("category", "units", "raw agreement", "Cohen's kappa")
+    table = PlainTable("category", "units", "raw agreement", "Cohen's kappa")
     for cat, row in result["per_category"].items():
         kappa = row.get("kappa")
         table.add_row(cat, str(row.get("n", "")), f"{row['agreement']:.3f}" if row.get("agreement") is not None else "-",
                       "-" if kappa is None else f"{kappa:.3f}")
     overall = result["overall"]
-    table.add_row("[bold]all[/bold]", str(overall.get("n", "")),
+    table.add_row(Text("all", style="bold"), str(overall.get("n", "")),
                   f"{overall['agreement']:.3f}" if overall.get("agreement") is not None else "-",
                   "-" if overall.get("kappa") is None else f"{overall['kappa']:.3f}")
     console.print(table)
@@ -812,7 +859,7 @@ def _tasks_call(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except GymError as err:
-        err_console.print(f"[red]error[/red]: {err.message}")
+        _error(err.message)
         raise typer.Exit(1) from None
 
 
@@ -825,7 +872,7 @@ def tasks_list(tasks_dir: TasksDirOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps({"data": rows}, indent=2))
         return
-    table = Table("name", "track", "offline", "benchmarks", "budget (USD)", "agent budget (USD)", "wall clock")
+    table = PlainTable("name", "track", "offline", "benchmarks", "budget (USD)", "agent budget (USD)", "wall clock")
     for r in rows:
         table.add_row(r["name"], r["track"], "yes" if r["offline"] else "no", ", ".join(r["benchmarks"]),
                       f"{r['budget_usd']:.2f}", f"{r['agent_budget_usd']:.2f}", r["wall_clock"])
@@ -864,10 +911,10 @@ def _run_call(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except GymError as err:
-        err_console.print(f"[red]error[/red]: {err.message}")
+        _error(err.message)
         raise typer.Exit(1) from None
     except AdminError as err:
-        err_console.print(f"[red]error[/red]: {err.type}: {err.message}")
+        _error(f"{err.type}: {err.message}")
         raise typer.Exit(1) from None
 
 
@@ -883,6 +930,8 @@ def run_start(
     compose_file: Annotated[Path, typer.Option("--compose-file", help="Compose mode: the gym's compose file "
                                                "(its core already up).")] = Path("docker-compose.yml"),
     project: Annotated[str, typer.Option("--project", help="Compose mode: the compose project name.")] = "rsigym",
+    agents_file: Annotated[Path | None, typer.Option("--agents", help="The agent registry (TOML; default: the "
+                                                     "gym's gateway/agents.toml).")] = None,
     tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False,
     data_dir: DataDirOpt = None, url: UrlOpt = None,
 ) -> None:
@@ -912,7 +961,7 @@ def run_start(
             data_dir=Path(settings.data_dir), gateway_url=url or settings.url, client=AdminClient(settings, url),
             task=found, key_body=key_body(found, gym_config, budget=amount),
             instruction=render_instruction(found, gym_config), agent=agent, config=gym_config,
-            extra_args=list(ctx.args), compose=compose)
+            extra_args=list(ctx.args), compose=compose, agents_file=agents_file or launcher.AGENTS)
 
     record = _run_call(start)
     if as_json:
@@ -935,7 +984,7 @@ def run_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None) -> None:
     if as_json:
         typer.echo(json.dumps({"data": [r.model_dump() for r in rows]}, indent=2))
         return
-    table = Table("run", "task", "agent", "status", "pid", "started", "exit")
+    table = PlainTable("run", "task", "agent", "status", "pid", "started", "exit")
     for r in rows:
         table.add_row(*_run_row(r))
     console.print(table)
@@ -964,7 +1013,7 @@ def run_logs(run: str, data_dir: DataDirOpt = None) -> None:
     """The agent's stdout and stderr."""
     from gateway.launcher import logs
 
-    typer.echo(_run_call(lambda: logs(Path(_settings(data_dir).data_dir), run)), nl=False)
+    typer.echo(inert(_run_call(lambda: logs(Path(_settings(data_dir).data_dir), run)), lines=True), nl=False)
 
 
 def main() -> None:
@@ -973,7 +1022,7 @@ def main() -> None:
     try:
         app()
     except FileError as err:  # a mistake in an operator's file: one paragraph, no traceback
-        err_console.print(f"[red]error[/red]: {escape(str(err))}")
+        _error(err)
         raise SystemExit(2) from None
 
 

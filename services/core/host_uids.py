@@ -1,4 +1,5 @@
-"""A host-wide pool of unprivileged uids for untrusted code (local sandboxes, custom losses).
+"""A host-wide pool of unprivileged uids for untrusted code (local sandboxes, custom losses, launched
+agents), and how a privileged bubblewrap drops its command to one (:func:`bwrap_drop`).
 
 Each uid is claimed with an flock on ``/tmp/rsigym-sandbox-uids/<uid>``, held for as long as
 the code runs as it, so two gyms on one host (or two pools in one process: an flock belongs to
@@ -19,6 +20,21 @@ from services.core.errors import ServiceUnavailable
 
 UID_LOCKS = Path("/tmp/rsigym-sandbox-uids")
 POOL_SIZE = 10_000
+DROP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
+"""All setpriv needs, inside a privileged bubblewrap, to drop to a uid and empty its bounding set."""
+
+
+def bwrap_drop(uid: int) -> tuple[list[str], list[str]]:
+    """(bubblewrap's flags, the command's prefix inside) that run a command as ``uid`` with no
+    capability at all, an empty bounding set, no supplementary groups and no_new_privs (setuid
+    binaries stay unprivileged), from a bubblewrap started as root *without* a user namespace: one
+    would map its processes to root and give them every capability over their own mounts (a
+    read-only bind is then remounted read-write). bubblewrap keeps only the three capabilities
+    setpriv needs; setpriv drops them with the uid change."""
+    flags = ["--cap-drop", "ALL", *(a for cap in DROP_CAPS for a in ("--cap-add", cap))]
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+              "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return flags, prefix
 
 
 class HostUidPool:

@@ -16,6 +16,8 @@ import httpx
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.core.private_files import traversable_dir
+
 
 def default_data_dir() -> Path:
     return Path.home() / ".rsigym"
@@ -68,8 +70,7 @@ class GymSettings(BaseSettings):
 
     def resolved_scratch_dir(self) -> Path:
         path = Path(self.scratch_dir) if self.scratch_dir else Path(tempfile.gettempdir())
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return traversable_dir(path)  # made 0711 under the gym's 0077 umask: sandbox uids walk through
 
 
 def plain_gateway_url(value: str) -> str:
@@ -128,6 +129,26 @@ class RedisSettings(BaseSettings):
     retry), then it is logged; the change itself is already committed."""
 
 
+class RecordAnchorSettings(BaseSettings):
+    """Where each run's record-chain head is anchored outside the store (prefix
+    ``RSIGYM_RECORD_ANCHOR_``; services/core/record_anchor.py). Every process that appends events
+    or checks chains must use the same anchor: with Redis, every process of the gym needs
+    RSIGYM_REDIS_URL."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_RECORD_ANCHOR_", extra="ignore")
+
+    kind: Literal["auto", "file", "redis"] = "auto"
+    """``auto``: Redis when RSIGYM_REDIS_URL is set (distributed), else a file in the data dir."""
+    path: Path | None = None
+    """The file anchor (default ``<data-dir>/record-anchor.log``)."""
+    redis_url: str | None = None
+    """The Redis anchor's server (default RSIGYM_REDIS_URL)."""
+    key_prefix: str = "rsigym:record-anchor:"
+    namespace: str | None = None
+    """Keeps gyms that share one Redis apart (default: derived from the internal secret, the same
+    on every replica of a gym)."""
+    redis_timeout_s: float = Field(default=2.0, gt=0)
+
 class PrincipalCacheSettings(BaseSettings):
     """The gateway's cache of authenticated keys (prefix ``RSIGYM_PRINCIPAL_CACHE_``).
 
@@ -156,7 +177,7 @@ class JobSettings(BaseSettings):
     heartbeat_ttl_s: float = Field(default=30.0, gt=0)
     reap_interval_s: float = Field(default=10.0, gt=0)
     max_resumes: int = Field(default=2, ge=0)
-    """How often a resumable job (evaluation) is re-queued after its worker died before it is failed."""
+    """How often a resumable job (training, evaluation) is re-queued after its worker died before it is failed."""
     publish_ahead: int = Field(default=1, ge=1)
     """Celery: jobs per queue published to the broker and not yet taken by a worker. The rest wait
     in the store and are published in fair order (services/core/jobs.py) as workers take jobs."""
@@ -179,6 +200,18 @@ class WorkerSettings(BaseSettings):
     visibility_timeout_s: float = Field(default=3600.0, gt=0)
     """Redis redelivers a task not acknowledged within this time (tasks are acknowledged late, so
     a killed worker's task comes back); a redelivered task whose job is alive does nothing."""
+
+
+class EgressSettings(BaseSettings):
+    """``rsigym egress-proxy``, a run's egress allowlist proxy in compose mode (prefix ``RSIGYM_EGRESS_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="RSIGYM_EGRESS_", extra="ignore")
+
+    allow: str = ""
+    """RSIGYM_EGRESS_ALLOW: the hosts the run's agent may reach, space or comma separated."""
+    token: str | None = None
+    """RSIGYM_EGRESS_TOKEN: the run's proxy credential; a request without it is refused (407). Only
+    from the environment: a secret on a command line is every local user's to read."""
 
 
 class ProviderSecrets:

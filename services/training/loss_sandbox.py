@@ -46,7 +46,8 @@ from typing import Any
 
 from services.core.config import SandboxConfig
 from services.core.errors import Unprocessable
-from services.core.host_uids import HostUidPool, kill_uid
+from services.core.host_uids import HostUidPool, bwrap_drop, kill_uid
+from services.core.private_files import write_private
 from services.core.redact import redact
 from services.sandbox import seccomp
 from services.sandbox.metering import nusd_per_second
@@ -68,8 +69,6 @@ sys.stdout.buffer.write(out.getvalue())
 MAX_ERROR_CHARS = 300
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Bound read-only when they are directories, recreated as links when (usr-merge) they are links."""
-CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
-"""All setpriv needs to drop to the loss uid (and empty its bounding set)."""
 DEFAULT_UID_BASE = SandboxConfig.model_fields["uid_base"].default
 
 
@@ -104,10 +103,10 @@ def sandbox_command(scratch: Path, argv: list[str], *, uid: int | None, filter_f
         raise Unprocessable("custom losses need bubblewrap (bwrap) on the training host", param="loss")
     cmd = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--unshare-ipc",
            "--unshare-uts", "--unshare-cgroup-try", "--clearenv"]
+    drop_flags, drop_prefix = bwrap_drop(uid) if uid is not None else ([], [])
     if uid is None:
         cmd += ["--unshare-user", *seccomp.disable_userns_flags(bwrap)]
-    else:
-        cmd += ["--cap-drop", "ALL", *(a for cap in CAPS for a in ("--cap-add", cap))]
+    cmd += drop_flags
     # /tmp first: the interpreter or the venv may live under it (a checkout in /tmp), and a tmpfs
     # mounted over /tmp after their binds would hide them.
     cmd += ["--tmpfs", "/tmp", *_system_binds()]
@@ -120,10 +119,7 @@ def sandbox_command(scratch: Path, argv: list[str], *, uid: int | None, filter_f
             "--remount-ro", "/tmp", "--remount-ro", "/", "--chdir", "/tmp/work",
             "--setenv", "HOME", "/tmp/work", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
             "--setenv", "PATH", "/usr/bin:/bin", "--seccomp", str(filter_fd), "--"]
-    if uid is not None:
-        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--"]
-    return cmd + argv
+    return cmd + drop_prefix + argv
 
 
 def failure_message(returncode: int, stderr: bytes) -> str:
@@ -175,8 +171,8 @@ class LossSandbox:
         try:
             uid = self.uids.take() if self.uids is not None else None
             scratch.mkdir()
-            (scratch / "custom_loss.py").write_text(self.source)
-            (scratch / "runner.py").write_text(RUNNER)
+            write_private(scratch / "custom_loss.py", self.source)  # the run's code: its uid's alone (below)
+            write_private(scratch / "runner.py", RUNNER)
             if uid is not None:  # the loss's own dir, writable by its uid; o+x lets capless bwrap chdir into it
                 for path in scratch.iterdir():
                     os.chown(path, uid, uid)

@@ -208,17 +208,18 @@ def test_the_wall_clock_stops_the_agent_and_its_jobs_spend_shows_on_both_meters_
 
 
 def shown_key(data_dir: Path, run: str) -> str:
-    """The run key, from the operator-side plan (0600): the value bubblewrap set in the agent's env."""
-    argv = json.loads((data_dir / "runs" / run / "supervise.json").read_text())["argv"]
-    return next(argv[i + 2] for i, part in enumerate(argv) if part == "--setenv" and argv[i + 1] == "RSIGYM_API_KEY")
+    """The run key, from the operator-side plan (0600): what the agent's environment holds."""
+    return str(json.loads((data_dir / "runs" / run / "supervise.json").read_text())["key"])
 
 
 def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
         live_agent_model: tuple[str, Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose mode without a Docker engine: a stand-in ``docker`` (tests/fakes/docker_shim.py)
-    starts what docker-compose.yml declares for ``agent-joint`` and ``egress`` (image entrypoint,
-    environment, mounts) as local processes. The run key travels in the environment, never argv;
-    the wall clock stops the container; the run's containers are removed at the end."""
+    starts what the run's own compose file declares (gateway/launcher_compose.py: its relay to the
+    gateway, its egress proxy, its agent from ``agent-joint``'s image) as local processes. The run key
+    and the proxy credential travel in the environment, never argv; the proxy refuses a client
+    without the run's credential; the wall clock stops the container; the run's containers and
+    network are removed at the end."""
     url, data_dir, _ = live_agent_model
     root = Path(__file__).resolve().parents[2]
     bin_dir, state = tmp_path / "bin", tmp_path / "shim"
@@ -237,11 +238,23 @@ def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
                          "--sleep", "600")
         run = started["run"]
         assert started["mode"] == "compose"
+        proxy = state / f"rsigym-egress-{run}.json"
+        for _ in range(300):
+            if proxy.is_file() and "sleeping" in rsigym("run", "logs", run):
+                break
+            time.sleep(0.1)
+        # The run's proxy, reached without the run's credential (or with a wrong one), serves nothing.
+        host, port = json.loads(proxy.read_text())["published"].split(":")
+        for auth in ("", "Proxy-Authorization: Basic cnVuOndyb25n\r\n"):  # run:wrong
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(f"GET http://127.0.0.2:{allowed}/ HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
+                head = sock.recv(4096).decode(errors="replace")
+            assert head.startswith("HTTP/1.1 407"), head
         shown = wait_for_exit(run, tries=900)
     log = rsigym("run", "logs", run)
     assert shown["status"] == "exited" and shown["exit_code"] == 124, log
     seen = report(log)
-    assert seen["balance"][0] == 200, log  # the agent's key reached the gateway from "inside the container"
+    assert seen["balance"][0] == 200, log  # the agent's key reached the gateway through the run's own relay
     fetched = seen["fetch"]
     assert fetched[f"http://127.0.0.2:{allowed}/"] == [200, f"hello from {allowed}"]
     assert fetched[f"http://127.0.0.2:{other}/"][0] == 403
@@ -250,12 +263,18 @@ def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
             "HTTPS_PROXY", "NO_PROXY"} <= env
     assert not {k for k in env if "ADMIN" in k or "SECRET" in k or "TEACHER" in k or k.startswith("PG")}
     calls = [json.loads(line) for line in (state / "calls.log").read_text().splitlines()]
-    key = json.loads((data_dir / "runs" / run / "supervise.json").read_text())["key"]
-    assert not [c for c in calls if any(key in part for part in c)]  # never on a command line
+    plan = json.loads((data_dir / "runs" / run / "supervise.json").read_text())
+    compose_file = (data_dir / "runs" / run / "compose.yml").read_text()
+    for secret in (plan["env"]["RSIGYM_API_KEY"], plan["env"]["RSIGYM_EGRESS_TOKEN"]):
+        assert not [c for c in calls if any(secret in part for part in c)]  # never on a command line
+        assert secret not in compose_file
     runs = [c for c in calls if c[:1] == ["compose"]]
-    egress_run, agent_run = runs  # the proxy first (detached), then the agent in the foreground
-    assert egress_run[-1] == "egress" and "-d" in egress_run and egress_run[-3:-1] == ["-e", "RSIGYM_EGRESS_ALLOW"]
-    assert agent_run[agent_run.index("--profile") + 1] == "joint" and "agent-joint" in agent_run
+    relay_run, egress_run, agent_run = runs  # the relay and the proxy first (detached), then the agent
+    assert relay_run[-1] == "gym" and egress_run[-1] == "egress" and "-d" in relay_run and "-d" in egress_run
+    assert agent_run[agent_run.index("python3") - 1] == "agent"  # the service, then the agent's command
+    project = agent_run[agent_run.index("-p") + 1]
+    assert project == f"rsigym-run-{run}" and all(c[c.index("-p") + 1] == project for c in runs)
     assert ["stop", "-t", "5", f"rsigym-agent-{run}"] in calls
-    assert ["rm", "-f", f"rsigym-agent-{run}", f"rsigym-egress-{run}"] in calls
-    assert not list(state.glob("rsigym-*.json"))  # both containers removed
+    assert ["rm", "-f", f"rsigym-agent-{run}", f"rsigym-gym-{run}", f"rsigym-egress-{run}"] in calls
+    assert ["network", "rm", f"rsigym-run-{run}"] in calls
+    assert not list(state.glob("rsigym-*.json"))  # every container removed

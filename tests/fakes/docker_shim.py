@@ -56,8 +56,8 @@ def _hosts() -> dict[str, str]:
 
 
 def _map_hosts(value: str) -> str:
-    for name, local in _hosts().items():
-        value = value.replace(f"//{name}", f"//{local}")
+    for name, local in _hosts().items():  # a URL's host, with or without credentials before it
+        value = value.replace(f"//{name}", f"//{local}").replace(f"@{name}", f"@{local}")
     return value
 
 
@@ -168,9 +168,10 @@ def compose_run(argv: list[str]) -> int:
         elif key in os.environ:
             env[key] = os.environ[key]
     entrypoint, image_cmd, paths = _image(root, service)
-    for volume in volumes:
+    for volume in [*(v for v in service.get("volumes") or [] if isinstance(v, str)), *volumes]:
         src, dst, *_ = volume.split(":")
-        paths[dst] = src
+        if src.startswith("/"):  # a bind mount (a named volume has no host path here)
+            paths[dst] = src
     if isinstance(service.get("entrypoint"), list):
         entrypoint = service["entrypoint"]
     full = [*entrypoint, *(command or service.get("command") or image_cmd)]
@@ -244,6 +245,8 @@ def main(argv: list[str]) -> int:
         if rest[:1] == ["-t"]:
             grace, rest = float(rest[1]), rest[2:]
         return max([_kill(n, grace) for n in rest] or [0])
+    if argv[:2] == ["network", "rm"]:  # compose made the run's network; the shim has none to remove
+        return 0
     if argv[:2] == ["rm", "-f"]:
         for name in argv[2:]:
             _kill(name, 0)

@@ -327,6 +327,16 @@ def test_jobs_go_to_celery_over_the_compose_redis(services: dict[str, dict[str, 
     assert fanout.scheme == "redis" and fanout.hostname == "redis"
 
 
+def test_every_part_that_writes_or_checks_records_anchors_them_in_the_compose_redis(
+        services: dict[str, dict[str, Any]]) -> None:
+    """Record chains' heads are anchored in Redis when RSIGYM_REDIS_URL is set (services/core/
+    record_anchor.py): a part without it would anchor to a file of its own, and checks elsewhere
+    would read its runs as unverifiable. The chart's parts get the same variables (checked below)."""
+    for name in ("gateway", "training", "evaluation", "sandbox", "records", "worker-cpu", "worker-gpu"):
+        assert urlsplit(env_of(services[name])["RSIGYM_REDIS_URL"]).hostname == "redis", name
+    assert command_of(services["redis"])[:3] == ["redis-server", "--appendonly", "yes"], "anchors lost on a restart"
+
+
 def test_the_shared_data_volume_reaches_everything_that_reads_or_writes_files(services: dict[str, dict[str, Any]]) -> None:
     """Datasets and checkpoints written by training and the workers are read by inference and
     evaluation: all of them mount the one gymdata volume at the image's data dir."""
@@ -1060,10 +1070,11 @@ def test_rendered_network_policies_confine_agents_services_and_workers(rendered:
     for name, dep in of_kind(rendered, "Deployment").items():
         if component_of(name) == "gateway":
             gateway_port = container_of(dep)["ports"][0]["containerPort"]
-    # Agents: egress to the gateway pods on the gateway port, and DNS; nothing else.
+    # Agents: egress to the gateway pods on the gateway port, and DNS; nothing else; no ingress at
+    # all (no other run's agent connects to one).
     agent = policies["agent-egress"]
     assert {n for n, labels in pods_and_agent.items() if selects(agent["podSelector"], labels)} == {"agent"}
-    assert agent["policyTypes"] == ["Egress"]
+    assert agent["policyTypes"] == ["Ingress", "Egress"] and agent["ingress"] == []
     to_pods = [_peers(rule, pods, "to") for rule in agent["egress"]]
     assert {"gateway"} in to_pods and all(p in ({"gateway"}, set()) for p in to_pods)
     for rule in agent["egress"]:

@@ -124,3 +124,35 @@ def test_connect_and_absolute_http_reach_an_allowed_host() -> None:
 def test_malformed_and_oversized_heads_are_refused(request_bytes: bytes, status: bytes) -> None:
     answer = asyncio.run(_exchange(EgressProxy(EgressPolicy(["pypi.org"]), resolve=PUBLIC), request_bytes))
     assert answer.split(b" ")[1] == status
+
+
+def test_a_runs_proxy_serves_only_clients_with_its_credential_and_keeps_it_from_upstream() -> None:
+    """Compose mode: the proxy of one run, reached by anyone else (no credential, another run's, a
+    malformed one), answers 407 in the standard shape; its own run's credential is let through and
+    never forwarded to the upstream host."""
+    import base64
+
+    def auth(user_password: bytes) -> bytes:
+        return b"Proxy-Authorization: Basic " + base64.b64encode(user_password) + b"\r\n"
+
+    async def scenario() -> tuple[list[bytes], bytes, bytes, list[bytes]]:
+        server, port, seen = await _upstream()
+        async with server:
+            proxy = EgressProxy(EgressPolicy([f"127.0.0.2:{port}"]), token="this-runs-token")
+            get = f"GET http://127.0.0.2:{port}/x HTTP/1.1\r\nHost: 127.0.0.2:{port}\r\n".encode()
+            refused = [await _exchange(proxy, get + header + b"\r\n") for header in (
+                b"", auth(b"run:another-runs-token"), auth(b"this-runs-token"), b"Proxy-Authorization: Bearer x\r\n",
+                b"Proxy-Authorization: Basic !!!\r\n")]
+            refused.append(await _exchange(proxy, f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n\r\n".encode()))
+            plain = await _exchange(proxy, get + auth(b"run:this-runs-token") + b"Proxy-Connection: keep-alive\r\n\r\n")
+            tunnel = await _exchange(proxy, f"CONNECT 127.0.0.2:{port} HTTP/1.1\r\n".encode()
+                                     + auth(b"run:this-runs-token") + b"\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        return refused, plain, tunnel, seen
+
+    refused, plain, tunnel, seen = asyncio.run(scenario())
+    for answer in refused:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 407") and b'Proxy-Authenticate: Basic realm="rsigym-egress"' in head, head
+        assert json.loads(body)["error"]["type"] == "authentication_error"
+    assert plain.startswith(b"HTTP/1.1 200 OK") and tunnel.startswith(b"HTTP/1.1 200 Connection Established")
+    assert len(seen) == 2 and all(b"this-runs-token" not in s and b"roxy-" not in s for s in seen), seen
