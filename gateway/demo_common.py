@@ -4,6 +4,7 @@ length, and the operator's ``rsigym`` CLI run as a user runs it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -53,19 +54,20 @@ def rsigym_cli(*args: str, env: dict[str, str], ok_codes: tuple[int, ...] = (0,)
 
 
 def trimmed_benchmarks(dest: Path, per_split: int, names: Sequence[str] = BUNDLED) -> list[Path]:
-    """The bundled benchmarks cut to their first ``per_split`` tasks of each split (same names):
-    what a shortened demo registers, validates, evaluates and scores. A training pool is kept whole
-    (it is disjoint from every task of the full benchmark, so from the cut one too)."""
+    """The bundled benchmarks cut to ``per_split`` tasks a split (same names): their first dev tasks,
+    and a generated official split of ``per_split`` tasks (drawn by the gym at registration, as the full
+    benchmark's is): what a shortened demo registers, validates, evaluates and scores. A training pool
+    is kept whole (it is disjoint from every task of the full benchmark, so from the cut one too)."""
     roots = []
     for name in names:
         source, root = BENCHMARKS / name, dest / name
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        for extra in ("benchmark.toml", "train.jsonl"):
-            if (source / extra).is_file():
-                shutil.copy2(source / extra, root / extra)
-        for split in ("dev", "official"):
-            for task in sorted((source / split).iterdir())[:per_split]:
-                shutil.copytree(task, root / split / task.name)
+        header = (source / "benchmark.toml").read_text()
+        (root / "benchmark.toml").write_text(re.sub(r"(?m)^count = \d+$", f"count = {per_split}", header))
+        if (source / "train.jsonl").is_file():
+            shutil.copy2(source / "train.jsonl", root / "train.jsonl")
+        for task in sorted((source / "dev").iterdir())[:per_split]:
+            shutil.copytree(task, root / "dev" / task.name)
         roots.append(root)
     return roots

@@ -2,7 +2,8 @@
 
 A benchmark is a directory, or a ``.tar.gz`` holding one (at the top or in a single folder)::
 
-    benchmark.toml                 name, description, version, [splits.<split>] hidden = bool,
+    benchmark.toml                 name, description, version, [splits.<split>] hidden = bool
+                                   (a generated split also generator = "<name>", count = N),
                                    optionally [training] pool = "train.jsonl"
     <split>/<task-id>/             one Harbor task per folder, ids unique across splits:
         task.toml                  Harbor's TaskConfig; [metadata] kind ("qa" also answer_file)
@@ -11,6 +12,11 @@ A benchmark is a directory, or a ``.tar.gz`` holding one (at the top or in a sin
         tests/test.sh              writes 0 or 1 to /logs/verifier/reward.txt
         solution/solve.sh
     train.jsonl                    optional training pool: {"question": …} per line
+
+A **generated split** (``[splits.official] generator = "arithmetic"``, ``count = 60``) ships no
+folder: the gym draws its tasks at registration from a seed its operator holds
+(services/evaluation/official_splits.py), so no file of the benchmark's repository holds them. Until
+then the split has no tasks; the registered copy has them in ``<split>/`` like any other split.
 
 A **training pool** is the benchmark's train split, in the sense of GSM8K's: questions of the
 benchmark's own form that no task of any split asks, published to agents (``GET
@@ -39,12 +45,15 @@ from harbor.models.task.config import TaskConfig
 from harbor.models.task.task import Task
 from pydantic import ValidationError
 
+from services.evaluation.task_generators import GENERATORS
+
 REQUIRED_SPLITS = ("dev", "official")
 REQUIRED_FILES = ("instruction.md", "tests/test.sh", "solution/solve.sh")
 TARBALL_SUFFIXES = (".tar.gz", ".tgz")
 POOL_MAX_ROWS = 200_000
 POOL_MAX_BYTES = 32 * 1024 * 1024
 POOL_MAX_QUESTION_CHARS = 20_000
+GENERATED_MAX_TASKS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +66,19 @@ class TaskRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Generated:
+    """A split drawn at registration (``[splits.<name>] generator``, ``count``)."""
+
+    generator: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Split:
     name: str
     hidden: bool
     tasks: list[TaskRef]
+    generated: Generated | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +114,8 @@ def load_benchmark(source: Path | str, *, extract_to: Path | None = None) -> Ben
 
     header = _read_header(root / "benchmark.toml")
     splits = {
-        name: Split(name, hidden, [_task_ref(p) for p in _task_dirs(root / name)])
-        for name, hidden in header["splits"].items()
+        name: Split(name, hidden, [_task_ref(p) for p in _task_dirs(root / name)], generated)
+        for name, (hidden, generated) in header["splits"].items()
     }
     return Benchmark(header["name"], header["description"], header["version"], root.resolve(), splits,
                      header["pool"])
@@ -111,6 +129,8 @@ def validate_structure(benchmark: Benchmark) -> None:
         if name not in benchmark.splits
     ]
     for split in benchmark.splits.values():
+        if split.generated is not None and not (benchmark.root / split.name).exists():
+            continue  # drawn at registration (services/evaluation/official_splits.py)
         if not (benchmark.root / split.name).is_dir():
             problems.append(f"split {split.name!r}: directory {split.name}/ is missing")
         elif not split.tasks:
@@ -199,7 +219,7 @@ def _read_header(path: Path) -> dict[str, Any]:
 
     errors = [f"{key} must be a string" for key in ("name", "description", "version")
               if not isinstance(data.get(key), str)]
-    splits: dict[str, bool] = {}
+    splits: dict[str, tuple[bool, Generated | None]] = {}
     tables = data.get("splits")
     if not isinstance(tables, dict):
         errors.append("[splits.<name>] tables are missing")
@@ -208,8 +228,10 @@ def _read_header(path: Path) -> dict[str, Any]:
             hidden = table.get("hidden") if isinstance(table, dict) else None
             if not isinstance(hidden, bool):
                 errors.append(f"[splits.{name}] hidden must be true or false")
-            else:
-                splits[name] = hidden
+                continue
+            generated, problems = _generated(name, table)
+            errors.extend(problems)
+            splits[name] = (hidden, generated)
     pool: str | None = None
     training = data.get("training", {})
     if not isinstance(training, dict):
@@ -224,6 +246,25 @@ def _read_header(path: Path) -> dict[str, Any]:
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))
     return {**data, "splits": splits, "pool": pool}
+
+
+def _generated(split: str, table: dict[str, Any]) -> tuple[Generated | None, list[str]]:
+    """A split's ``generator`` and ``count``, if it declares a generator."""
+    where = f"[splits.{split}]"
+    if "seed" in table:  # a seed in the benchmark is a seed every reader of the repository has
+        return None, [f"{where} seed: a generated split's seed is the operator's, given at registration "
+                      "(--seed-file), never written in the benchmark"]
+    if "generator" not in table:
+        return None, [f"{where} count needs a generator"] if "count" in table else []
+    name, count = table["generator"], table.get("count")
+    problems = []
+    if not isinstance(name, str) or name not in GENERATORS:
+        problems.append(f"{where} generator must be one of {', '.join(sorted(GENERATORS))}")
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= GENERATED_MAX_TASKS:
+        problems.append(f"{where} count must be a whole number of tasks from 1 to {GENERATED_MAX_TASKS}")
+    elif not problems:
+        return Generated(name, count), []
+    return None, problems
 
 
 def _task_dirs(split_dir: Path) -> list[Path]:

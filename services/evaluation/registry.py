@@ -6,6 +6,11 @@ keeps its own copy under the data dir (a tarball is unpacked there), and queues 
 validation job; the benchmark becomes ``ready`` only when every oracle solution scored 1
 and every empty answer scored 0, and ``refused`` (with the failing tasks) otherwise.
 
+A generated split (``[splits.official] generator = …``) is drawn into the staged copy before those
+checks, from the gym's seed or the operator's ``seed_file`` (services/evaluation/official_splits.py),
+so the split is validated, disjointness-checked and registered like a shipped one, but no file of the
+benchmark's source holds it.
+
 A benchmark's training pool (services/evaluation/benchmarks.py) is checked at registration with the
 contamination audit's own scanner and settings: a pool row that the audit would match to any task
 of the benchmark refuses the registration, naming the rows, so an agent that trains on the pool is
@@ -28,6 +33,13 @@ from services.core.private_files import lock_down, private_dir
 from services.core.store import Store
 from services.core.config import AuditConfig
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
+from services.evaluation.official_splits import (
+    Seed,
+    check_generated_disjoint,
+    generate_splits,
+    gym_seed,
+    operator_seed,
+)
 from services.evaluation.tables import BenchmarkRow, TrialResultRow
 
 
@@ -75,17 +87,22 @@ class BenchmarkRegistry:
         self._cache: dict[str, Benchmark] = {}
         self._lock = threading.Lock()
 
-    def register(self, source: str | Path, *, replace: bool = False) -> tuple[BenchmarkRow, Benchmark]:
-        """Check and copy a benchmark; the caller queues its validation job."""
+    def register(self, source: str | Path, *, replace: bool = False,
+                 seed_file: str | Path | None = None) -> tuple[BenchmarkRow, Benchmark]:
+        """Check and copy a benchmark, drawing its generated splits (from ``seed_file`` on the gym's
+        host, else the gym's own seed); the caller queues its validation job."""
         source = Path(source)
         if not source.exists():
             raise NotFound(f"no benchmark at {source} on the gym's host", param="path")
+        try:
+            seed: Seed | None = operator_seed(seed_file) if seed_file is not None else None
+        except ValueError as err:
+            raise Unprocessable(f"benchmark refused: {err}", param="seed_file") from err
         staging = Path(tempfile.mkdtemp(prefix=".register-", dir=self.root))
         try:
             try:
                 bench = load_benchmark(source, extract_to=staging / "unpacked")
                 validate_structure(bench)
-                check_pool_disjoint(bench, self.audit)
             except ValueError as err:
                 raise Unprocessable(f"benchmark refused: {err}", param="path") from err
             dest = self.root / f"{bench.name}-{bench.version}"
@@ -94,16 +111,29 @@ class BenchmarkRegistry:
                 if existing is not None and not replace:
                     raise Conflict(f"benchmark {bench.name!r} is already registered (version {existing.version})",
                                    param="path")
+            tree = staging / "tree"
+            shutil.copytree(bench.root, tree, symlinks=False)
+            try:
+                generated: dict[str, dict[str, Any]] = {}
+                if any(split.generated for split in bench.splits.values()):
+                    generated = generate_splits(tree, seed or gym_seed(self.root))
+                    bench = load_benchmark(tree)
+                    validate_structure(bench)
+                    check_generated_disjoint(bench)
+                check_pool_disjoint(bench, self.audit)
+            except ValueError as err:
+                raise Unprocessable(f"benchmark refused: {err}", param="path") from err
             if dest.exists():
                 shutil.rmtree(dest)
-            shutil.copytree(bench.root, dest, symlinks=False)
+            tree.rename(dest)
             lock_down(dest)  # the copy took the source's modes: hidden tests are the gym's alone
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         bench = load_benchmark(dest)
         row = BenchmarkRow(
             name=bench.name, version=bench.version, description=bench.description, path=str(dest),
-            splits={n: {"hidden": sp.hidden, "tasks": len(sp.tasks)} for n, sp in bench.splits.items()},
+            splits={n: {"hidden": sp.hidden, "tasks": len(sp.tasks),
+                        **({"generated": generated[n]} if n in generated else {})} for n, sp in bench.splits.items()},
             validation={"status": "validating"}, training_pool=_pool_info(bench))
         with self.store.transaction() as s:
             s.merge(row)

@@ -4,6 +4,7 @@ evaluations (trials in bubblewrap sandboxes, Harbor's verifier) in seconds, not 
 from __future__ import annotations
 
 import io
+import re
 import shutil
 import tarfile
 import time
@@ -18,6 +19,7 @@ import rsigym
 from gateway.builder import Gym, build_embedded
 from services.core.config import EvaluationConfig, GymConfig, SandboxConfig
 from services.core.settings import GymSettings, ProviderSecrets
+from services.evaluation.benchmarks import TaskRef
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve_gym
 
@@ -26,27 +28,34 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 def mini_benchmark(dest: Path, *, name: str = "mini", per_split: int = 2, shared_verifier: bool = False) -> Path:
-    """The first ``per_split`` arithmetic tasks of each split as a benchmark of its own (with the
-    arithmetic training pool).
+    """The arithmetic benchmark cut to ``per_split`` tasks a split, as a benchmark of its own (with the
+    arithmetic training pool): its first dev tasks, and an official split of ``per_split`` tasks that the
+    gym generates at registration, as it does the bundled one's (the repository holds no official task).
 
     ``shared_verifier``: drop the tasks' ``environment_mode = "separate"``, so they ask Harbor for
     its default (the verifier in the agent's own environment) — to prove the gym does not
-    depend on the task to separate them."""
+    depend on the task to separate them. Generated tasks take their run settings from the dev tasks,
+    so this (and the 60 s agent timeout) holds for the official ones too."""
     root = dest / name
     source = BENCHMARKS / "arithmetic"
     root.mkdir(parents=True)
     header = (source / "benchmark.toml").read_text().replace('name = "arithmetic"', f'name = "{name}"')
-    (root / "benchmark.toml").write_text(header)
+    (root / "benchmark.toml").write_text(re.sub(r"(?m)^count = \d+$", f"count = {per_split}", header))
     shutil.copy2(source / "train.jsonl", root / "train.jsonl")  # the training pool: disjoint from every task
-    for split in ("dev", "official"):
-        for task in sorted((source / split).iterdir())[:per_split]:
-            shutil.copytree(task, root / split / task.name)
-            toml = root / split / task.name / "task.toml"
-            text = toml.read_text().replace("[agent]\ntimeout_sec = 300.0", "[agent]\ntimeout_sec = 60.0")
-            if shared_verifier:
-                text = text.replace('environment_mode = "separate"\n', "")
-            toml.write_text(text)
+    for task in sorted((source / "dev").iterdir())[:per_split]:
+        shutil.copytree(task, root / "dev" / task.name)
+        toml = root / "dev" / task.name / "task.toml"
+        text = toml.read_text().replace("[agent]\ntimeout_sec = 300.0", "[agent]\ntimeout_sec = 60.0")
+        if shared_verifier:
+            text = text.replace('environment_mode = "separate"\n', "")
+        toml.write_text(text)
     return root
+
+
+def registered_tasks(gym: Gym, name: str, split: str = "official") -> list[TaskRef]:
+    """The tasks of a registered benchmark's split, from the gym's own copy (where a generated
+    split's tasks are: the operator's side of the gym, never the repository)."""
+    return gym.service_apps["evaluation"].state.evaluation.registry.load(name).splits[split].tasks
 
 
 def harness_archive(name: str, script: str) -> bytes:
@@ -117,12 +126,16 @@ class LiveGym:
 
 
 @contextmanager
-def live_gym(data_dir: Path, *, trial_concurrency: int = 4, sandbox: SandboxConfig | None = None) -> Iterator[LiveGym]:
-    """An embedded gym served on a free loopback port (as ``rsigym up`` serves it)."""
-    config = GymConfig(evaluation=EvaluationConfig(workers=2, trial_concurrency=trial_concurrency),
-                       sandbox=sandbox or SandboxConfig())
+def live_gym(data_dir: Path, *, trial_concurrency: int = 4, sandbox: SandboxConfig | None = None,
+             config: GymConfig | None = None, secrets: dict[str, str] | None = None) -> Iterator[LiveGym]:
+    """An embedded gym served on a free loopback port (as ``rsigym up`` serves it). ``config``
+    (e.g. with a rollout catalogue and an audit judge) gets the evaluation and sandbox settings
+    here; ``secrets``: the provider keys its catalogue names."""
+    config = (config or GymConfig()).model_copy(update={
+        "evaluation": EvaluationConfig(workers=2, trial_concurrency=trial_concurrency),
+        "sandbox": sandbox or SandboxConfig()})
     gym = build_embedded(GymSettings(data_dir=data_dir, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),
-                         config=config, provider_secrets=ProviderSecrets({}), run_reaper=False)
+                         config=config, provider_secrets=ProviderSecrets(secrets or {}), run_reaper=False)
     try:
         with serve_gym(gym) as url:
             live = LiveGym(url, gym)

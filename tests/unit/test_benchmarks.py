@@ -1,4 +1,8 @@
-"""The offline benchmarks (benchmarks/arithmetic, benchmarks/shell) and their loader."""
+"""The offline benchmarks (benchmarks/arithmetic, benchmarks/shell) and their loader.
+
+The repository holds each benchmark's dev split and training pool; its official split is declared
+generated and exists only once a gym registers the benchmark (services/evaluation/official_splits.py),
+so the split tests read a registered copy."""
 
 from __future__ import annotations
 
@@ -8,11 +12,16 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from services.evaluation.benchmarks import Benchmark, load_benchmark, validate_structure
+from services.core.settings import StoreSettings
+from services.core.store import Store, sqlite_url
+from services.evaluation.benchmarks import Benchmark, Generated, load_benchmark, validate_structure
+from services.evaluation.registry import BenchmarkRegistry
 
 BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 NAMES = ("arithmetic", "shell")
@@ -31,17 +40,40 @@ def _question(task_dir: Path) -> str:
     return h.hexdigest()
 
 
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchmarkRegistry]:
+    """Both bundled benchmarks registered in a gym's registry (official splits drawn, no validation run)."""
+    root = tmp_path_factory.mktemp("gym")
+    store = Store(sqlite_url(root), StoreSettings())
+    store.migrate()
+    registry = BenchmarkRegistry(store, root / "benchmarks")
+    for name in NAMES:
+        registry.register(BENCHMARKS_DIR / name)
+    yield registry
+    store.dispose()
+
+
 @pytest.fixture(scope="module", params=NAMES)
-def bench(request: pytest.FixtureRequest) -> Benchmark:
-    return load_benchmark(BENCHMARKS_DIR / request.param)
+def bench(request: pytest.FixtureRequest, registry: BenchmarkRegistry) -> Benchmark:
+    """A bundled benchmark as a gym registered it."""
+    return registry.load(request.param)
+
+
+def test_the_repository_holds_dev_and_declares_official_generated() -> None:
+    for name in NAMES:
+        shipped = load_benchmark(BENCHMARKS_DIR / name)
+        validate_structure(shipped)
+        assert {n: split.hidden for n, split in shipped.splits.items()} == {"dev": False, "official": True}
+        assert shipped.splits["official"].generated == Generated(name, 60) and not shipped.splits["official"].tasks
+        assert not (BENCHMARKS_DIR / name / "official").exists()
+        assert shipped.description and shipped.version == "2.0.0" and len(shipped.splits["dev"].tasks) == 60
 
 
 def test_benchmark_loads_and_validates(bench: Benchmark) -> None:
     validate_structure(bench)
     assert {name: split.hidden for name, split in bench.splits.items()} == {"dev": False, "official": True}
-    assert bench.description and bench.version
     for split in bench.splits.values():
-        assert len(split.tasks) >= 50
+        assert len(split.tasks) == 60
         assert all(t.config is not None and t.kind == ("qa" if bench.name == "arithmetic" else "shell")
                    for t in split.tasks)
 
@@ -50,10 +82,28 @@ def test_no_question_or_id_shared_between_splits(bench: Benchmark) -> None:
     dev, official = bench.splits["dev"].tasks, bench.splits["official"].tasks
     assert not {t.id for t in dev} & {t.id for t in official}
     assert not {_question(t.path) for t in dev} & {_question(t.path) for t in official}
+    assert len({_question(t.path) for t in official}) == len(official)
 
 
-def test_arithmetic_tasks_have_the_tiny_model_shape() -> None:
-    bench = load_benchmark(BENCHMARKS_DIR / "arithmetic")
+def test_the_official_split_is_drawn_like_dev(bench: Benchmark) -> None:
+    """Same distribution: shell's ten templates in equal shares in both splits, every task rendered
+    with the dev tasks' run settings ([agent], [verifier], [environment], artifacts)."""
+    dev, official = bench.splits["dev"].tasks, bench.splits["official"].tasks
+    metadata = Counter(tuple(sorted(t.config.metadata)) for t in dev if t.config)
+    assert Counter(tuple(sorted(t.config.metadata)) for t in official if t.config) == metadata
+    if bench.name == "shell":
+        templates = Counter(t.config.metadata["template"] for t in official if t.config)
+        assert templates == Counter(t.config.metadata["template"] for t in dev if t.config)
+        assert set(templates.values()) == {6}
+    for task in official:
+        assert task.config is not None and dev[0].config is not None
+        for table in ("agent", "verifier", "environment"):
+            assert getattr(task.config, table) == getattr(dev[0].config, table), (task.id, table)
+        assert task.config.artifacts == dev[0].config.artifacts
+
+
+def test_arithmetic_tasks_have_the_tiny_model_shape(registry: BenchmarkRegistry) -> None:
+    bench = registry.load("arithmetic")
     for _, task in bench.tasks():
         assert re.fullmatch(r"sub-\d{4}", task.id)
         match = re.fullmatch(r"What is (\d\d) - (\d\d)\?\n", (task.path / "instruction.md").read_text())
@@ -89,9 +139,10 @@ def test_loads_from_tarball(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def broken_copy(tmp_path: Path) -> Path:
+def broken_copy(tmp_path: Path, registry: BenchmarkRegistry) -> Path:
+    """A registered copy of arithmetic (both splits on disk), to break."""
     root = tmp_path / "arithmetic"
-    shutil.copytree(BENCHMARKS_DIR / "arithmetic", root)
+    shutil.copytree(registry.load("arithmetic").root, root)
     return root
 
 
@@ -125,11 +176,30 @@ def test_duplicate_ids_and_missing_split_are_refused(broken_copy: Path) -> None:
     assert f"official/{first.name}: duplicate task id (also in dev/)" in _problems(broken_copy)
 
     shutil.rmtree(broken_copy / "official")
+    validate_structure(load_benchmark(broken_copy))  # a generated split is drawn at registration
+    toml = broken_copy / "benchmark.toml"
+    toml.write_text(toml.read_text().replace('generator = "arithmetic"\ncount = 60\n', ""))
     assert "split 'official': directory official/ is missing" in _problems(broken_copy)
 
-    toml = broken_copy / "benchmark.toml"
     toml.write_text(toml.read_text().replace("[splits.official]\nhidden = true\n", ""))
     assert "split 'official' is not declared in benchmark.toml" in _problems(broken_copy)
+
+
+@pytest.mark.parametrize("lines, expected", [
+    ('generator = "arithmetic"\ncount = 60\nseed = 7\n', "seed is the operator's, given at registration"),
+    ('generator = "poetry"\ncount = 60\n', "generator must be one of arithmetic, shell"),
+    ('generator = "arithmetic"\ncount = 0\n', "count must be a whole number of tasks from 1 to 1000"),
+    ('generator = "arithmetic"\n', "count must be a whole number"),
+    ("count = 60\n", "count needs a generator"),
+])
+def test_a_generated_split_is_declared_with_a_known_generator_and_no_seed(tmp_path: Path, lines: str,
+                                                                           expected: str) -> None:
+    root = tmp_path / "arithmetic"
+    shutil.copytree(BENCHMARKS_DIR / "arithmetic", root)
+    toml = root / "benchmark.toml"
+    toml.write_text(toml.read_text().replace('generator = "arithmetic"\ncount = 60\n', lines))
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        load_benchmark(root)
 
 
 def test_qa_task_without_answer_file_is_refused(broken_copy: Path) -> None:

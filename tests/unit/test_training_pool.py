@@ -19,7 +19,8 @@ from sqlalchemy import select
 from services.core.config import AuditConfig
 from services.core.errors import Unprocessable
 from services.core.store import Store
-from services.evaluation.benchmarks import load_benchmark, pool_questions
+from services.evaluation.benchmarks import pool_questions
+from services.evaluation.official_splits import SEED_FILE
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import BenchmarkRow
 from services.records.audits.contamination import row_text, scan, task_items
@@ -29,16 +30,18 @@ ARITHMETIC = Path(__file__).resolve().parents[2] / "benchmarks" / "arithmetic"
 
 
 def _registered(store: Store, root: Path) -> tuple[list[str], list[str]]:
-    """(benchmark rows in the store, entries under the registry's directory)."""
+    """(benchmark rows in the store, entries under the registry's directory but the gym's seed)."""
     with store.transaction() as s:
         names = list(s.scalars(select(BenchmarkRow.name)))
-    return names, sorted(p.name for p in root.iterdir()) if root.exists() else []
+    return names, sorted(p.name for p in root.iterdir() if p.name != SEED_FILE) if root.exists() else []
 
 
-def test_the_bundled_pool_answered_whole_is_never_flagged() -> None:
+def test_the_bundled_pool_answered_whole_is_never_flagged(sqlite_store: Store, tmp_path: Path) -> None:
     """What an agent does with the pool (every question, with its answer, in the harness's prompt
-    shape) scanned as the audit scans a run's datasets: not one task of any split matches."""
-    bench = load_benchmark(ARITHMETIC)
+    shape) scanned as the audit scans a run's datasets: not one task of any split matches, the
+    official tasks the gym drew at registration included."""
+    _, bench = BenchmarkRegistry(sqlite_store, tmp_path / "registry").register(ARITHMETIC)
+    assert len(bench.splits["official"].tasks) == 60
     questions = pool_questions(bench)
     asked = {(t.path / "instruction.md").read_text().strip() for _, t in bench.tasks()}
     assert len(questions) == len(set(questions)) == 2000 and not asked & set(questions)
@@ -53,17 +56,17 @@ def test_the_bundled_pool_answered_whole_is_never_flagged() -> None:
     assert report.rows_scanned == 2000 and report.contaminated == []
 
 
-def test_a_pool_holding_a_hidden_question_is_refused_and_nothing_is_registered(store: Store, tmp_path: Path) -> None:
+def test_a_pool_holding_a_task_question_is_refused_and_nothing_is_registered(store: Store, tmp_path: Path) -> None:
     bench = mini_benchmark(tmp_path / "src", name="leaky")
-    hidden = sorted((bench / "official").iterdir())[0]
-    question = (hidden / "instruction.md").read_text().strip()
+    task = sorted((bench / "dev").iterdir())[0]
+    question = (task / "instruction.md").read_text().strip()
     with open(bench / "train.jsonl", "a") as pool:  # in another spelling: the audit normalises it
         pool.write(json.dumps({"question": question.upper().replace(" - ", " \u2212 ")}) + "\n")
     root = tmp_path / "registry"
     with pytest.raises(Unprocessable) as refused:
         BenchmarkRegistry(store, root).register(bench)
     assert refused.value.param == "path"
-    assert "row 2001" in refused.value.message and f"leaky/{hidden.name} (official)" in refused.value.message
+    assert "row 2001" in refused.value.message and f"leaky/{task.name} (dev)" in refused.value.message
     assert _registered(store, root) == ([], [])  # no row, no copy, no staging directory left
 
 

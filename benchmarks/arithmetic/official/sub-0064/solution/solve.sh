@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (62 - 17 = 45).
-echo 45 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (97 - 26 = 71).
-echo 71 > /app/answer.txt

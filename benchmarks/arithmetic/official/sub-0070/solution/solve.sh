@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (93 - 60 = 33).
-echo 33 > /app/answer.txt

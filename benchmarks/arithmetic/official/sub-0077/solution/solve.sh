@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (57 - 20 = 37).
-echo 37 > /app/answer.txt

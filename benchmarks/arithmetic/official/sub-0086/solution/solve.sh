@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (62 - 31 = 31).
-echo 31 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (40 - 13 = 27).
-echo 27 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (66 - 16 = 50).
-echo 50 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (72 - 44 = 28).
-echo 28 > /app/answer.txt

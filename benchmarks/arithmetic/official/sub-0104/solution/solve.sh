@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (56 - 25 = 31).
-echo 31 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (83 - 25 = 58).
-echo 58 > /app/answer.txt

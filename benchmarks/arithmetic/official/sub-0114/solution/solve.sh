@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (53 - 27 = 26).
-echo 26 > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (56 - 44 = 12).
-echo 12 > /app/answer.txt

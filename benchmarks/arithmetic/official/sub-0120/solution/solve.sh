@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (77 - 28 = 49).
-echo 49 > /app/answer.txt

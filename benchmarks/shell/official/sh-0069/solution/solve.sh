@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (wolf -> nebula).
-sed -i 's/wolf/nebula/g' /app/message.txt

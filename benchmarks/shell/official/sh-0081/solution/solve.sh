@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (6 ERROR lines).
-awk '$2 == "ERROR"' /app/app.log | wc -l > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (lotus -> willow).
-sed -i 's/lotus/willow/g' /app/message.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (largest = 9801).
-sort -n /app/numbers.txt | tail -n 1 > /app/answer.txt

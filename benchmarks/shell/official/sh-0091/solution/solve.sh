@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (10 WARN lines).
-awk '$2 == "WARN"' /app/app.log | wc -l > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (7 distinct names).
-sort -u /app/names.txt > /app/sorted.txt

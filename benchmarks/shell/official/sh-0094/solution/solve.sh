@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (olive x7).
-sort /app/items.txt | uniq -c | sort -rn | head -n 1 | awk '{print $2}' > /app/answer.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (sand -> falcon).
-sed -i 's/sand/falcon/g' /app/message.txt

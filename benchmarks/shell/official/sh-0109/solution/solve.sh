@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (harbor -> falcon).
-sed -i 's/harbor/falcon/g' /app/message.txt

@@ -1,3 +1,0 @@
-#!/bin/bash
-# Oracle (ember occurs 4 times).
-grep -ow 'ember' /app/text.txt | wc -l > /app/answer.txt
