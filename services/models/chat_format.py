@@ -32,7 +32,9 @@ def _call_text(call: dict[str, Any]) -> str:
             args = json.loads(args)
         except ValueError:
             pass
-    return TOOL_OPEN + json.dumps({"name": fn.get("name"), "arguments": args}, separators=(",", ":")) + TOOL_CLOSE
+    # Non-ASCII as itself, not as \u escapes: the text trained and audited is what the call says.
+    return TOOL_OPEN + json.dumps({"name": fn.get("name"), "arguments": args}, separators=(",", ":"),
+                                  ensure_ascii=False) + TOOL_CLOSE
 
 
 def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:

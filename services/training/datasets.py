@@ -2,7 +2,10 @@
 
 Two row forms: chat (``{"messages": [...], "tools"?: [...]}``, the last message is the
 assistant's answer) and completion (``{"prompt": "...", "completion": "..."}``). A file with any
-bad row is refused whole, with line-numbered errors, and nothing is written. Identical content
+bad row is refused whole, with line-numbered errors naming the field, and nothing is written.
+A row is trained as services/models/training_text.py renders it, and a row that could write
+structure of its own into that text — chat markup or special-token strings in any field, a tool
+name outside ``^[A-Za-z0-9_-]{1,64}$`` — is a bad row. Identical content
 is stored once (``<data>/datasets/<sha256>.jsonl``); a run that uploads it again gets its
 existing dataset back. Each run's datasets count against its storage quota
 (services/core/storage_quota.py), charged in the transaction that records them.
@@ -14,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from services.core.ids import new_id
 from services.core.private_files import private_dir
 from services.core.storage_quota import StorageQuota
 from services.core.store import Store
-from services.models.chat_format import split_example
+from services.models.training_text import structure_problem, training_example
 from services.training.tables import Dataset
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -42,8 +46,15 @@ def _check_chat(row: dict[str, Any]) -> str | None:
         content = m.get("content")
         if content is not None and not isinstance(content, str):
             return f"messages[{i}].content must be a string"
-        if m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
-            return f"messages[{i}].tool_calls must be a list"
+        if m.get("tool_calls") is not None:
+            if not isinstance(m["tool_calls"], list):
+                return f"messages[{i}].tool_calls must be a list"
+            for j, call in enumerate(m["tool_calls"]):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                        fn.get("arguments", ""), (str, dict)):
+                    return (f"messages[{i}].tool_calls[{j}] must be a function call "
+                            '({"function": {"name": str, "arguments": str | object}})')
     if messages[-1]["role"] != "assistant":
         return "the last message must be the assistant's answer"
     tools = row.get("tools")
@@ -51,14 +62,14 @@ def _check_chat(row: dict[str, Any]) -> str | None:
             isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") for t in tools)):
         return "tools must be a list of function tools"
     extra = set(row) - {"messages", "tools"}
-    return f"unknown fields {sorted(extra)}" if extra else None
+    return f"unknown fields {sorted(extra)}" if extra else structure_problem(row)
 
 
 def _check_completion(row: dict[str, Any]) -> str | None:
     if not isinstance(row.get("prompt"), str) or not isinstance(row.get("completion"), str):
         return "prompt and completion must be strings"
     extra = set(row) - {"prompt", "completion"}
-    return f"unknown fields {sorted(extra)}" if extra else None
+    return f"unknown fields {sorted(extra)}" if extra else structure_problem(row)
 
 
 def validate_jsonl(raw: bytes, max_rows: int) -> tuple[str, int]:
@@ -103,19 +114,26 @@ def validate_jsonl(raw: bytes, max_rows: int) -> tuple[str, int]:
     return fmt, rows
 
 
-def training_pairs(path: Path) -> list[tuple[str, str]]:
-    """(prompt, answer) text pairs rendered in the chat format the models are served with."""
+class UntrainableRow(ValueError):
+    """A stored row the job's base model must not be trained on (its message names the dataset,
+    line and field)."""
+
+
+def training_pairs(path: Path, *, dataset_id: str = "", markup: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(prompt, answer) text pairs, each row rendered by services/models/training_text.py — the
+    text the contamination audit reads. ``markup``: the base model's own special and added
+    tokens; a row holding one (or the chat format's markup: a dataset stored before uploads
+    refused it) raises :class:`UntrainableRow`."""
     pairs = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
+        for line_no, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             row = json.loads(line)
-            if "messages" in row:
-                pairs.append(split_example(row["messages"], row.get("tools")))
-            else:
-                pairs.append(split_example([{"role": "user", "content": row["prompt"]},
-                                            {"role": "assistant", "content": row["completion"]}]))
+            problem = structure_problem(row, markup)
+            if problem is not None:
+                raise UntrainableRow(f"dataset {dataset_id or path.name} line {line_no}: {problem}")
+            pairs.append(training_example(row))
     return pairs
 
 

@@ -22,9 +22,10 @@ from services.core.private_files import append_private, lock_down, private_dir
 from services.core.redact import redact
 from services.core.store import Store
 from services.core.tables import LedgerEntry, utcnow
-from services.models.loading import resolve_model_dir, torch_device
+from services.models.loading import load_tokenizer, resolve_model_dir, torch_device
+from services.models.training_text import tokenizer_markup
 from services.training.backends import TRAINERS, TrainerSetup
-from services.training.datasets import DatasetStore, training_pairs
+from services.training.datasets import DatasetStore, UntrainableRow, training_pairs
 from services.training.loss_sandbox import LossSandbox
 from services.training.schemas import JobRequest
 from services.training.tables import Dataset, TrainingJob, TrainingStep
@@ -200,7 +201,13 @@ class JobRunner(JobRunnerBase):
         resume, from_checkpoint = found if found else (None, None)
         self._log(job_id, f"started on {torch_device()}: base {base.name}, {job.total_steps} steps")
         model_dir = resolve_model_dir(base, self.models_dir)
-        pairs = [p for d in datasets if d is not None for p in training_pairs(self.datasets.blob_path(d.sha256))]
+        try:  # rows that hold the base model's own tokens fail the job before its first step
+            markup = tokenizer_markup(load_tokenizer(str(model_dir)))
+            pairs = [p for d in datasets if d is not None
+                     for p in training_pairs(self.datasets.blob_path(d.sha256), dataset_id=d.id, markup=markup)]
+        except UntrainableRow as err:
+            self._finish(job_id, "failed", str(err))
+            return
         meter = StepMeter(self.ledger, job.key_id, "training", "train_step", ref_id=job_id)
         hashes = [d.sha256 for d in datasets if d is not None]
         cumulative = sum(billed[:resume.step]) if resume else 0

@@ -8,6 +8,7 @@ import json
 import random
 import secrets
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 
 from services.core.config import AuditConfig, GymConfig
 from services.core.events import EventLog
-from services.core.store import Store
+from services.core.settings import StoreSettings
+from services.core.store import Store, sqlite_url
 from services.evaluation.registry import BenchmarkRegistry
 from services.models.synthetic import pretraining_corpus, subtraction
 from services.records.audits import contamination as c
@@ -28,8 +30,18 @@ SHIPPED = ROOT / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def shipped() -> list[Item]:
-    return benchmark_items(SHIPPED)
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Item]]:
+    """Items of the bundled benchmarks as a gym registers them: the repository's dev split and the
+    official split the gym draws at registration (here from a fixed seed file, so runs agree)."""
+    root = tmp_path_factory.mktemp("gym")
+    (root / "seed").write_text("contamination-tests-" + "0" * 44)
+    store = Store(sqlite_url(root), StoreSettings())
+    store.migrate()
+    registry = BenchmarkRegistry(store, root / "benchmarks")
+    for name in ("arithmetic", "shell"):
+        registry.register(SHIPPED / name, seed_file=root / "seed")
+    yield benchmark_items(registry)
+    store.dispose()
 
 
 def question(items: list[Item], task: str) -> str:
@@ -181,9 +193,10 @@ def test_clean_generated_data_passes(shipped: list[Item]) -> None:
 def test_generated_subtraction_hitting_a_benchmark_question_is_flagged(shipped: list[Item]) -> None:
     """Random subtraction data is clean only where it misses the benchmark's questions."""
     rng = random.Random(3)
-    corpus = [c.row_text({"messages": subtraction(rng)}) for _ in range(400)]
+    rows_ = [subtraction(rng) for _ in range(400)]
+    corpus = [c.row_text({"messages": m}) for m in rows_]  # the trained text: chat markup around the turns
     questions = {normalise(i.text): i.task for i in shipped if i.benchmark == "arithmetic" and i.field == "question"}
-    expected = sorted({questions[q] for t in corpus if (q := normalise(t.split("\n")[0])) in questions})
+    expected = sorted({questions[q] for m in rows_ if (q := normalise(m[0]["content"])) in questions})
     assert scan(rows(*corpus), shipped, 13, 0.5).contaminated == expected
 
 
@@ -279,7 +292,9 @@ def test_fast_scanner_agrees_with_reference(case: tuple[list[Item], list[str], i
 def test_check_contamination_on_registered_benchmarks(store: Store, tmp_path: Path) -> None:
     registry = BenchmarkRegistry(store, tmp_path / "data" / "benchmarks")
     registry.register(SHIPPED / "arithmetic")
-    assert benchmark_items(registry) == benchmark_items(store) == benchmark_items(SHIPPED / "arithmetic")
+    registered = benchmark_items(Path(registry.get("arithmetic").path))  # with the official split drawn there
+    assert benchmark_items(registry) == benchmark_items(store) == registered
+    assert {i.split for i in registered} == {"dev", "official"}
     data_dir = tmp_path / "data"
     (data_dir / "datasets").mkdir(parents=True)
 

@@ -8,7 +8,12 @@ readable: a *math symbol* (``Sm``: ``+ = < > × ÷ …``) is a word of its own, 
 or U+2212) between two numbers (only spaces or punctuation between them) is the word ``-``. Without them
 "What is 83 + 76?" and "What is 83 - 76?" would both read ``what is 83 76`` (clean addition data
 would match a subtraction benchmark) and "12 + 7 = ?" would shrink to ``12 7``, which occurs
-everywhere. Whitespace is then collapsed; the words are the maximal runs of non-space.
+everywhere. Whitespace is then collapsed; the words are the maximal runs of non-space. Before the per-character
+rules, the chat format's markup (``<|im_start|>``, ``<tool_call>`` …; services/models/chat_format.py)
+and the JSON escapes ``\\n``, ``\\r``, ``\\t`` become spaces: training text is read as the model is
+trained on it (services/models/training_text.py), with the template's turns and tool-call JSON
+around the words, and neither may push an answer away from its question or glue two words
+together (an escaped newline would otherwise join the lines of a script).
 
 **Items** (:func:`benchmark_items`): per task of every split (hidden ones too) the instruction
 (``question``) and the reference answer. For a task with an ``answer_file`` the answer is the
@@ -55,6 +60,8 @@ import numpy.typing as npt
 from sqlalchemy import select
 
 from services.evaluation.benchmarks import Benchmark, TaskRef, load_benchmark
+from services.models.chat_format import SPECIAL_TOKENS
+from services.models.training_text import training_text
 from services.records.audits.findings import CheckResult, Finding
 
 if TYPE_CHECKING:
@@ -103,11 +110,18 @@ _TABLE = _CharTable()
 _OP_DASH = re.compile(r"([0-9]) *-(?= *[0-9])")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 _OP_MARK = "\x01"  # never survives the table (a control character), so free as a placeholder
+_BREAKS = re.compile("|".join(re.escape(t.casefold()) for t in SPECIAL_TOKENS) + r"|\\[nrt]")
+"""The chat format's markup and JSON's whitespace escapes, matched after case folding: word breaks."""
+
+
+def _fold(text: str) -> str:
+    """NFKC, case folding, then markup and whitespace escapes as spaces (module docstring)."""
+    return _BREAKS.sub(" ", unicodedata.normalize("NFKC", text).casefold())
 
 
 def normalise(text: str) -> str:
     """The fixed normalisation of the audit (module docstring): words joined by single spaces."""
-    t = unicodedata.normalize("NFKC", text).casefold().translate(_TABLE)
+    t = _fold(text).translate(_TABLE)
     t = _OP_DASH.sub(r"\1 " + _OP_MARK + " ", t).replace("-", " ").replace(_OP_MARK, "-")
     return " ".join(t.split())
 
@@ -136,8 +150,9 @@ _CLASS_BYTES = _LUT.tobytes()  # a bytes.translate table: byte → its class
 
 
 def _prepare_chunk(text: str) -> bytes:
-    """NFKC, casefold and the non-ASCII rules (C-level string work); ASCII is left to the byte pass."""
-    t = unicodedata.normalize("NFKC", text).casefold()
+    """NFKC, casefold, markup and escapes, the non-ASCII rules (C-level string work); ASCII is left
+    to the byte pass."""
+    t = _fold(text)
     if not t.isascii():
         t = _NON_ASCII.sub(lambda m: m.group().translate(_TABLE), t)
     return t.encode("utf-8")
@@ -780,40 +795,34 @@ def scan_reference(rows: Iterable[tuple[str, int, str]], items: Sequence[Item], 
 
 
 def row_text(row: dict[str, Any]) -> str:
-    """The text of one training row: every message's content (and tool-call arguments), or
-    prompt and completion, one per line."""
-    if "messages" in row:
-        parts: list[str] = []
-        for m in row.get("messages") or ():
-            if not isinstance(m, dict):
-                continue
-            if isinstance(m.get("content"), str):
-                parts.append(m["content"])
-            for call in m.get("tool_calls") or ():
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict):
-                    parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
-        return "\n".join(parts)
-    return "\n".join(str(row.get(k, "")) for k in ("prompt", "completion"))
+    """The text of one training row: exactly what the model is trained on
+    (services/models/training_text.py), tools list, decoded tool-call arguments and all."""
+    return training_text(row)
 
 
 def dataset_rows(path: Path, dataset_id: str) -> Iterator[tuple[str, int, str]]:
-    """``(dataset_id, line number, text)`` for each row of a JSONL dataset blob, streamed."""
+    """``(dataset_id, line number, text)`` for each row of a JSONL dataset blob, streamed. A line
+    the trainer could not render (not JSON, or not a row) is scanned as it is: never skipped."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                yield dataset_id, line_no, line  # never skip text the audit cannot parse
-                continue
-            yield dataset_id, line_no, row_text(row) if isinstance(row, dict) else line
+                text = row_text(row)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                text = line
+            yield dataset_id, line_no, text
 
 
 def check_contamination(ctx: AuditContext, datasets: Sequence[tuple[str, str]]) -> CheckResult:
     """Scan the lineage's datasets (``(dataset_id, sha256)``, chosen by the caller from the records)
-    against every registered benchmark; one EXECUTED finding per contaminated task."""
+    and the custom losses the run's jobs trained with (services/records/audits/loss_sources.py)
+    against every registered benchmark; one EXECUTED finding per contaminated task. ``details``
+    lists the losses (``label``: how matches name one, ``key``: ``loss:<sha256>``, their jobs and
+    experiments) for the caller's attribution."""
+    from services.records.audits.loss_sources import loss_rows, loss_tokenizer, run_losses
+
     cfg = ctx.config.audit
     try:
         items = benchmark_items(ctx.store)
@@ -831,10 +840,19 @@ def check_contamination(ctx: AuditContext, datasets: Sequence[tuple[str, str]]) 
     if not items:
         return CheckResult("contamination", "inconclusive", [Finding(
             "test_set_contamination", "INCONCLUSIVE", "no registered benchmark to compare against")], details)
+    losses, unreadable = run_losses(ctx)
+    tokenizers = {}
+    for loss in losses:
+        tokenizers[loss.sha256], problem = loss_tokenizer(ctx, loss)
+        unreadable += [problem] if problem else []
+    details["losses"] = [{"label": loss.label, "key": loss.key, "jobs": loss.jobs,
+                          "experiments": sorted(loss.experiments)} for loss in losses]
 
     def rows() -> Iterator[tuple[str, int, str]]:
         for dataset_id, path in blobs:
             yield from dataset_rows(path, dataset_id)
+        for loss in losses:
+            yield from loss_rows(loss, tokenizers[loss.sha256])
 
     report = scan(rows(), items, cfg.ngram, cfg.contamination_threshold, min_item_words=cfg.min_item_words)
     details.update(bytes_scanned=report.bytes_scanned, rows_scanned=report.rows_scanned,
@@ -849,10 +867,14 @@ def check_contamination(ctx: AuditContext, datasets: Sequence[tuple[str, str]]) 
         findings.append(Finding("test_set_contamination", "EXECUTED",
                                 f"{task} ({o.split}) overlap {o.overlap:.2f} >= {cfg.contamination_threshold}: "
                                 f"{quotes}", task_ids=[task], submission=True))
+    unread = [Finding("test_set_contamination", "INCONCLUSIVE", f"custom loss unread: {p}") for p in unreadable]
     if findings:
-        return CheckResult("contamination", "flag", findings, details)
+        return CheckResult("contamination", "flag", findings + unread, details)
+    if unread:
+        return CheckResult("contamination", "inconclusive", unread, details)
     top = max((o.overlap for o in report.tasks.values()), default=0.0)
     return CheckResult("contamination", "pass", [Finding(
         "test_set_contamination", "NOT_OBSERVED",
-        f"{report.rows_scanned} rows ({report.bytes_scanned} bytes) of {len(blobs)} dataset(s) against "
+        f"{report.rows_scanned} rows ({report.bytes_scanned} bytes) of {len(blobs)} dataset(s)"
+        f"{f' and {len(losses)} custom loss(es)' if losses else ''} against "
         f"{len(report.tasks)} tasks: highest overlap {top:.2f} < {cfg.contamination_threshold}")], details)

@@ -23,6 +23,9 @@ class AuditContext:
     gateway_url: str | None = None
     """Where the judge's calls go when set (through rollout, metered): the records service itself
     then needs no provider key."""
+    models_dir: Path | None = None
+    """Where the gym keeps its base models (None: the machine's default): the contamination check
+    decodes a custom loss's token ids with its base model's tokenizer."""
 
     def run_events(self, *kinds: str) -> list[RecordEvent]:
         """The run's platform events in order (only ``kinds`` when given)."""
