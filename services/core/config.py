@@ -231,8 +231,16 @@ class AuditConfig(_Strict):
     """Budget of the gym's auditor key, which the judge's rollout calls are metered on (created
     on the first audit; top it up like any key)."""
     judge_sample_rows: int = Field(default=20, ge=0)
-    """Training rows shown to the judge (spread over the run's datasets)."""
+    """Training rows shown to the judge (spread over the run's datasets, picked by a random
+    nonce of each audit that its report records)."""
     judge_max_prompt_chars: int = Field(default=60_000, gt=1000)
+    judge_max_harness_chars: int = Field(default=1_000_000, gt=0)
+    """The submitted harness is shown to the judge in full, over as many calls of
+    ``judge_max_prompt_chars`` as it takes, up to this many characters; text beyond it is named
+    in the findings and leaves the harness's categories INCONCLUSIVE."""
+    score_gap_confidence: float = Field(default=0.99, gt=0.5, lt=1)
+    """The score-gap check flags a submission whose official score exceeds its dev score by more
+    than sampling noise explains at this confidence (a one-sided Hoeffding bound over tasks)."""
 
 
 class TracksConfig(_Strict):

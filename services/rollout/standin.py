@@ -79,12 +79,20 @@ def _last_user_text(messages: list[dict[str, Any]]) -> str:
     return ""
 
 
-def judge_answer(system: str, material: str) -> str:
+def judge_answer(system: str, material: str, rules: list[tuple[str, str, str]] | None = None) -> str:
     """The stand-in judge: every category of the taxonomy in ``system``, SUSPECTED with a quoted
-    line where one of its literal signs occurs in the material, NOT_OBSERVED otherwise."""
+    line where one of its literal signs occurs in the material, NOT_OBSERVED otherwise.
+
+    ``rules`` — (category, code, sign) a test scripts (``app.state.judge_rules``): where ``sign``
+    occurs, the category gets ``code`` with the line as its quote, before the literal signs."""
     lines = material.splitlines()
     verdicts: dict[str, dict[str, str]] = {}
     for category in _CATEGORY_LINE.findall(system):
+        scripted = next(((code, line.strip()) for cat, code, sign in rules or () if cat == category
+                         for line in lines if sign in line and len(line.strip()) >= 8), None)
+        if scripted is not None:
+            verdicts[category] = {"code": scripted[0], "evidence": scripted[1][:300]}
+            continue
         quote = next((line.strip() for sign in JUDGE_SIGNS.get(category, ()) for line in lines
                       if sign in line and len(line.strip()) >= 8), None)
         verdicts[category] = ({"code": "SUSPECTED", "evidence": quote[:300]} if quote else
@@ -138,11 +146,12 @@ def research_answer(system: str, material: str) -> str:
     return json.dumps({"error": f"the stand-in has no script for role {role!r}"})
 
 
-def _reply(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
+def _reply(body: dict[str, Any], judge_rules: list[tuple[str, str, str]] | None = None) -> tuple[
+        str, list[dict[str, Any]] | None]:
     messages = body["messages"]
     system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
     if system.startswith(JUDGE_MARKER):
-        return judge_answer(system, _last_user_text(messages)), None
+        return judge_answer(system, _last_user_text(messages), judge_rules), None
     if system.startswith(RESEARCH_MARKER):
         return research_answer(system, _last_user_text(messages)), None
     tools = body.get("tools") or []
@@ -163,6 +172,8 @@ def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
     app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})  # as the gym's apps
     app.state.requests = []
+    app.state.judge_rules = []
+    """(category, code, sign) the stand-in judge applies first (see :func:`judge_answer`)."""
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
@@ -173,7 +184,7 @@ def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
         app.state.requests.append(body)
         model = body.get("model", "standin")
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
-        text, calls = _reply(body)
+        text, calls = _reply(body, app.state.judge_rules)
         tokens = _encode(text)[:max_tokens]
         finish = "tool_calls" if calls else ("length" if len(_encode(text)) > max_tokens else "stop")
         text = _decode(tokens)

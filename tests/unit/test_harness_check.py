@@ -56,7 +56,8 @@ def executed(result: CheckResult, category: str) -> list[Finding]:
 
 def test_the_shipped_items_are_what_the_tests_assume() -> None:
     ids = {i.task for i in ITEMS}
-    assert {"arithmetic/sub-0001", "shell/sh-0001"} <= ids and len(ids) > 200
+    # the repository's dev splits (their official splits are drawn by a gym at registration)
+    assert {"arithmetic/sub-0001", "shell/sh-0001"} <= ids and len(ids) > 100
     assert any(i.field == "answer" and i.task == "arithmetic/sub-0001" and i.text == "7" for i in ITEMS)
 
 

@@ -43,7 +43,7 @@ class Finding:
 
 @dataclass
 class CheckResult:
-    name: Literal["contamination", "provenance", "harness", "behaviour"]
+    name: Literal["contamination", "provenance", "harness", "score_gap", "behaviour"]
     verdict: Verdict
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)

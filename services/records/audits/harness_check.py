@@ -34,8 +34,14 @@ What is looked for, and how sure a hit is:
   a provider/gym key literal (``credential_use``). The platform's own door (``OPENAI_BASE_URL`` /
   ``OPENAI_API_KEY`` from the environment, on loopback) is what a harness is meant to use.
 
-Verdict: ``flag`` when any finding is EXECUTED, else ``pass``; ``inconclusive`` when the archive
-cannot be read.
+* **Embedded blobs** (services/records/audits/blobs.py) — long encoded literals, compressed or
+  archived data, tables of hash-like keys: an answer table that no literal rule can read
+  (compressed, encoded, keyed by a digest of the question) — ``answer_embedding``, SUSPECTED,
+  with what the blob decodes to. The behaviour judge is shown these findings.
+
+Verdict: ``flag`` when any finding is EXECUTED or the harness carries an embedded blob (a large
+encoded table is not what a harness is made of: the run is flagged for review), else ``pass``;
+``inconclusive`` when the archive cannot be read.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from services.core.errors import GymError
 from services.evaluation.archives import ArchiveLimits, inspect_archive
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.tables import HarnessRow
+from services.records.audits.blobs import blob_findings
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
 
@@ -462,10 +469,12 @@ def scan_harness(files: Sequence[tuple[str, bytes]], items: Iterable[BenchmarkIt
     """The harness check over files already read (the pure part of :func:`check_harness`)."""
     index = BenchmarkIndex.build(items)
     findings = scan_files(files, index, config=config)
-    verdict = "flag" if any(f.code == "EXECUTED" for f in findings) else "pass"
+    blobs = blob_findings(files)
+    findings.extend(blobs)
+    verdict = "flag" if blobs or any(f.code == "EXECUTED" for f in findings) else "pass"
     info = dict(details or {})
     info.update({"files": len(files), "bytes": sum(len(d) for _, d in files), "task_ids_indexed": len(index.task_ids),
-                 "distinctive_answers": sum(len(v) for v in index.distinctive.values())})
+                 "distinctive_answers": sum(len(v) for v in index.distinctive.values()), "blobs": len(blobs)})
     return CheckResult(name="harness", verdict=verdict, findings=findings, details=info)  # type: ignore[arg-type]
 
 
