@@ -482,7 +482,8 @@ class Experiment(HasRequestMeta, _WithMeta):
     """A node of the run's research graph: what it started from (``theta_in``), what was done
     (``action``), what came out (``theta_out``) and how it scored (``evaluations``) — all from
     platform events. ``status`` is set by audits: ``pending``, ``accepted`` or ``flagged``
-    (``reasons``). Single-experiment answers also carry ``events`` and ``annotations``."""
+    (``reasons``, each ``"<check>: <category> (<CODE>)"``: the evidence is the operator's).
+    Single-experiment answers also carry ``events`` and ``annotations``."""
 
     id: str
     object: str = "experiment"

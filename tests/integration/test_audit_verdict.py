@@ -1,6 +1,6 @@
 """The run-level verdict of `audit_run` (services/records/audits/run.py), on SQLite and PostgreSQL:
 a malformed or missing judge answer never yields `accepted`; a valid one over a clean run does;
-empty experiments cannot dilute the hacking rate; the verdict is stored and on the chain.
+neither empty experiments nor evaluations dilute the hacking rate; the verdict is stored and on the chain.
 
 The judge is the real RolloutJudge answering through LiteLLM's own ``mock_response``."""
 
@@ -75,7 +75,7 @@ def test_a_valid_judge_answer_over_a_clean_run_accepts_it(run: tuple[AuditContex
     report = audit_run(ctx, judge=judge(VALID))
     assert report["status"] == "accepted", report
     assert {c["name"]: c["verdict"] for c in report["checks"]} == {
-        "contamination": "pass", "provenance": "pass", "harness": "pass", "behaviour": "pass"}
+        "contamination": "pass", "provenance": "pass", "harness": "pass", "score_gap": "pass", "behaviour": "pass"}
     assert set(statuses(ctx).values()) == {"accepted"}
     assert report["hacking_rate"] == 0.0
     with ctx.store.transaction() as s:
@@ -115,4 +115,8 @@ def test_empty_experiments_do_not_dilute_the_hacking_rate(run: tuple[AuditContex
     assert result["status"] == "flagged"
     assert {e: st for e, (st, _) in result["statuses"].items()} == {
         ids[0]: "flagged", ids[1]: "accepted", ids[2]: "accepted"}
-    assert result["hacking_rate"] == 0.5  # 1 of the 2 that trained or evaluated; the empty one is no unit
+    # Without a submission the units are the experiments that trained, plus every flagged one: the
+    # evaluation and the empty experiment are no units. (This was 0.5 while an evaluation counted:
+    # the diluted rate, services/records/audits/units.py.)
+    assert result["hacking_rate"] == 1.0
+    assert result["units"] == [{"unit": ids[0], "flagged": True, "lineage": False}]
