@@ -43,6 +43,7 @@ HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"ty
 
 
 def _benchmark_questions() -> set[str]:
+    """The questions the repository publishes (the dev split; the official one is drawn by the gym)."""
     return {p.read_text().strip() for p in (BENCHMARKS / "arithmetic").glob("*/*/instruction.md")}
 
 
@@ -51,13 +52,21 @@ def _train_and_compare(gym: Gym, base: str, questions: int = 50) -> tuple[float,
 
     from services.models.synthetic import subtraction
 
+    # Never a benchmark question: the benchmark's training pool (questions no task of any split asks,
+    # the hidden official one included, which the gym drew at registration and nobody here can read),
+    # answered by arithmetic, plus questions outside its space (a number under 10, or a - a).
     rows: list[dict[str, Any]] = []
-    rng, banned = random.Random(7), _benchmark_questions()  # never train on benchmark questions
+    for question in gym.evaluation.training_pool("arithmetic"):
+        a, b = (int(x) for x in question.removeprefix("What is ").removesuffix("?").split(" - "))
+        rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": str(a - b)}],
+                     "tools": HARNESS_TOOLS})
+    rng = random.Random(7)
     while len(rows) < 3000:
         messages = subtraction(rng)
-        if messages[0]["content"] not in banned:
+        a, b = (int(x) for x in messages[0]["content"].removeprefix("What is ").removesuffix("?").split(" - "))
+        if b < 10 or a == b:
             rows.append({"messages": messages, "tools": HARNESS_TOOLS})
-    seen = {r["messages"][0]["content"] for r in rows}
+    seen, banned = {r["messages"][0]["content"] for r in rows}, _benchmark_questions()
     dataset = gym.training.upload_dataset(rows, name="subtraction")
     console.print(f"uploaded dataset {dataset.id}: {dataset.rows} rows, sha256 {dataset.sha256[:12]}…")
     job = gym.training.create_job(datasets=[dataset.id], base_model=base, max_length=64, seed=1,
@@ -260,7 +269,11 @@ max_context = 2048
             by_service[row["service"]] = by_service.get(row["service"], 0.0) + (row.get("actual_usd") or 0.0)
         console.print(f"rsigym ledger {created['id']}: {len(rows)} rows; charged by service "
                       + ", ".join(f"{k} ${v:.6f}" for k, v in sorted(by_service.items())))
-        spent_before_scoring = gym.balance().spent_usd
+
+        def run_spent() -> float:  # the operator's view: scoring ends the run, its key is refused from then on
+            return float(json.loads(rsigym_cli("keys", "show", created["id"], "--json", env=operator_env))["spent_usd"])
+
+        spent_before_scoring = run_spent()
         audited = json.loads(rsigym_cli("audit", created["id"], "--json", "--out", str(data / "audit"), env=operator_env,
                                      ok_codes=(0, 2)))
         shown = [f"{c['name']} {c['verdict']}" for c in audited["checks"]]
@@ -271,7 +284,7 @@ max_context = 2048
         print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env), flush=True)
         charts = sorted(p.name for p in (data / "report").glob("*.png"))
         console.print(f"report: {data / 'report'} (report.md, report.json, {', '.join(charts)}); scoring cost the run "
-                      f"${gym.balance().spent_usd - spent_before_scoring:.6f}")
+                      f"${run_spent() - spent_before_scoring:.6f}")
         # The checkpoint must beat the base on the 50 held-out questions, and through the harness on
         # the benchmark: strictly over the full run's 30 tasks; a shortened run's few tasks are a coin
         # flip for a checkpoint right on ~1 in 5 (all 4 missed: p ~ 0.45), so there it must not lose.
@@ -280,6 +293,6 @@ max_context = 2048
               and audited["status"] == "accepted"
               and child_balance.spent_usd <= 0.0003 and tuned_acc > base_acc and evaluated
               and (data / "report" / "report.json").exists() and charts
-              and gym.balance().spent_usd == spent_before_scoring)
+              and run_spent() == spent_before_scoring)
         console.rule("[green]demo passed" if ok else "[red]demo failed")
         return 0 if ok else 1

@@ -71,18 +71,29 @@ class AdminClient:
     def keys(self) -> list[dict[str, Any]]:
         return self.list_data("GET", "/admin/v1/keys")
 
-    def register_benchmark(self, path: str, *, replace: bool = False) -> dict[str, Any]:
-        return self.request("POST", "/admin/v1/benchmarks", json={"path": path, "replace": replace})
+    def register_benchmark(self, path: str, *, replace: bool = False, seed_file: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"path": path, "replace": replace}
+        if seed_file is not None:
+            body["seed_file"] = seed_file
+        return self.request("POST", "/admin/v1/benchmarks", json=body)
 
     def benchmarks(self) -> list[dict[str, Any]]:
         return self.list_data("GET", "/admin/v1/benchmarks")
 
     def score(self, run_id: str, *, attempts: int = 3, benchmarks: list[str] | None = None,
-              split: str = "official") -> list[dict[str, Any]]:
+              split: str = "official", submission_id: str | None = None) -> list[dict[str, Any]]:
+        """Score the run's final submission (``submission_id``: the audited one; 409 if it is not
+        the final one). The gym ends an open run first."""
         body: dict[str, Any] = {"attempts": attempts, "split": split}
         if benchmarks:
             body["benchmarks"] = benchmarks
+        if submission_id is not None:
+            body["submission_id"] = submission_id
         return self.list_data("POST", f"/admin/v1/runs/{quote(run_id, safe='')}/score", json=body)
+
+    def latest_submission(self, run_id: str) -> dict[str, Any] | None:
+        rows = self.list_data("GET", "/admin/v1/submissions", params={"run_id": run_id, "limit": 1})
+        return rows[0] if rows else None
 
     def scores(self) -> list[dict[str, Any]]:
         return self.list_data("GET", "/admin/v1/scores")

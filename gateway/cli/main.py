@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -464,12 +465,19 @@ def _score_text(value: float | None) -> str:
 def _benchmark_table(rows: list[dict[str, Any]]) -> Table:
     table = PlainTable("name", "version", "status", "splits (tasks)", "training pool", "validation")
     for b in rows:
-        splits = ", ".join(f"{n}{' (hidden)' if i.get('hidden') else ''}: {i.get('tasks', '?')}"
-                           for n, i in (b.get("splits") or {}).items())
+        splits = ", ".join(f"{n}{_split_notes(i)}: {i.get('tasks', '?')}" for n, i in (b.get("splits") or {}).items())
         pool = b.get("training_pool")
         table.add_row(b["name"], str(b.get("version") or ""), b.get("status") or "-", splits,
                       f"{pool['rows']} questions" if pool else "-", _validation_text(b.get("validation") or {}))
     return table
+
+
+def _split_notes(info: dict[str, Any]) -> str:
+    """What follows a split's name, e.g. ``(hidden, generated: gym seed 1a2b3c4d)`` (the seed by fingerprint)."""
+    notes = ["hidden"] if info.get("hidden") else []
+    if generated := info.get("generated"):
+        notes.append(f"generated: {generated.get('seed')} seed {str(generated.get('seed_fingerprint'))[:8]}")
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def _validation_text(v: dict[str, Any]) -> str:
@@ -491,6 +499,9 @@ def benchmarks_register(
     path: Annotated[str, typer.Argument(help="A benchmark directory or .tar.gz on the gym's host.")],
     replace: Annotated[bool, typer.Option("--replace", help="Replace a registered benchmark of that name.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for validation to finish (exit 1 if refused).")] = False,
+    seed_file: Annotated[str | None, typer.Option(
+        "--seed-file", help="The secret seed of generated splits, a file on the gym's host (default: the gym's "
+                            "own); give the same file to reproduce the split on another gym.")] = None,
     poll: PollOpt = 2.0,
     as_json: JsonOpt = False,
     data_dir: DataDirOpt = None,
@@ -499,10 +510,13 @@ def benchmarks_register(
     """Register a benchmark (validated in the background before use).
 
     Every task's oracle solution must score 1 and an empty answer 0; the benchmark is usable
-    once its status is ready, and refused (with the failing tasks) otherwise."""
+    once its status is ready, and refused (with the failing tasks) otherwise. A generated split
+    (benchmark.toml: [splits.official] generator, count) is drawn now, from the seed."""
     local = Path(path).expanduser()
     where = str(local.resolve()) if local.exists() else path  # a path only the gym's host has is sent as given
-    row = _admin(data_dir, url, lambda c: c.register_benchmark(where, replace=replace))
+    seed = None if seed_file is None else (
+        str(Path(seed_file).expanduser().resolve()) if Path(seed_file).expanduser().exists() else seed_file)
+    row = _admin(data_dir, url, lambda c: c.register_benchmark(where, replace=replace, seed_file=seed))
     if wait:
         with err_console.status(f"validating {row['name']} …"):
             while row.get("status") == "validating":
@@ -582,25 +596,81 @@ def score(
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
 ) -> None:
-    """Audit a run, then score its latest submission (avg@k on the official split of every ready benchmark).
+    """End the run if it is open, audit its final submission, then score that submission (avg@k
+    on the official split of every ready benchmark).
 
-    Billed to the operator's own key, not the run's. The initial system (base model + minimal
-    harness) is scored the same way once per benchmark, split and attempts, and cached."""
+    The final submission is the run's latest before it ended: an open run is ended first
+    (deadline now: its keys are refused with run_ended, submissions closed), so the audited
+    submission is the scored one. Billed to the operator's own key, not the run's. The initial
+    system (base model + minimal harness) is scored the same way once per benchmark, split and
+    attempts, and cached. The submission is scored on a visible split (dev) as well, and with
+    --wait the run is audited again once the scores are in: the audit's score-gap check flags an
+    official score that beats the dev score by more than sampling noise."""
+    shown = err_console if as_json else console
+    if _admin(data_dir, url, lambda c: c.latest_submission(run_id)) is None:
+        _error(f"run {run_id} has submitted nothing: nothing scored, the run left as it is")
+        raise typer.Exit(1)
+    ended = _admin(data_dir, url, lambda c: end_open_run(c, run_id))
+    if ended is not None:
+        shown.print(f"run {run_id} was open: ended it now ({ended}); its keys are refused (run_ended) and its "
+                    "submissions closed, so its latest submission is final")
     verdict = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url)  # every score comes with its audit
-    (err_console if as_json else console).print(
-        f"audit of {run_id}: [bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
-    started = _admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split))
-    rows = _wait_for_scores(started, run_id, poll, data_dir, url) if wait else started
+    submission_id = (verdict.get("submission") or {}).get("id")
+    shown.print(f"audit of {run_id}'s final submission {escape(inert(str(submission_id)))}: "
+                f"[bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
+    started = _admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split,
+                                                      submission_id=submission_id))
+    # The score-gap check compares the official score with the same system's dev score.
+    started_dev = _admin(data_dir, url, lambda c: score_visible_splits(c, run_id, attempts, benchmark, split,
+                                                                        submission_id))
+    watched = _wait_for_scores(started + started_dev, run_id, poll, data_dir, url) if wait else started + started_dev
+    rows = [r for r in watched if r["split"] == split]
+    after = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url) if wait else None
+    if after is not None:
+        shown.print(f"audit of {run_id} with its scores (score gap): [bold]{after['status']}[/bold]")
     if as_json:
         typer.echo(json.dumps({"data": rows, "audit": {"status": verdict["status"],
                                                        "hacking_rate": verdict["hacking_rate"],
-                                                       "audit_id": verdict.get("audit_id")}}, indent=2))
+                                                       "audit_id": verdict.get("audit_id"),
+                                                       "submission_id": submission_id},
+                               "run_ended_now": ended is not None,
+                               "dev_scores": [r for r in watched if r["split"] != split],
+                               "audit_after_scoring": None if after is None else {
+                                   "status": after["status"], "hacking_rate": after["hacking_rate"],
+                                   "audit_id": after.get("audit_id")}}, indent=2))
     else:
-        console.print(_scores_table(rows))
+        console.print(_scores_table(watched))
         if not wait:
-            err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done")
-    if wait and any(r["status"] != "succeeded" for r in rows):
+            err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done "
+                              f"(`rsigym audit {run_id}` then checks the official score against the dev score)")
+    if wait and any(r["status"] != "succeeded" for r in watched):
         raise typer.Exit(1)
+
+
+def score_visible_splits(client: AdminClient, run_id: str, attempts: int, benchmarks: list[str] | None, split: str,
+                         submission_id: str | None) -> list[dict[str, Any]]:
+    """Score the submission on a visible split (``dev`` where there is one) of every benchmark
+    whose ``split`` is hidden, for the audit's score-gap check (services/records/audits/score_gap.py)."""
+    by_split: dict[str, list[str]] = {}
+    for b in client.benchmarks():
+        splits = b.get("splits") or {}
+        if b.get("status") != "ready" or (benchmarks and b["name"] not in benchmarks) \
+                or not (splits.get(split) or {}).get("hidden"):
+            continue
+        visible = [n for n, info in splits.items() if not (info or {}).get("hidden")]
+        if visible:
+            by_split.setdefault("dev" if "dev" in visible else visible[0], []).append(b["name"])
+    return [row for name, names in by_split.items()
+            for row in client.score(run_id, attempts=attempts, benchmarks=names, split=name, submission_id=submission_id)]
+
+
+def end_open_run(client: AdminClient, run_id: str) -> str | None:
+    """End the run now if its deadline is unset or ahead (the deadline route, ``deadline_s`` 0);
+    the new deadline, or None when the run had already ended (its deadline is left as it was)."""
+    ends_at = client.key(run_id).get("ends_at")
+    if ends_at is not None and datetime.fromisoformat(ends_at) <= datetime.now(UTC):
+        return None
+    return str(client.set_deadline(run_id, 0).get("ends_at"))
 
 
 @app.command()
@@ -620,7 +690,7 @@ def report(
 
     Prints the tables and writes report.md, report.json, one PNG chart per benchmark and one
     timeline chart per run into --out; --json prints report.json's content instead of the tables."""
-    from services.evaluation.report import group_rows, to_json, write_report
+    from services.evaluation.report import group_rows, scored_submissions, to_json, write_report
 
     scores, keys = _admin(data_dir, url, lambda c: (c.scores(), c.keys()))
     rows, notes = build_report_rows(scores, keys, split)
@@ -631,7 +701,7 @@ def report(
         raise typer.Exit(1)
     grouped = group_rows(rows)
     audits, timelines, integrity_default = _admin(
-        data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped]))
+        data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped], scored_submissions(rows)))
     files = write_report(grouped, out, err_console if as_json else console, audits=audits, timelines=timelines,
                          integrity_default=integrity_default)
     if as_json:
@@ -641,13 +711,19 @@ def report(
         console.print("written: " + ", ".join(str(p) for p in written))
 
 
-def _report_records(client: AdminClient, run_ids: list[str]) -> tuple[Any, list[Any], str]:
-    """The runs' newest audits and their timelines for `rsigym report`. A part that cannot be read
-    is named on stderr and left out: integrity then reads "unknown", never "not audited"."""
+def _report_records(client: AdminClient, run_ids: list[str],
+                    scored: dict[str, set[str | None]]) -> tuple[Any, list[Any], str]:
+    """The runs' newest audits of their scored submissions and their timelines for `rsigym report`.
+    A part that cannot be read is named on stderr and left out: integrity then reads "unknown",
+    never "not audited"."""
     from services.evaluation.report import INTEGRITY_UNKNOWN, NOT_AUDITED, newest_audits, timeline_from_api
 
     try:
-        audits, default = newest_audits(client.audits()), NOT_AUDITED
+        records = client.audits()
+        audits, default = newest_audits(records, scored), NOT_AUDITED
+        for run_id in sorted(set(newest_audits(records)) & set(run_ids) - set(audits)):
+            _note(f"{run_id}: no audit of its scored submission ({', '.join(sorted(map(str, scored.get(run_id, ()))))}"
+                  f"); integrity shown as {NOT_AUDITED} (`rsigym score {run_id}` audits what it scores)")
     except AdminError as err:
         _note(f"audits could not be read ({err.type}: {err.message}); integrity shown as unknown")
         audits, default = {}, INTEGRITY_UNKNOWN

@@ -113,14 +113,16 @@ def _percent(done: int, total: int) -> int:
     return 0 if total <= 0 else max(0, min(100, round(100 * done / total)))
 
 
-def audit_statuses(s: Session, run_ids: set[str]) -> dict[str, str]:
-    """Each run's newest audit verdict (accepted | flagged); runs never audited are absent."""
-    out: dict[str, str] = {}
+def audit_statuses(s: Session, run_ids: set[str]) -> dict[tuple[str, str | None], str]:
+    """Each submission's newest audit verdict (accepted | flagged), by (run, submission id): an
+    audit vouches for the submission it judged only, as in ``rsigym report``. Submissions never
+    audited are absent."""
+    out: dict[tuple[str, str | None], str] = {}
     if not run_ids:
         return out
-    for row in s.execute(select(AuditRow.run_id, AuditRow.status).where(AuditRow.run_id.in_(run_ids))
+    for row in s.execute(select(AuditRow.run_id, AuditRow.status, AuditRow.report).where(AuditRow.run_id.in_(run_ids))
                          .order_by(AuditRow.created_at)):
-        out[row.run_id] = row.status
+        out[(row.run_id, ((row.report or {}).get("submission") or {}).get("id"))] = row.status
     return out
 
 
@@ -139,7 +141,7 @@ def _score_views(s: Session, rows: Sequence[ScoreRow]) -> list[dict[str, Any]]:
             "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
             "attempts": r.attempts, "job_id": r.job_id, "score": score, "status": status,
             "done": job.trials_done if job else None, "total": job.trials_total if job else None,
-            "audit": audits.get(r.run_id, AUDIT_STATUS),
+            "audit": audits.get((r.run_id, r.submission_id), AUDIT_STATUS),
             "created_at": r.created_at.isoformat() if r.created_at else None,
         })
     return views
@@ -221,7 +223,7 @@ def scores(store: Store, limit: int) -> dict[str, Any]:
             "scores": _score_views(s, rows),
             "submissions": [{"id": r.id, "run_id": r.run_id, "track": r.track or "-", "model": r.model,
                              "checkpoint": r.checkpoint_id or "", "harness": r.harness,
-                             "created_at": _iso(r.created_at), "audit": audits.get(r.run_id, AUDIT_STATUS)} for r in subs],
+                             "created_at": _iso(r.created_at), "audit": audits.get((r.run_id, r.id), AUDIT_STATUS)} for r in subs],
         }
 
 

@@ -83,7 +83,7 @@ class Gym(SyncAPIClient):
 
     def submit(self, checkpoint: str | None = None, harness: str | None = None,
                base_model: str | None = None) -> Submission:
-        """Hand in the run's result for scoring; the latest submission is the one scored.
+        """Hand in the run's result for scoring; the latest submission before the run ends is scored.
 
         The key's track decides what is required: ``data`` a checkpoint (the minimal harness is
         kept), ``harness`` an uploaded harness id (the base model is kept; ``base_model`` picks

@@ -487,7 +487,7 @@ def _submit(gym: Gym, args: argparse.Namespace) -> None:
         return
     _out(submission.id)
     _err(f"submitted ({submission.track or 'no'} track): model {submission.model}, harness {submission.harness}; "
-         "the latest submission is the one scored")
+         "your latest submission before the run ends is the one audited and scored")
 
 
 # ---- records ------------------------------------------------------------------------
@@ -838,7 +838,8 @@ def _add_evaluation(services: Any) -> None:
 
     submit = services.add_parser("submit", help="submit the run's result for scoring (what the track asks for)",
                                  description="data track: --checkpoint; harness track: --harness (and optionally "
-                                             "--base-model); joint track: both. The latest submission is scored.")
+                                             "--base-model); joint track: both. You may submit again: the latest "
+                                             "submission before the run ends is scored (scoring ends the run).")
     submit.add_argument("--checkpoint", metavar="C", help="a checkpoint id of this run")
     submit.add_argument("--harness", metavar="H", help="an uploaded harness id (or 'minimal')")
     submit.add_argument("--base-model", dest="base_model", metavar="M", help="the base model, when no checkpoint")

@@ -71,6 +71,31 @@ def check_run_open(store: Store, run_id: str) -> None:
     check_deadline(ends_at)
 
 
+def check_run_open_in(s: Session, run_id: str) -> None:
+    """:func:`check_run_open` inside the caller's transaction, holding the run key's row (``FOR
+    UPDATE`` on PostgreSQL; SQLite's writers are serialised already) until it commits: a write
+    checked here (a submission) and :func:`end_run_now` cannot interleave, so nothing the check
+    let in lands after the run ended."""
+    check_deadline(s.scalar(select(ApiKey.ends_at).where(ApiKey.id == run_id).with_for_update()))
+
+
+def end_run_now(store: Store, run_id: str, *, now: datetime | None = None) -> tuple[datetime | None, bool]:
+    """End an open run now (the operator scores it): its deadline becomes now, so the gateway
+    refuses its keys with ``run_ended``, submissions close, and the reaper stops its jobs and
+    sandboxes as at any deadline. A run that has already ended keeps its deadline. Returns the
+    run's deadline and whether this call ended it (None, False: no such run key)."""
+    now = now or utcnow()
+    open_run = (ApiKey.id == run_id) & ApiKey.parent_id.is_(None) & (ApiKey.ends_at.is_(None) | (ApiKey.ends_at > now))
+    with store.transaction() as s:
+        result = s.execute(update(ApiKey).where(open_run).values(ends_at=now, updated_at=now)
+                           .execution_options(synchronize_session=False))
+        ended = cast(CursorResult[Any], result).rowcount == 1
+        ends_at = s.scalar(select(ApiKey.ends_at).where(ApiKey.id == run_id, ApiKey.parent_id.is_(None)))
+    if ended:
+        store.key_events.publish("key.policy", run_id)  # committed: cached principals carry ends_at
+    return ends_at, ended
+
+
 def claim_expired_runs(store: Store, *, now: datetime | None = None) -> list[tuple[str, datetime]]:
     """Runs whose deadline has passed and that nobody has ended yet, each claimed by this
     caller alone: (run id, ends_at)."""

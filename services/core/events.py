@@ -61,8 +61,12 @@ SANDBOX_SESSION = "sandbox.session"  # sandbox_id, template, seconds, cost_nusd,
 SUBMISSION = "submission.created"  # submission_id, checkpoint, model, harness, track
 CALL_REFUSED = "call.refused"  # where (gateway|door|service), service, operation, error, rule, status
 EXPERIMENT_CREATED = "experiment.created"  # experiment_id, name, parents, implicit
-AUDIT_RESULT = "audit.result"  # audit_id, status, hacking_rate, checks [{name, verdict, findings}]
+AUDIT_RESULT = "audit.result"  # audit_id, status, hacking_rate, checks [{name, verdict, findings: [{category, code, rule}]}]
 RUN_ENDED = "run.ended"  # ends_at, jobs_cancelled, sandboxes_killed (written by the gateway's reaper)
+
+OPERATOR_RECORD = "operator"
+"""The operator's own record: the ends of scoring and baseline jobs, naming the run they scored
+(never a run key's id, so no run reads it; the operator reads it as run ``operator``)."""
 
 KINDS = (DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB, CHECKPOINT_REGISTERED, EVALUATION_JOB,
          SANDBOX_SESSION, SUBMISSION, CALL_REFUSED, EXPERIMENT_CREATED, AUDIT_RESULT, RUN_ENDED)

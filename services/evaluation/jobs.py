@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from services.core.display_text import inert
 from services.core.errors import GymError, QuotaExceeded, ServiceUnavailable
-from services.core.events import EVALUATION_JOB, EventLog
+from services.core.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
 from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
 from services.core.keys import KeyRegistry
 from services.core.policy import Policy
@@ -49,8 +49,12 @@ TASK_OF_PURPOSE = {"agent": "run", "score": "score", "baseline": "baseline", "va
 ASSIST_TASK = "rsigym.evaluation.assist"
 """A helper: another worker sharing a running job's trials (see :meth:`EvaluationRunner.assist`)."""
 CLAIM_POLL_S = 0.2
-RECORDED_PURPOSES = ("agent", "score")
-"""Jobs whose end is a platform event (baselines and validations are the gym's own)."""
+RECORDED_PURPOSES = ("agent", "score", "baseline")
+"""Jobs whose end is a platform event (validations are the benchmark's, kept on its row)."""
+OPERATOR_PURPOSES = ("score", "baseline", "validation")
+"""The operator's jobs: billed to the operator's key, never charged to a run's storage quota
+(their evidence is always kept), and their ends recorded on the operator's record, never on
+the scored run's, which its own keys read (an open run would read its official score there)."""
 
 
 class _AlreadyRecorded(Exception):
@@ -187,7 +191,7 @@ class EvaluationRunner(JobRunnerBase):
                     log.warning("job %s: key %s not revoked: %s", job.id, key_id, err.message)
 
     def _mint_keys(self, job: EvaluationJob) -> tuple[str, str, list[str]]:
-        scoring = job.purpose in ("score", "baseline", "validation")
+        scoring = job.purpose in OPERATOR_PURPOSES
         sandbox_view, sandbox_key = self.keys.create(
             policy=Policy.model_validate({"services": {"sandbox": {
                 "door": True, "internet": False, "max_concurrency": self.trial_concurrency}}}),
@@ -314,10 +318,11 @@ class EvaluationRunner(JobRunnerBase):
         """Charge a run's trial to its storage quota in the recording transaction: the trajectory
         and the trial's files on disk (``trajectories``), its outputs (``results``). False when
         they do not fit: the reward is recorded all the same (the trial ran and was paid for), its
-        trajectory and files are not kept. Validation trials are the operator's, not a run's."""
+        trajectory and files are not kept. Scoring, baseline and validation trials are the
+        operator's, not a run's: a run that fills its quota cannot make its scoring lose evidence."""
         quota = self.harnesses.quota
         job = s.get(EvaluationJob, job_id)
-        if quota is None or job is None or job.purpose == "validation":
+        if quota is None or job is None or job.purpose in OPERATOR_PURPOSES:
             return True
         kept = (len(json.dumps(trajectory).encode()) if trajectory is not None else 0) + (
             tree_bytes(trial_dir) if trial_dir is not None and trial_dir.is_dir() else 0)
@@ -344,11 +349,16 @@ class EvaluationRunner(JobRunnerBase):
         session.execute(update(ScoreRow).where(ScoreRow.job_id == job_id).values(
             score=job.score if status == "succeeded" else None, status=status))
         if self.events is not None and job.purpose in RECORDED_PURPOSES:
-            self.events.append(session, run_id=job.run_id, kind=EVALUATION_JOB, key_id=job.key_id,
-                               experiment_id=job.experiment_id,
-                               data={"job_id": job.id, "purpose": job.purpose, "status": status, "model": job.model,
-                                     "harness": job.harness, "benchmark": job.benchmark, "split": job.split,
-                                     "attempts": job.attempts, "score": job.score if status == "succeeded" else None})
+            data = {"job_id": job.id, "purpose": job.purpose, "status": status, "model": job.model,
+                    "harness": job.harness, "benchmark": job.benchmark, "split": job.split,
+                    "attempts": job.attempts, "score": job.score if status == "succeeded" else None}
+            if job.purpose in OPERATOR_PURPOSES:  # on the operator's record, naming what it scored
+                scored = session.execute(select(ScoreRow.run_id, ScoreRow.submission_id)
+                                         .where(ScoreRow.job_id == job.id)).first()
+                data.update(scored_run=scored[0] if scored else job.run_id,
+                            submission_id=scored[1] if scored else None)
+            self.events.append(session, run_id=job.run_id if job.purpose == "agent" else OPERATOR_RECORD,
+                               kind=EVALUATION_JOB, key_id=job.key_id, experiment_id=job.experiment_id, data=data)
 
     def cancel_queued(self, job_id: str) -> bool:
         """Cancel a job no worker has taken yet; it ends like any other (its final hooks run)."""

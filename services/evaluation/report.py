@@ -39,10 +39,35 @@ class AuditVerdict:
     created_at: str | None = None
 
 
-def newest_audits(records: Iterable[dict[str, Any]]) -> dict[str, AuditVerdict]:
-    """The newest audit of each run, from the admin API's audit records."""
+def audited_submission(record: dict[str, Any]) -> str | None:
+    """The submission an audit record (``GET /admin/v1/audits``) judged; None: it judged none."""
+    if "submission_id" in record:
+        return record["submission_id"]
+    return ((record.get("report") or {}).get("submission") or {}).get("id")
+
+
+def scored_submissions(rows: Iterable[ScoreRow]) -> dict[str, set[str | None]]:
+    """Each reported run's scored submission ids (one, unless the run was scored before it ended)."""
+    out: dict[str, set[str | None]] = {}
+    for row in rows:
+        out.setdefault(row.run_id, set()).add(row.submission_id)
+    return out
+
+
+def newest_audits(records: Iterable[dict[str, Any]],
+                  scored: Mapping[str, set[str | None]] | None = None) -> dict[str, AuditVerdict]:
+    """The newest audit of each run, from the admin API's audit records.
+
+    ``scored`` (run → the submission ids its reported scores are of): only an audit of the scored
+    submission counts. An audit of an earlier submission does not vouch for a later one, and a
+    run whose reported scores are of several submissions has no one audit that vouches for all:
+    such runs are left out (``not audited``)."""
     newest: dict[str, dict[str, Any]] = {}
     for r in records:
+        if scored is not None:
+            wanted = scored.get(r["run_id"], set())
+            if len(wanted) != 1 or audited_submission(r) not in wanted:
+                continue
         current = newest.get(r["run_id"])
         if current is None or (r.get("created_at") or "") > (current.get("created_at") or ""):
             newest[r["run_id"]] = r
@@ -115,6 +140,8 @@ class ScoreRow:
     benchmark: str
     initial: float
     submitted: float
+    submission_id: str | None = None
+    """The scored submission (its audit is the run's integrity)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +151,8 @@ class RunReport:
     track: str
     result: RSIIndex
     integrity: str = NOT_AUDITED
-    """The newest audit's verdict (accepted | flagged), ``not audited``, or ``unknown``."""
+    """The verdict (accepted | flagged) of the newest audit of the scored submission, ``not
+    audited``, or ``unknown``."""
     hacking_rate: float | None = None
 
     @property
@@ -559,7 +587,8 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
         key = by_key.get(run_id, {})
         agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
         rows.append(ScoreRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
-                              initial=float(base["score"]), submitted=float(rec["score"])))
+                              initial=float(base["score"]), submitted=float(rec["score"]),
+                              submission_id=rec.get("submission_id")))
     unfinished = sorted({r["run_id"] for r in scores if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] != INITIAL_RUN})
     if unfinished:
         notes.append(f"still being scored (not in this report): {', '.join(unfinished)}")

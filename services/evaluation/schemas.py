@@ -49,3 +49,6 @@ class ScoreRequest(BaseModel):
     attempts: int = Field(default=3, ge=1, le=10)
     benchmarks: list[str] | None = None
     split: str = "official"
+    submission_id: str | None = Field(default=None, max_length=40)
+    """The submission the operator audited: scoring is refused (409) unless it is the run's
+    final one (services/evaluation/submissions.py)."""

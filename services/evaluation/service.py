@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from services.core.checkpoints import CheckpointRegistry
-from services.core.deadlines import check_run_open
+from services.core.deadlines import check_run_open, check_run_open_in, end_run_now
 from services.core.errors import (
     Conflict,
     NotFound,
@@ -42,6 +42,7 @@ from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
 from services.evaluation.schemas import JobRequest, ScoreRequest, SubmissionRequest
+from services.evaluation.submissions import final_submission
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 
 log = logging.getLogger("rsigym.evaluation")
@@ -107,7 +108,10 @@ class EvaluationService:
         path = body.get("path")
         if not isinstance(path, str) or not path:
             raise Unprocessable("give the benchmark's directory or .tar.gz path on the gym's host", param="path")
-        row, bench = self.registry.register(path, replace=bool(body.get("replace")))
+        seed_file = body.get("seed_file")  # the seed of generated splits (services/evaluation/official_splits.py)
+        if seed_file is not None and (not isinstance(seed_file, str) or not seed_file):
+            raise Unprocessable("seed_file is a path on the gym's host", param="seed_file")
+        row, bench = self.registry.register(path, replace=bool(body.get("replace")), seed_file=seed_file)
         model = self.config.models[0].name
         task_ids = [t.id for _, t in bench.tasks()]
         job = self._new_job(run_id="operator", key_id=self._operator_key(),
@@ -251,12 +255,15 @@ class EvaluationService:
         return self.get_job(identity, job_id)
 
     def end_run(self, identity: Identity, run_id: str) -> dict[str, int]:
-        """Operator (the run's deadline passed): cancel every open job of the run as
-        :meth:`cancel` does (queued ones end at once; running ones at their next check)."""
+        """Operator (the run's deadline passed): cancel every open job of the run's agent as
+        :meth:`cancel` does (queued ones end at once; running ones at their next check). The
+        operator's scoring of the run is not the run's work: scoring ends the run first, and
+        the reaper's end of it must not cancel the scoring."""
         self._operator(identity)
         with self.store.transaction() as s:
             jobs = s.execute(select(EvaluationJob.id, EvaluationJob.status).where(
-                EvaluationJob.run_id == run_id, EvaluationJob.status.in_(("queued", "running")))).all()
+                EvaluationJob.run_id == run_id, EvaluationJob.purpose == "agent",
+                EvaluationJob.status.in_(("queued", "running")))).all()
             if jobs:
                 s.execute(update(EvaluationJob).where(EvaluationJob.id.in_([j for j, _ in jobs]))
                           .values(cancel_requested=True))
@@ -299,6 +306,7 @@ class EvaluationService:
                             checkpoint_id=req.checkpoint, model=model, harness=harness)
         experiment = self.checkpoints.get(req.checkpoint, run_id=identity.run_id).experiment_id if req.checkpoint else None
         with self.store.transaction() as s:
+            check_run_open_in(s, identity.run_id)  # a submission never lands after the run ended (scoring ends it)
             s.add(row)
             s.flush()
             self.events.append(s, run_id=identity.run_id, kind=SUBMISSION, key_id=identity.key_id,
@@ -314,23 +322,33 @@ class EvaluationService:
             return [submission_view(r) for r in rows]
 
     def score_run(self, identity: Identity, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Score a run's latest submission on the official splits, avg@k, on the operator's key;
-        score the initial system (base model + minimal) the same way once per benchmark."""
+        """Score a run's final submission on the official splits, avg@k, on the operator's key;
+        score the initial system (base model + minimal) the same way once per benchmark.
+
+        An open run is ended first (services/evaluation/submissions.py: the latest submission
+        before the run ends counts), so what is scored cannot change under the scoring.
+        ``submission_id`` (the one ``rsigym score`` audited) must be that final submission."""
         self._operator(identity)
         req = validated(ScoreRequest, body, what="request")
-        with self.store.transaction() as s:
-            sub = s.scalars(select(SubmissionRow).where(SubmissionRow.run_id == run_id)
-                            .order_by(SubmissionRow.created_at.desc())).first()
-            agent = s.scalar(select(ApiKey.name).where(ApiKey.id == run_id))
-            if sub is not None:
-                s.expunge(sub)
-        if sub is None:
-            raise NotFound(f"run {run_id} has submitted nothing", param="run")
-        base_model = self._base_of(sub.model)
+        with self.store.transaction() as s:  # what would refuse is refused before the run is ended
+            if final_submission(s, run_id) is None:
+                raise NotFound(f"run {run_id} has submitted nothing", param="run")
         benches = [r for r in self.registry.list() if r.validation.get("status") == "ready"
                    and (req.benchmarks is None or r.name in req.benchmarks)]
         if not benches:
             raise NotFound("no ready benchmark to score on", param="benchmarks")
+        ends_at, ended_now = end_run_now(self.store, run_id)
+        with self.store.transaction() as s:
+            sub = final_submission(s, run_id)  # read after the end: nothing lands after it
+            agent = s.scalar(select(ApiKey.name).where(ApiKey.id == run_id))
+            if sub is None:  # submissions are never deleted: cannot happen
+                raise NotFound(f"run {run_id} has submitted nothing", param="run")
+            s.expunge(sub)
+        if req.submission_id is not None and req.submission_id != sub.id:
+            raise Conflict(f"submission {req.submission_id} is not run {run_id}'s final submission ({sub.id}, its "
+                           "latest before the run ended): audit the run again and score that one",
+                           param="submission_id")
+        base_model = self._base_of(sub.model)
         key_id = self._operator_key()
         scores = []
         for bench in benches:
@@ -355,7 +373,9 @@ class EvaluationService:
                     s.add(score)
                 self.runner.submit(job.id)
                 scores.append(score_view(score))
-        return {"object": "list", "data": scores}
+        return {"object": "list", "data": scores,
+                "run": {"id": run_id, "submission_id": sub.id, "ended_now": ended_now,
+                        "ends_at": ends_at.isoformat() if ends_at else None}}
 
     def _baseline(self, benchmark: str, split: str, model: str, attempts: int) -> bool:
         with self.store.transaction() as s:

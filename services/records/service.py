@@ -15,13 +15,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.core.errors import NotFound, PermissionDenied, Unprocessable, validated
-from services.core.events import CHECKPOINT_REGISTERED, KINDS, EventLog, RecordEvent, event_view
+from services.core.events import CHECKPOINT_REGISTERED, KINDS, OPERATOR_RECORD, EventLog, RecordEvent, event_view
 from services.core.experiments import Experiment, ExperimentEdge, ExperimentRegistry
 from services.core.identity import Identity
 from services.core.ids import new_id
 from services.core.spec import ServiceContext
 from services.core.tables import ApiKey
 from services.records import queries
+from services.records.audits import agent_view
 from services.records.schemas import ANNOTATION_KINDS, ANNOTATION_MODELS, ExperimentRequest
 from services.records.scope import Scope, run_scope, scope_of
 from services.records.tables import Annotation, AuditRow
@@ -38,8 +39,11 @@ def annotation_view(a: Annotation) -> dict[str, Any]:
 
 
 def audit_view(a: AuditRow) -> dict[str, Any]:
+    """``submission_id``: the submission the audit judged (its report's), what `rsigym report`
+    matches against the scored one."""
+    submission = (a.report or {}).get("submission") or {}
     return {"id": a.id, "object": "audit", "run_id": a.run_id, "status": a.status, "hacking_rate": a.hacking_rate,
-            "report": a.report, "created_at": a.created_at.isoformat()}
+            "submission_id": submission.get("id"), "report": a.report, "created_at": a.created_at.isoformat()}
 
 
 def _int_param(params: dict[str, str], name: str, default: int, *, lo: int, hi: int | None = None) -> int:
@@ -68,7 +72,8 @@ class RecordsService:
         with self.store.transaction() as s:
             return self._events_page(s, scope_of(s, identity), params)
 
-    def _events_page(self, s: Session, scope: Scope, params: dict[str, str]) -> dict[str, Any]:
+    def _events_page(self, s: Session, scope: Scope, params: dict[str, str], *,
+                     operator: bool = False) -> dict[str, Any]:
         after = _int_param(params, "after", 0, lo=0)
         limit = _int_param(params, "limit", PAGE, lo=1, hi=MAX_PAGE)
         q = select(RecordEvent).where(RecordEvent.run_id == scope.run_id, RecordEvent.seq > after, scope.event_filter())
@@ -81,12 +86,15 @@ class RecordsService:
             q = q.where(RecordEvent.experiment_id == experiment)
         rows = list(s.scalars(q.order_by(RecordEvent.seq).limit(limit + 1)))
         page = rows[:limit]
-        return {"object": "list", "data": [event_view(e) for e in page], "has_more": len(rows) > limit,
+        views = [event_view(e) if operator else agent_view.event(event_view(e)) for e in page]
+        return {"object": "list", "data": views, "has_more": len(rows) > limit,
                 "next_after": page[-1].seq if page else after}
 
     # -- experiments -----------------------------------------------------------------------
 
-    def _views(self, s: Session, scope: Scope, experiments: list[Experiment]) -> list[dict[str, Any]]:
+    def _views(self, s: Session, scope: Scope, experiments: list[Experiment], *,
+               operator: bool = False) -> list[dict[str, Any]]:
+        """Node views; a run key's carry audit reasons in the form it may read (agent_view.py)."""
         ids = [e.id for e in experiments]
         if not ids:
             return []
@@ -97,7 +105,11 @@ class RecordsService:
         for edge in s.scalars(select(ExperimentEdge).where(ExperimentEdge.child_id.in_(ids))
                               .order_by(ExperimentEdge.parent_id)):
             parents[edge.child_id].append(edge.parent_id)
-        return [queries.node_view(e, parents[e.id], events) for e in experiments]
+        views = [queries.node_view(e, parents[e.id], events) for e in experiments]
+        if not operator:
+            for view in views:
+                view["reasons"] = agent_view.reasons(view["reasons"])
+        return views
 
     def _visible(self, s: Session, scope: Scope) -> list[Experiment]:
         return list(s.scalars(select(Experiment).where(Experiment.run_id == scope.run_id, scope.experiment_filter())
@@ -130,7 +142,7 @@ class RecordsService:
             events = s.scalars(select(RecordEvent).where(RecordEvent.run_id == scope.run_id,
                                                          RecordEvent.experiment_id == exp.id)
                                .order_by(RecordEvent.seq))
-            view["events"] = [event_view(e) for e in events]
+            view["events"] = [agent_view.event(event_view(e)) for e in events]
             view["annotations"] = [annotation_view(a) for a in self._annotations(s, scope, None, exp.id)]
             return view
 
@@ -237,8 +249,11 @@ class RecordsService:
     # -- operator --------------------------------------------------------------------------
 
     def _operator_run(self, identity: Identity, run_id: str) -> Scope:
+        """A run's whole record, or the operator's own (``operator``: scoring and baselines)."""
         if not identity.operator:
             raise PermissionDenied("operator only")
+        if run_id == OPERATOR_RECORD:
+            return run_scope(run_id)
         with self.store.transaction() as s:
             key = s.get(ApiKey, run_id)
             if key is None or key.parent_id is not None:
@@ -248,12 +263,22 @@ class RecordsService:
     def operator_events(self, identity: Identity, run_id: str, params: dict[str, str]) -> dict[str, Any]:
         scope = self._operator_run(identity, run_id)
         with self.store.transaction() as s:
-            return self._events_page(s, scope, params)
+            return self._events_page(s, scope, params, operator=True)
 
     def operator_experiments(self, identity: Identity, run_id: str) -> list[dict[str, Any]]:
+        """The run's experiments with the reasons of its newest audit as the operator reads them
+        (with evidence; the table keeps the run key's form)."""
         scope = self._operator_run(identity, run_id)
         with self.store.transaction() as s:
-            return self._views(s, scope, self._visible(s, scope))
+            views = self._views(s, scope, self._visible(s, scope), operator=True)
+            newest = s.scalars(select(AuditRow).where(AuditRow.run_id == run_id)
+                               .order_by(AuditRow.created_at.desc(), AuditRow.id.desc())).first()
+        audited = {str(e.get("id")): e.get("reasons") for e in ((newest.report or {}).get("experiments") or [])
+                   if isinstance(e, dict)} if newest is not None else {}
+        for view in views:
+            if isinstance(audited.get(view["id"]), list):
+                view["reasons"] = audited[view["id"]]
+        return views
 
     def operator_chain(self, identity: Identity, run_id: str) -> dict[str, Any]:
         self._operator_run(identity, run_id)
@@ -279,6 +304,7 @@ class RecordsService:
 
         ctx = AuditContext(store=self.store, config=self.context.config, data_dir=self.context.data_dir,
                            events=self.events, run_id=run_id, secrets=self.context.secrets,
-                           gateway_url=self.context.settings.gateway_url)
+                           gateway_url=self.context.settings.gateway_url,
+                           models_dir=self.context.settings.resolved_models_dir())
         result: dict[str, Any] = audit_run(ctx, trajectory=trajectory)
         return result

@@ -27,7 +27,7 @@ from services.core.events import RecordEvent
 from services.core.experiments import Experiment
 from services.core.store import Store
 from tests.conftest import ADMIN_TOKEN, admin_headers, create_key, gym_config
-from tests.fakes.live_gym import mini_benchmark
+from tests.fakes.live_gym import mini_benchmark, registered_tasks
 from tests.fakes.servers import serve_gym
 
 STEPS = 2
@@ -62,13 +62,14 @@ def rsigym(*args: str, code: int = 0) -> Any:
     return json.loads(result.stdout) if "--json" in args else result
 
 
-def questions(bench_dir: Path) -> dict[str, tuple[str, str]]:
-    """task id → (question, answer) of the benchmark's official split."""
+def questions(gym: Any) -> dict[str, tuple[str, str]]:
+    """task id → (question, answer) of the official split the gym drew when it registered ``mini``
+    (the cheater got them somehow: the test plays an agent that did)."""
     out = {}
-    for task in sorted((bench_dir / "official").iterdir()):
-        question = (task / "instruction.md").read_text().strip()
+    for task in registered_tasks(gym, "mini"):
+        question = (task.path / "instruction.md").read_text().strip()
         a, op, b = question.removeprefix("What is ").rstrip("?").split()
-        out[task.name] = (question, str(int(a) + int(b) if op == "+" else int(a) - int(b)))
+        out[task.id] = (question, str(int(a) + int(b) if op == "+" else int(a) - int(b)))
     return out
 
 
@@ -98,7 +99,7 @@ def test_contaminated_run_is_flagged_with_its_tasks_and_a_clean_run_is_accepted(
         live: tuple[str, Any], bench_dir: Path, tmp_path: Path) -> None:
     url, gym = live
     store: Store = gym.gateway.store
-    tasks = questions(bench_dir)
+    tasks = questions(gym)
     with httpx.Client(base_url=url) as c:
         dirty_key = create_key(c, budget_usd=5.0, name="cheater")
         clean_key = create_key(c, budget_usd=5.0, name="honest")
@@ -128,7 +129,7 @@ def test_contaminated_run_is_flagged_with_its_tasks_and_a_clean_run_is_accepted(
     assert accepted["status"] == "accepted", accepted
     assert accepted["hacking_rate"] == 0.0
     assert {c["name"]: c["verdict"] for c in accepted["checks"]} == {
-        "contamination": "pass", "provenance": "pass", "harness": "pass", "behaviour": "pass"}
+        "contamination": "pass", "provenance": "pass", "harness": "pass", "score_gap": "pass", "behaviour": "pass"}
     with store.transaction() as s:
         statuses = {e.status for e in s.query(Experiment).filter(Experiment.run_id == clean_key["id"])}
     assert statuses == {"accepted"}

@@ -5,8 +5,8 @@ harness that finds no way out of its trial, and scoring on the operator's budget
 
 The arithmetic benchmark is registered whole (the trained checkpoint is scored on its 60 dev
 tasks). The shell benchmark is registered cut to its first 20 tasks of each split: its tasks are
-ten generated kinds in rotation (benchmarks/generate.py; tests/unit/test_benchmarks.py holds the
-committed files to the generator's output), so the cut validates every kind twice in each split,
+ten generated kinds in rotation (services/evaluation/task_generators/shell.py; the official split is
+drawn by the gym at registration the same way), so the cut validates every kind twice in each split,
 where the whole benchmark's 160 trials more took ~1.5 minutes of the suite. `make demo` registers and
 validates both bundled benchmarks whole."""
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 import io
 import json
 import random
-import runpy
 import shutil
 import tarfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,10 @@ import pytest
 
 import rsigym
 from gateway.demo_common import trimmed_benchmarks
+from services.evaluation.task_generators import shell as shell_generator
 from services.models.synthetic import subtraction
 from tests.fakes.live_gym import LiveGym as Live
-from tests.fakes.live_gym import live_gym, mini_benchmark
+from tests.fakes.live_gym import live_gym, mini_benchmark, registered_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -56,8 +57,9 @@ def trained(live: Live) -> dict[str, Any]:
     does not contain."""
     key = live.key(5.0)
     gym = live.sdk(key)
-    banned = {(BENCHMARKS / "arithmetic" / s / t.name / "instruction.md").read_text().strip()
-              for s in ("dev", "official") for t in (BENCHMARKS / "arithmetic" / s).iterdir()}
+    # every registered question, the official ones the gym drew at registration included
+    banned = {(t.path / "instruction.md").read_text().strip()
+              for name in ("arithmetic", SCORED) for s in ("dev", "official") for t in registered_tasks(live.gym, name, s)}
     rng, rows = random.Random(11), []
     while len(rows) < 3000:
         messages = subtraction(rng)
@@ -106,13 +108,11 @@ def test_bundled_benchmarks_validate_every_oracle_1_and_every_empty_answer_0(liv
         print(f"\n{name}: {v}")
         assert bench["status"] == "ready", v
         assert v["tasks"] == tasks and v["oracle_scored_1"] == tasks and v["empty_scored_0"] == tasks
-    # the shell cut holds every generated kind at least twice in each split (sh-n is of kind (n - 1) % kinds)
-    generator = runpy.run_path(str(BENCHMARKS / "generate.py"))
-    assert len(generator["SHELL_TEMPLATES"]) == SHELL_KINDS
+    # the shell cut holds every generated kind at least twice in each split, the drawn official one too
+    assert len(shell_generator.TEMPLATES) == SHELL_KINDS
     for split in ("dev", "official"):
-        cut = sorted((BENCHMARKS / "shell" / split).iterdir())[:SHELL_PER_SPLIT]
-        kinds = [(int(t.name.removeprefix("sh-")) - 1) % SHELL_KINDS for t in cut]
-        assert all(kinds.count(k) >= 2 for k in range(SHELL_KINDS)), (split, sorted(kinds))
+        kinds = Counter(t.config.metadata["template"] for t in registered_tasks(live.gym, "shell", split) if t.config)
+        assert len(kinds) == SHELL_KINDS and min(kinds.values()) >= 2, (split, kinds)
 
 
 def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: Live, trained: dict[str, Any]) -> None:
@@ -251,7 +251,8 @@ def test_operator_scores_a_submission_on_its_own_budget(live: Live, trained: dic
     assert by_run["initial"]["status"] == by_run[run_id]["status"] == "succeeded"
     assert by_run[run_id]["submission_id"] == submission.id and by_run[run_id]["attempts"] == 3
     assert by_run[run_id]["score"] > by_run["initial"]["score"]
-    assert gym.balance().spent_usd == pytest.approx(spent_before)  # the operator paid, not the run
+    # the operator paid, not the run (read as the operator: scoring ended the run, its key is refused now)
+    assert live.http.get(f"/admin/v1/keys/{run_id}").json()["spent_usd"] == pytest.approx(spent_before)
     detail = live.http.get(f"/admin/v1/evaluation/jobs/{by_run[run_id]['job_id']}/results").json()["data"]
     assert len(detail) == SCORED_TASKS * 3  # official tasks × 3 attempts, stored with the score
 

@@ -93,7 +93,12 @@ def test_forged_host_headers_send_nothing_to_the_attacker(live: LiveGym, listene
             "benchmark": "mini", "split": "dev", "model": "tiny", "harness": harness.json()["id"]})
         assert r.status_code in (200, 201), r.text
         jobs.append(r.json()["id"])
-    # The operator's routes that start evaluations, with the same forgeries.
+    for job_id in jobs:  # the jobs ran, calling back to the gym itself
+        job = live.wait_job(agent, job_id)
+        assert job["status"] == "succeeded" and job["progress"] == {"done": 2, "total": 2}, job
+        results = agent.get(f"/evaluation/v1/jobs/{job_id}/results").json()["data"]
+        assert all(r["error"] is None for r in results), results
+    # The operator's routes that start evaluations, with the same forgeries (scoring ends the run: last).
     registered = live.register(mini_benchmark(tmp_path, name="mini-forged"), **forged(listener.port)[0])
     assert registered["status"] == "ready", registered
     assert agent.post("/evaluation/v1/submissions", json={"harness": harness.json()["id"]}).status_code == 201
@@ -102,12 +107,6 @@ def test_forged_host_headers_send_nothing_to_the_attacker(live: LiveGym, listene
                            headers=headers)
         assert r.status_code == 202, r.text
     live.wait_scores("mini", {key["id"]})
-
-    for job_id in jobs:  # the jobs ran, calling back to the gym itself
-        job = live.wait_job(agent, job_id)
-        assert job["status"] == "succeeded" and job["progress"] == {"done": 2, "total": 2}, job
-        results = agent.get(f"/evaluation/v1/jobs/{job_id}/results").json()["data"]
-        assert all(r["error"] is None for r in results), results
     assert listener.seen == [], f"the attacker's listener got {len(listener.seen)} requests: {listener.seen[:2]}"
 
 

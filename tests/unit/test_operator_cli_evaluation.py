@@ -181,14 +181,14 @@ def test_score_waits_for_the_cached_baseline_too() -> None:
 
 
 def tiny_benchmark(tmp_path: Path) -> Path:
-    """The bundled arithmetic benchmark cut down to one task per split."""
+    """The bundled arithmetic benchmark cut down to one task per split (the official one drawn at registration)."""
     src, dest = ROOT / "benchmarks" / "arithmetic", tmp_path / "tiny-arithmetic"
     shutil.copytree(src, dest)
-    for split in ("dev", "official"):
-        for task in sorted((dest / split).iterdir())[1:]:
-            shutil.rmtree(task)
+    for task in sorted((dest / "dev").iterdir())[1:]:
+        shutil.rmtree(task)
     toml = dest / "benchmark.toml"
-    toml.write_text(toml.read_text().replace('name = "arithmetic"', 'name = "tiny-arithmetic"'))
+    toml.write_text(toml.read_text().replace('name = "arithmetic"', 'name = "tiny-arithmetic"')
+                    .replace("count = 60", "count = 1"))
     return dest
 
 
@@ -199,6 +199,7 @@ def test_register_score_and_report(served: str, tmp_path: Path) -> None:
     assert registered["validation"]["oracle_scored_1"] == 2 and registered["validation"]["empty_scored_0"] == 2
     listed = rsigym("benchmarks", "list", "--json")["data"]
     assert [b["name"] for b in listed] == ["tiny-arithmetic"] and listed[0]["splits"]["official"]["hidden"]
+    assert listed[0]["splits"]["official"]["generated"]["seed"] == "gym"  # drawn at registration
     assert "ready" in rsigym("benchmarks", "list").stdout
     again = rsigym("benchmarks", "register", str(tiny_benchmark(tmp_path / "x")), code=1)
     assert "already registered" in again.output
