@@ -51,7 +51,7 @@ from gateway.launcher_compose import ComposeTarget, compose_plan
 from gateway.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
 from services.core.config import GymConfig
 from services.core.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
-from services.core.host_uids import HostUidPool, kill_uid
+from services.core.host_uids import HostUidPool, kill_uid, pid_running
 from services.core.private_files import open_private, restrict_umask, write_private
 from services.sandbox import seccomp
 
@@ -193,25 +193,12 @@ def _write(run_dir: Path, record: RunRecord) -> None:
     tmp.replace(run_dir / "run.json")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (an unreaped child of a long-lived caller) is not running
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def show_run(data_dir: Path, run: str) -> RunRecord:
     path = runs_root(data_dir) / run / "run.json"
     if "/" in run or run.startswith(".") or not path.is_file():
         raise NotFound(f"no run {run!r} in {runs_root(data_dir)}", param="run")
     record = RunRecord.model_validate_json(path.read_text())
-    if record.status == "running" and not _alive(record.pid):
+    if record.status == "running" and not pid_running(record.pid):
         record = record.model_copy(update={"status": "exited"})  # the supervisor died without recording it
     return record
 
@@ -249,7 +236,7 @@ def _end_supervisor(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_WAIT_S
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
         os.killpg(pid, signal.SIGKILL)

@@ -37,6 +37,21 @@ def require_bwrap() -> None:
         if IN_CI:
             pytest.fail("bubblewrap (bwrap) is missing on a CI host")
         pytest.skip("bubblewrap (bwrap) is not installed")
+
+
+def require_redis(url: str) -> str:
+    """``url`` once its Redis answers: a CI host without it fails, a developer's machine skips."""
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_timeout=3).ping()
+    except (redis.RedisError, OSError):
+        if IN_CI:
+            pytest.fail(f"Redis is required in CI but {url} is unreachable")
+        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
+    return url
+
+
 TEACHER_ENV = "RSIGYM_TEST_TEACHER_KEY"
 MODELS_DIR = Path(os.environ.get("RSIGYM_MODELS_DIR") or default_models_dir())
 """Built base models are shared with every gym of this machine (the build is keyed by its recipe)."""

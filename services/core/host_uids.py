@@ -73,6 +73,21 @@ class HostUidPool:
             os.close(fd)  # releases the flock
 
 
+def pid_running(pid: int) -> bool:
+    """Whether a process of this pid runs on this host (one of another user's counts; a zombie,
+    killed and not yet waited for, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return not _zombie(str(pid))
+    except (OSError, IndexError):
+        return True
+
+
 def pids_of_uid(uid: int) -> list[int]:
     """Live processes running as ``uid``. Zombies are not counted: they run nothing, hold nothing
     and cannot be signalled, and a sandbox's are reaped by whoever it was reparented to (here

@@ -42,15 +42,7 @@ def private_dir(path: Path | str) -> Path:
     """``path``, made with any missing parents, all 0700. An existing directory is set to 0700 too
     when it is this user's — never a shared one (sticky, like /tmp), which only gets a warning."""
     path = Path(path)
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    for made in missing:  # mkdir's mode went through the umask; parents got the default
-        os.chmod(made, DIR_MODE)
-    if not missing:
+    if not _make_dirs(path, DIR_MODE):
         _restrict_existing(path)
     return path
 
@@ -59,15 +51,22 @@ def traversable_dir(path: Path | str) -> Path:
     """``path``, its missing parts made 0711 whatever the umask: other uids (sandboxes) may walk
     through to what is theirs below, but list nothing. Existing directories are left as they are."""
     path = Path(path)
+    _make_dirs(path, TRAVERSE_MODE)
+    return path
+
+
+def _make_dirs(path: Path, mode: int) -> list[Path]:
+    """Make ``path`` and its missing parents, each ``mode`` whatever the umask (mkdir's mode goes
+    through it, and parents get the default); the directories made."""
     missing: list[Path] = []
     probe = path
     while not probe.exists() and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
     for made in missing:
-        os.chmod(made, TRAVERSE_MODE)
-    return path
+        os.chmod(made, mode)
+    return missing
 
 
 def _restrict_existing(path: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from services.core.host_uids import pid_running
 from services.core.store import Store
 from services.core.tables import utcnow
 from services.sandbox.tables import SandboxReplica, SandboxRow
@@ -48,19 +49,6 @@ def host_identity() -> str:
     with contextlib.suppress(OSError):
         parts.append(os.readlink("/proc/self/ns/pid").removeprefix("pid:").strip("[]"))
     return "/".join(parts)[:200]
-
-
-def process_gone(pid: int) -> bool:
-    """Whether no process of this pid runs here (a zombie, killed and not yet waited for, is gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    return False
 
 
 class ReplicaLease:
@@ -130,7 +118,7 @@ class ReplicaLease:
             return False
         if lease.pid == self.pid:  # this very process: an earlier life of it (a reused pid), or a gym beside it
             return lease.id not in LIVE_HERE
-        return process_gone(lease.pid)
+        return not pid_running(lease.pid)
 
     def forget(self, replica_ids: list[str]) -> None:
         """Drop the leases of dead replicas whose sandboxes have been reaped, and any lease that

@@ -52,7 +52,7 @@ from services.core.settings import WorkerSettings
 from services.training.tables import TrainingJob
 from services.worker.celery_app import make_celery
 from tests.compose_local import ROOT, LocalCompose, command_of, dockerfile_of, load_compose, option, profiles_of
-from tests.conftest import IN_CI, MODELS_DIR, PG_URL
+from tests.conftest import IN_CI, MODELS_DIR, PG_URL, require_redis
 from tests.unit.test_deploy_static import alert_rules, promql_metrics
 
 pytestmark = pytest.mark.slow
@@ -108,13 +108,7 @@ REVOKED = {
 
 @pytest.fixture
 def redis_test_url() -> str:
-    try:
-        redis.Redis.from_url(REDIS_TEST_URL, socket_timeout=3).ping()
-    except redis.RedisError:
-        if IN_CI:
-            pytest.fail(f"Redis is required in CI but {REDIS_TEST_URL} is unreachable")
-        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
-    return REDIS_TEST_URL
+    return require_redis(REDIS_TEST_URL)
 
 
 @pytest.fixture

@@ -60,7 +60,12 @@ def registered_tasks(gym: Gym, name: str, split: str = "official") -> list[TaskR
 
 def harness_archive(name: str, script: str) -> bytes:
     """A harness whose ``run`` is one bash script (what an agent would upload)."""
-    files = {"harness.toml": f'[harness]\nname = "{name}"\nrun = "/bin/bash /harness/run.sh"\n', "run.sh": script}
+    return archive_of({"harness.toml": f'[harness]\nname = "{name}"\nrun = "/bin/bash /harness/run.sh"\n',
+                       "run.sh": script})
+
+
+def archive_of(files: dict[str, str]) -> bytes:
+    """A .tar.gz of ``files`` (path -> text), each executable."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for path, text in files.items():

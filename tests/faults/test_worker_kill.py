@@ -31,7 +31,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import func, select
 
 import rsigym
@@ -43,7 +42,7 @@ from services.core.store import Store
 from services.core.tables import LedgerEntry
 from services.evaluation.tables import EvaluationJob
 from services.training.tables import TrainingJob, TrainingStep
-from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, PG_URL, admin_headers
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, PG_URL, admin_headers, require_redis
 from tests.faults.conftest import Procs, assert_ledger_sound, until
 from tests.fakes.live_gym import harness_archive, mini_benchmark
 from tests.fakes.servers import free_port, serve
@@ -100,12 +99,7 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, pg_schema: str, procs: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=3).ping()
-    except redis.RedisError:
-        if IN_CI:
-            pytest.fail(f"Redis is required in CI but {REDIS_URL} is unreachable")
-        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
+    require_redis(REDIS_URL)
     store_url = f"{PG_URL}?options=-csearch_path%3D{pg_schema}"
     port = free_port()
     prefix = f"f{secrets.token_hex(4)}."

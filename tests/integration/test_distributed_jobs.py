@@ -36,7 +36,7 @@ from services.core.settings import GymSettings, StoreSettings
 from services.core.store import Store
 from services.core.tables import ApiKey, LedgerEntry
 from services.training.tables import TrainingJob
-from tests.conftest import ADMIN_TOKEN, IN_CI, MODELS_DIR, PG_URL, admin_headers
+from tests.conftest import ADMIN_TOKEN, MODELS_DIR, PG_URL, admin_headers, require_redis
 from tests.fakes.live_gym import mini_benchmark
 from tests.fakes.servers import free_port, serve
 
@@ -52,13 +52,7 @@ ROWS = [{"messages": [{"role": "user", "content": f"What is {i} - 1?"}, {"role":
 
 @pytest.fixture
 def redis_url() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=3).ping()
-    except redis.RedisError:
-        if IN_CI:
-            pytest.fail(f"Redis is required in CI but {REDIS_URL} is unreachable")
-        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
-    return REDIS_URL
+    return require_redis(REDIS_URL)
 
 
 class Cluster:

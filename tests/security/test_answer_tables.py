@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import json
 import random
 import shutil
-import tarfile
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -36,7 +34,7 @@ from typer.testing import CliRunner
 import rsigym
 from gateway.cli.main import app as operator_cli
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, gym_config
-from tests.fakes.live_gym import LiveGym, live_gym, mini_benchmark, registered_tasks
+from tests.fakes.live_gym import LiveGym, archive_of, live_gym, mini_benchmark, registered_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 PER_SPLIT = 5
@@ -59,16 +57,8 @@ def answer(text: str) -> None:
 
 
 def archive(name: str, program: str) -> bytes:
-    files = {"harness.toml": f'[harness]\nname = "{name}"\nrun = "/usr/bin/python3 /harness/agent.py"\n',
-             "agent.py": program}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(path)
-            info.size, info.mode = len(data), 0o755
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    return archive_of({"harness.toml": f'[harness]\nname = "{name}"\nrun = "/usr/bin/python3 /harness/agent.py"\n',
+                       "agent.py": program})
 
 
 def key(question: str) -> str:

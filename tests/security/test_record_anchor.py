@@ -31,7 +31,7 @@ from services.core.events import TRAINING_JOB, EventLog, RecordEvent, RecordHead
 from services.core.record_anchor import FILE_NAME, FileAnchor, Mark, RecordAnchor, RedisAnchor
 from services.core.settings import StoreSettings
 from services.core.store import Store, sqlite_url
-from tests.conftest import ADMIN_TOKEN, IN_CI, PG_URL, admin_headers, bearer, create_key, gym_config
+from tests.conftest import ADMIN_TOKEN, PG_URL, admin_headers, bearer, create_key, gym_config, require_redis
 from tests.fakes.servers import serve_gym
 
 SECRET = "platform-secret"
@@ -40,13 +40,7 @@ PREFIX = "rsigym-test:record-anchor:"
 
 
 def _redis() -> str:
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=3).ping()
-    except redis.RedisError:
-        if IN_CI:
-            pytest.fail(f"Redis is required in CI but {REDIS_URL} is unreachable")
-        pytest.skip("Redis not reachable (set CI=true to make this a failure)")
-    return REDIS_URL
+    return require_redis(REDIS_URL)
 
 
 def redis_anchor(namespace: str, url: str = REDIS_URL) -> RecordAnchor:
