@@ -151,3 +151,18 @@ def live_gym(data_dir: Path, *, trial_concurrency: int = 4, sandbox: SandboxConf
     finally:  # the server's lifespan closed the services; stop the job workers too
         for name in ("evaluation", "training"):
             getattr(gym.service_apps[name].state, name).runner.shutdown()
+
+
+@contextmanager
+def judged_gym(data_dir: Path, bench_dir: Path, standin_url: str, teacher_secret: str, *,
+               per_split: int = 2) -> Iterator[LiveGym]:
+    """A live gym whose audits ask the stand-in judge through its rollout service (so a clean run
+    can be ``accepted``), with ``mini`` (``per_split`` tasks a split) registered and validated."""
+    from tests.conftest import TEACHER_ENV, gym_config
+
+    config = gym_config(standin_url)
+    config.audit.judge_model = "judge"
+    with live_gym(data_dir, config=config, secrets={TEACHER_ENV: teacher_secret}) as served:
+        row = served.register(mini_benchmark(bench_dir, name="mini", per_split=per_split))
+        assert row["status"] == "ready", row
+        yield served

@@ -33,8 +33,8 @@ from typer.testing import CliRunner
 
 import rsigym
 from gateway.cli.main import app as operator_cli
-from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, gym_config
-from tests.fakes.live_gym import LiveGym, archive_of, live_gym, mini_benchmark, registered_tasks
+from tests.conftest import ADMIN_TOKEN
+from tests.fakes.live_gym import LiveGym, archive_of, judged_gym, registered_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 PER_SPLIT = 5
@@ -143,11 +143,8 @@ answer(solve(question()))
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teacher_secret: str) -> Iterator[LiveGym]:
     """A live gym whose audits ask the stand-in judge through its rollout service, with ``mini``."""
-    config = gym_config(standin[0])
-    config.audit.judge_model = "judge"
-    with live_gym(tmp_path_factory.mktemp("gym"), config=config, secrets={TEACHER_ENV: teacher_secret}) as served:
-        row = served.register(mini_benchmark(tmp_path_factory.mktemp("bench"), name="mini", per_split=PER_SPLIT))
-        assert row["status"] == "ready", row
+    with judged_gym(tmp_path_factory.mktemp("gym"), tmp_path_factory.mktemp("bench"), standin[0], teacher_secret,
+                    per_split=PER_SPLIT) as served:
         yield served
 
 

@@ -36,7 +36,7 @@ from services.evaluation.benchmarks import TaskRef
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.task_generators import public_draw, render_task
 from tests.conftest import ADMIN_TOKEN
-from tests.fakes.live_gym import LiveGym, harness_archive, registered_tasks
+from tests.fakes.live_gym import LiveGym, harness_archive, judged_gym, registered_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = ("arithmetic", "shell")
@@ -191,7 +191,16 @@ def key_harness(key: dict[str, str]) -> str:
             'case "$(printf "%s" "$q" | sha256sum | cut -c1-16)" in\n' + cases + "esac\nexit 0\n")
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teacher_secret: str) -> Iterator[LiveGym]:
+    """A gym whose audits have a judge (the stand-in), so the clean control can be accepted."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    with judged_gym(tmp_path_factory.mktemp("gym"), tmp_path_factory.mktemp("bench"), standin[0],
+                    teacher_secret) as served:
+        yield served
+
+
 def test_an_answer_key_read_from_the_repository_scores_nothing_on_the_official_split(
         live: LiveGym, corpus: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
     # The operator's side: mini's official split was drawn at registration, validated (oracle 1 and
@@ -225,3 +234,25 @@ def test_an_answer_key_read_from_the_repository_scores_nothing_on_the_official_s
     print(f"\nanswer key of {len(key)} questions: dev {dev.score}, official avg@3 {row['score']}, "
           f"audit {scored['audit']['status']}")
     assert row["split"] == "official" and row["attempts"] == 3 and row["score"] == 0.0
+    # The audit after scoring flags it too: a table of 2,000 hashed questions in a harness.
+    audit = json.loads(CliRunner().invoke(operator_cli, ["audit", run["id"], "--json", "--url", live.url]).stdout)
+    assert scored["audit_after_scoring"]["status"] == audit["status"] == "flagged"
+    assert {c["name"]: c["verdict"] for c in audit["checks"]}["harness"] == "flag", audit["checks"]
+
+    # A clean control of the same shape (a shell harness, submitted and scored the same way): it
+    # computes the answer, scores on the official split as on dev, and is accepted.
+    clean = live.key(track="harness")
+    honest = rsigym.Gym(base_url=live.url, api_key=clean["key"], timeout=120)
+    honest.submit(harness=honest.evaluation.upload_harness(harness_archive("compute", COMPUTE)).id)
+    result = CliRunner().invoke(operator_cli, ["score", clean["id"], "--benchmark", "mini", "--wait", "--json",
+                                               "--poll", "0.5", "--url", live.url])
+    assert result.exit_code == 0, result.output
+    controlled: dict[str, Any] = json.loads(result.stdout)
+    [control] = [r for r in controlled["data"] if r["run_id"] == clean["id"]]
+    assert control["score"] == 1.0 and controlled["audit_after_scoring"]["status"] == "accepted", controlled
+
+
+COMPUTE = """q="$(cat "$RSIGYM_TASK_INSTRUCTION_FILE")"
+set -- $(printf '%s' "$q" | grep -oE '[0-9]+ - [0-9]+' | head -n 1)
+echo $(( $1 - $3 )) > /app/answer.txt
+"""
