@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +29,7 @@ from services.core.experiments import Experiment
 from services.records.audits.agent_view import WITHHELD
 from services.records.audits.contamination import normalise
 from tests.conftest import ADMIN_TOKEN
-from tests.fakes.live_gym import LiveGym, registered_tasks
+from tests.fakes.live_gym import LiveGym, judged_gym, registered_tasks
 
 CONTAMINATION = "contamination: test_set_contamination (EXECUTED)"
 
@@ -92,6 +94,16 @@ def agent_reads(agent: httpx.Client, run_id: str) -> Iterator[tuple[str, httpx.R
     yield f"POST /admin/v1/runs/{run_id}/audit", agent.post(f"/admin/v1/runs/{run_id}/audit")
 
 
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], teacher_secret: str) -> Iterator[LiveGym]:
+    """A gym whose audits have a judge (the stand-in), so a clean run can be accepted."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    with judged_gym(tmp_path_factory.mktemp("gym"), tmp_path_factory.mktemp("bench"), standin[0],
+                    teacher_secret) as served:
+        yield served
+
+
 @pytest.fixture
 def operator_env(live: LiveGym, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RSIGYM_URL", live.url)
@@ -148,6 +160,20 @@ def test_what_a_run_key_reads_of_its_audit_names_no_hidden_task(live: LiveGym, o
     assert seen == {"name": "contamination", "verdict": "flag", "findings": [
         {"category": "test_set_contamination", "code": "EXECUTED", "rule": "contamination.test_set_contamination"}]}
     assert not any("task_ids" in json.dumps(c) or "evidence" in json.dumps(c) for c in audited[-1]["data"]["checks"])
+
+    # The control: the same shape without the hidden question is accepted, and its agent reads that.
+    clean_key = live.key(budget=5.0)
+    clean = live.sdk(clean_key)
+    clean_set = clean.training.upload_dataset(rows[:17] + rows[18:], name="forum-scrape")
+    clean_job = clean.training.wait(clean.training.create_job(datasets=[clean_set.id], base_model="tiny", steps=2,
+                                                              batch_size=4, max_length=64, checkpoint_every=2).id,
+                                    timeout=600, poll=0.5)
+    assert clean_job.status == "succeeded" and clean_job.checkpoints, clean_job.error
+    clean.submit(checkpoint=clean_job.checkpoints[-1], harness="minimal")
+    result = CliRunner().invoke(operator_cli, ["audit", clean_key["id"], "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "accepted", result.output
+    with live.agent(clean_key) as agent:
+        assert {e["status"] for e in agent.get("/records/v1/experiments").json()["data"]} == {"accepted"}
 
 
 def test_an_audit_written_before_the_rule_is_read_in_the_same_form(live: LiveGym) -> None:
