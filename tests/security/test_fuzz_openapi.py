@@ -309,17 +309,28 @@ def _chat(model: str, content: bytes) -> bytes:
     return b'{"model":"%s","max_tokens":4,"messages":[{"role":"user","content":%s}]}' % (model.encode(), content)
 
 
-def _post(target: Target, path: str, body: bytes, method: str = "POST") -> httpx.Response:
+def _post(target: Target, path: str, body: bytes, method: str = "POST", key: str | None = None) -> httpx.Response:
     headers = {**_headers(path, target), "Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     return httpx.request(method, target.url + path, content=body, headers=headers, timeout=60)
 
 
-def _books(target: Target) -> tuple[Any, Any]:
+def _own_key(target: Target) -> tuple[str, str]:
+    """A key of the test's own (its secret and id): the fuzzer's sandboxes, still alive on the run
+    key, settle their seconds on it while a test runs."""
+    made = httpx.post(f"{target.url}/admin/v1/keys", json={"track": "joint", "budget_usd": 1.0, "agent_budget_usd": 1.0},
+                      headers=admin_headers(), timeout=30)
+    assert made.status_code == 201, made.text
+    return made.json()["key"], made.json()["id"]
+
+
+def _books(target: Target, key: str, key_id: str) -> tuple[Any, Any]:
     """What an attacker's refused call could have left on the key: its balance (spent and
     reserved) and its ledger rows."""
     with httpx.Client(base_url=target.url, timeout=30) as client:
-        balance = client.get("/v1/balance", headers={"Authorization": f"Bearer {target.run_key}"}).json()
-        rows = client.get(f"/admin/v1/keys/{target.key_id}/ledger", headers=admin_headers()).json()
+        balance = client.get("/v1/balance", headers={"Authorization": f"Bearer {key}"}).json()
+        rows = client.get(f"/admin/v1/keys/{key_id}/ledger", headers=admin_headers()).json()
     return balance, rows
 
 
@@ -327,8 +338,9 @@ def _books(target: Target) -> tuple[Any, Any]:
 @pytest.mark.parametrize("path", list(CHAT_ROUTES))
 def test_a_chat_with_text_no_model_can_read_is_refused_unbilled(target: Target, path: str, kind: str) -> None:
     literal, status = BAD_TEXT[kind]
-    before = _books(target)
-    response = _post(target, path, _chat(CHAT_ROUTES[path], literal))
+    key, key_id = _own_key(target)
+    before = _books(target, key, key_id)
+    response = _post(target, path, _chat(CHAT_ROUTES[path], literal), key=key)
     assert response.status_code == status, response.text
     assert standard_error_problem(response) is None, standard_error_problem(response)
     error = response.json()["error"]
@@ -336,7 +348,7 @@ def test_a_chat_with_text_no_model_can_read_is_refused_unbilled(target: Target, 
         assert error["param"] == "messages.0.content" and "surrogate" in error["message"], error
     else:
         assert error["type"] == "invalid_request_error" and "not UTF-8" in error["message"], error
-    assert _books(target) == before  # nothing billed, nothing reserved, no ledger row
+    assert _books(target, key, key_id) == before  # nothing billed, nothing reserved, no ledger row
 
 
 def test_nul_is_taken_in_a_prompt_and_refused_where_it_would_be_stored(target: Target) -> None:
