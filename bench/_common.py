@@ -25,15 +25,15 @@ from tests.fakes.pg_schemas import fresh_schema  # noqa: E402
 from tests.fakes.servers import free_port, serve  # noqa: E402
 
 if TYPE_CHECKING:
-    from gateway.builder import Gym
-    from services.core.settings import GymSettings
-    from services.core.store import Store
+    from ops.builder import Gym
+    from kit.settings import GymSettings
+    from storage.store import Store
 
 
 @contextlib.contextmanager
 def standin_process(api_key: str) -> Iterator[str]:
     """The stand-in provider in its own process (so it does not share the bench's GIL)."""
-    with server_process(lambda port: [sys.executable, "-m", "gateway.cli.main", "standin", "--port", str(port),
+    with server_process(lambda port: [sys.executable, "-m", "ops.cli.main", "standin", "--port", str(port),
                                       "--api-key-env", "BENCH_STANDIN_KEY"],
                         {"BENCH_STANDIN_KEY": api_key}, "/v1/models", "stand-in provider") as url:
         yield url
@@ -91,9 +91,9 @@ class BenchGym:
 def embedded_gym(provider_url: str, provider_key: str, store: Store | None = None) -> Iterator[BenchGym]:
     """Build the embedded gym (in this process, SQLite under a temporary data dir unless ``store``
     is given) with ``teacher`` routed to the stand-in at ``provider_url``, serve it, make a run key."""
-    from gateway.builder import build_embedded
-    from services.core.config import GymConfig
-    from services.core.settings import GymSettings, ProviderSecrets
+    from ops.builder import build_embedded
+    from kit.config import GymConfig
+    from kit.settings import GymSettings, ProviderSecrets
 
     config = GymConfig.model_validate({"rollout": {"models": [{
         "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider_url + "/v1",

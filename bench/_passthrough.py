@@ -21,8 +21,8 @@ from typing import Any
 import uvicorn
 from starlette.requests import Request
 
-from services.core.body_limits import server_options
-from services.core.config import GymConfig
+from kit.body_limits import server_options
+from kit.config import GymConfig
 from services.rollout.backends.http1 import Http1Pool
 
 

@@ -2,7 +2,7 @@
 bench/ledger_throughput.py compares the ledger with.
 
 ``pgbench`` (C, one connection, prepared statements) runs the two statements a pair costs on
-PostgreSQL: ``HOLD_AND_RECORD`` then ``CLOSE_AND_MOVE`` (services/core/ledger.py), compiled from
+PostgreSQL: ``HOLD_AND_RECORD`` then ``CLOSE_AND_MOVE`` (billing/ledger.py), compiled from
 the ledger's own SQLAlchemy statements, with the binds the gateway gives (a run key, the bench's
 amounts, the server's clock). No Python is on the path, so the gap to it is the Python side's
 (driver, group commit, event loop), at the same server, schema and disk. Two forms:
@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy import ClauseElement, make_url
 
-from services.core.ledger import CLOSE_AND_MOVE, HOLD_AND_RECORD
-from services.core.store import Prepared, Store
+from billing.ledger import CLOSE_AND_MOVE, HOLD_AND_RECORD
+from storage.store import Prepared, Store
 
 BATCH = 32
 """Pairs a transaction: about what a group commit gathers at 64 callers."""

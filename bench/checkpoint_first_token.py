@@ -20,8 +20,8 @@ from _common import ROOT, bench_dir, serve
 
 import httpx
 
-from gateway.builder import build_embedded
-from services.core.settings import GymSettings, ProviderSecrets, default_models_dir
+from ops.builder import build_embedded
+from kit.settings import GymSettings, ProviderSecrets, default_models_dir
 
 ROWS = "\n".join(['{"messages": [{"role": "user", "content": "What is 3 - 1?"}, {"role": "assistant", "content": "2"}]}'] * 16)
 

@@ -32,14 +32,14 @@ from sqlalchemy import select
 if __package__ in (None, ""):  # run as a script: the project root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.core.ids import new_id
-from services.core.jobs import PoolDispatcher
-from services.core.keys import KeyRegistry
-from services.core.money import usd_to_nusd
-from services.core.config import GymConfig
-from services.core.presets import preset_policy
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.ids import new_id
+from kit.jobs import PoolDispatcher
+from access.keys import KeyRegistry
+from billing.money import usd_to_nusd
+from kit.config import GymConfig
+from access.presets import preset_policy
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry

@@ -5,7 +5,7 @@ Four ways, interleaved, on SQLite and on PostgreSQL (a fresh schema, dropped aft
   * **unanchored** — the baseline: ``EventLog.append`` as the gym called it before the chain's
     head was anchored outside the store (the log's own store, prepared statements);
   * **anchored** — as the gym calls it now: the same, and the committed head handed to the anchor
-    (services/core/record_anchor.py: the data dir's file on SQLite, Redis on PostgreSQL), which
+    (services/records/record_anchor.py: the data dir's file on SQLite, Redis on PostgreSQL), which
     its writer thread makes durable in batches;
   * **anchored+wait** — the same, then waiting until the anchor holds the head durably (what an
     append would cost if it wrote the anchor itself before returning);
@@ -31,10 +31,10 @@ from pathlib import Path
 
 from _common import PG_URL, ROOT, bench_dir, fresh_pg_schema, summary
 
-from services.core.events import TRAINING_JOB, EventLog
-from services.core.record_anchor import FILE_NAME, FileAnchor, RecordAnchor, RedisAnchor
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from services.records.events import TRAINING_JOB, EventLog
+from services.records.record_anchor import FILE_NAME, FileAnchor, RecordAnchor, RedisAnchor
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 
 REDIS_URL = os.environ.get("RSIGYM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 MODES = ("unanchored", "anchored", "anchored+wait", "core")

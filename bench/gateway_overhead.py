@@ -21,9 +21,9 @@ from _common import PG_URL, embedded_gym, fresh_pg_schema, pct, serve, standin_p
 
 import httpx
 
-from services.core.identity import Identity, sign
-from services.core.settings import StoreSettings
-from services.core.store import Store
+from kit.identity import Identity, sign
+from kit.settings import StoreSettings
+from storage.store import Store
 
 BODY = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}
 

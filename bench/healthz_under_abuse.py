@@ -27,7 +27,7 @@ from _common import pct, summary
 
 import httpx
 
-from services.core.config import HttpConfig
+from kit.config import HttpConfig
 from tests.fakes.gym_process import gym_process, push, repeat
 
 CHAT = "/rollout/v1/chat/completions"

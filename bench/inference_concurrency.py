@@ -37,8 +37,8 @@ from _common import ROOT, bench_dir, serve
 
 import httpx
 
-from gateway.builder import build_embedded
-from services.core.settings import GymSettings, ProviderSecrets, default_models_dir
+from ops.builder import build_embedded
+from kit.settings import GymSettings, ProviderSecrets, default_models_dir
 
 QUESTIONS = [
     "Repeat: the quick brown fox jumps over the lazy dog",

@@ -4,12 +4,12 @@ For each store (SQLite file, PostgreSQL schema), each key pattern (``hot``: ever
 run key; ``spread``: callers cycle over ``--keys`` run keys) and each number of concurrent
 callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
 
-* ``ledger``: ``Ledger.reserve`` then ``Ledger.settle_with_balance`` (services/core/ledger.py),
+* ``ledger``: ``Ledger.reserve`` then ``Ledger.settle_with_balance`` (billing/ledger.py),
   called as the gateway calls them (``chain_ids`` given, a request id, a ``LedgerEntry`` row per
   pair), on a :class:`Store` with its default pool (20 + 20 connections);
 * ``solo``: the same ledger with group commit off (``[store] group_commit_max = 1``: every
   reservation and settlement its own transaction and commit), on a second :class:`Store` on the
-  same database: the in-run before/after of services/core/group_commit.py;
+  same database: the in-run before/after of storage/group_commit.py;
 * ``hop`` and ``async``: the same ledger called by coroutines on one event loop (one task per
   caller; uvloop, the loop the gym's server runs on, since 2026-12-06), as the gateway calls it:
   ``hop`` through a worker thread per call (``Store.call``, the
@@ -32,7 +32,7 @@ per key. The store's pool wait is raised to 600 s: the gateway admits only as ma
 the pool holds, so queueing 1,000 threads on 40 connections is the bench's doing, not a refusal.
 
 Before the cells, the process's garbage collector is set as a gym server sets it before it
-serves (:func:`services.core.heap.prepare_heap`: the heap built so far frozen, young passes every
+serves (:func:`kit.heap.prepare_heap`: the heap built so far frozen, young passes every
 10,000 allocations): every cell runs in the conditions of the gateway's process.
 
 At the end, per store, the 0-overspend check: every key's spent + reserved <= budget, reserved
@@ -89,16 +89,16 @@ from _pg_ceiling import BATCH, one_caller_ceiling, server_ceiling
 
 from sqlalchemy import bindparam, func, insert, make_url, select
 
-from services.core.config import GymConfig
-from services.core.errors import BudgetExhausted
-from services.core.heap import prepare_heap
-from services.core.keys import KeyRegistry
-from services.core.ids import new_ordered_id
-from services.core.ledger import CLOSE, CLOSE_AND_MOVE, ENTRIES, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
-from services.core.presets import preset_policy
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
-from services.core.tables import ApiKey, LedgerEntry, utcnow
+from kit.config import GymConfig
+from kit.errors import BudgetExhausted
+from kit.heap import prepare_heap
+from access.keys import KeyRegistry
+from kit.ids import new_ordered_id
+from billing.ledger import CLOSE, CLOSE_AND_MOVE, ENTRIES, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
+from access.presets import preset_policy
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
+from storage.tables import ApiKey, LedgerEntry, utcnow
 
 ESTIMATE = 1_000  # nano-USD held per call
 ACTUAL = 700  # nano-USD charged at settlement
@@ -532,7 +532,7 @@ def main() -> None:
                 print(f"[{kind}] {args.ledger_rows:,} settled rows put in the ledger in {took:.1f} s", flush=True)
             ledger = Ledger(store)
             # The same ledger with group commit off (every operation its own commit), on the same
-            # database: the in-run before/after of services/core/group_commit.py.
+            # database: the in-run before/after of storage/group_commit.py.
             solo_store = Store(store.url, store.settings.model_copy(update={"group_commit_max": 1}), schema=store.schema)
             solo = Ledger(solo_store)
             pool_max = store.settings.pool_size + store.settings.max_overflow

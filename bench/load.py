@@ -273,7 +273,7 @@ def reconcile(data_dir: Path, url: str, keys: list[tuple[str, str]]) -> list[str
     """Every discrepancy between the keys' figures, their ledger rows and /v1/balance."""
     from sqlalchemy import create_engine, text
 
-    from services.core.store import sqlite_url
+    from storage.store import sqlite_url
 
     problems: list[str] = []
     engine = create_engine(sqlite_url(data_dir))

@@ -24,7 +24,7 @@ from _common import ROOT, gym_process, summary
 import httpx
 from e2b import Sandbox
 
-from services.core.config import SandboxTemplate
+from kit.config import SandboxTemplate
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 

@@ -20,8 +20,8 @@ import time
 
 from _common import ROOT, summary
 
-from services.core.config import SandboxTemplate
-from services.core.host_uids import pids_of_uid
+from kit.config import SandboxTemplate
+from kit.host_uids import pids_of_uid
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 

@@ -3,7 +3,7 @@ store's checkpoint thread and with SQLite's own automatic checkpoint inside a co
 
 Two SQLite stores, each in a directory of its own, one key each:
   * **thread** — the store as the gym runs it: its connections leave the WAL to the store's
-    checkpoint thread (``[store] sqlite_checkpoint_thread = true``, services/core/sqlite_checkpoints.py);
+    checkpoint thread (``[store] sqlite_checkpoint_thread = true``, storage/sqlite_checkpoints.py);
   * **commit** — the baseline: ``sqlite_checkpoint_thread = false``, SQLite's default, where the
     commit that takes the WAL past 1,000 pages copies it back and syncs both files itself.
 Both are driven as the gateway drives its ledger: ``reserve_async`` then ``settle_with_balance_async``
@@ -29,9 +29,9 @@ from pathlib import Path
 from _common import pct
 from ledger_throughput import ACTUAL, ESTIMATE, Cell, Keys, async_pair, make_keys, run_async_cell
 
-from services.core.ledger import Ledger
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from billing.ledger import Ledger
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 
 
 @dataclass

@@ -57,14 +57,14 @@ from _common import ROOT, free_port, pct, serve
 
 from e2b import AsyncSandbox
 
-from gateway.builder import build_embedded
-from services.core.config import SandboxTemplate
-from services.core.ids import new_id
-from services.core.jobs import PoolDispatcher
-from services.core.keys import KeyRegistry
-from services.core.money import usd_to_nusd
-from services.core.policy import Policy
-from services.core.settings import GymSettings, ProviderSecrets
+from ops.builder import build_embedded
+from kit.config import SandboxTemplate
+from kit.ids import new_id
+from kit.jobs import PoolDispatcher
+from access.keys import KeyRegistry
+from billing.money import usd_to_nusd
+from access.policy import Policy
+from kit.settings import GymSettings, ProviderSecrets
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry

@@ -8,7 +8,7 @@ the path without its query string; the key is named by its id, which the routes 
 authenticate put in the request's state (:func:`note_key`).
 
 The path is the caller's: decoded, it may hold a newline (``%0a``), a space or an escape
-sequence. The text line writes each value as one token (services/core/display_text.py:
+sequence. The text line writes each value as one token (kit/display_text.py:
 ``\x0a``, ``\x20``), so a request is always one line of known fields; JSON escapes on its own.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.core.display_text import log_token
+from kit.display_text import log_token
 
 log = logging.getLogger("rsigym.access")
 COST_HEADER = b"x-rsigym-cost-usd"

@@ -8,23 +8,24 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from gateway import timeline
-from gateway.admin_lists import DEFAULT_LIMIT, KINDS, list_rows
+from ops import timeline
+from ops.admin_lists import DEFAULT_LIMIT, KINDS, list_rows
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
 from gateway.run_jobs import running_jobs
-from services.core.http import TextJsonRoute, request_id_of
+from kit.http import TextJsonRoute, request_id_of
 from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
-from services.core.deadlines import resolve_ends_at
-from services.core import agent_meter, agent_turns
-from services.core.errors import PermissionDenied, Unprocessable, validated
-from services.core.money import usd_to_nusd
-from services.core.policy import Policy
-from services.core.presets import budget_usd, preset_policy, track_label
-from services.core.spec import ServiceSpec
-from services.core.storage_quota import StorageQuota
+from billing.deadlines import resolve_ends_at
+from billing import agent_meter
+from services.records import agent_turns
+from kit.errors import PermissionDenied, Unprocessable, validated
+from billing.money import usd_to_nusd
+from access.policy import Policy
+from access.presets import budget_usd, preset_policy, track_label
+from kit.spec import ServiceSpec
+from billing.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)], route_class=TextJsonRoute)
 
@@ -86,7 +87,7 @@ async def list_keys(request: Request, parent_id: str | None = None) -> dict[str,
 
 @router.get("/keys/{key_id}")
 async def show_key(key_id: str, request: Request) -> dict[str, Any]:
-    """The key, and its run's disk use (``storage``, services/core/storage_quota.py)."""
+    """The key, and its run's disk use (``storage``, billing/storage_quota.py)."""
     gw = gateway_of(request)
     view = await gw.store.call(gw.registry.get, key_id)
     return {**view, "storage": await gw.store.call(StorageQuota.of(gw.context).usage, view["run_id"])}

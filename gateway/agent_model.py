@@ -4,12 +4,12 @@
 Any key of a run may call it (the run key or a child). The call goes through the gateway's
 ordinary forwarding (gateway/proxy.py: policy, reservation, signed forward, settlement) with
 two differences: the rollout service serves it (services/rollout/agent.py, the ``agent_models``
-catalogue), and it is billed on the run's agent-model meter (services/core/agent_meter.py), not
+catalogue), and it is billed on the run's agent-model meter (billing/agent_meter.py), not
 on the run's service budget. So the agent's container needs no provider credential at all.
 
 Its token rate is the *caller's*: ``services.agent.tokens_per_minute`` on the run key (a task's
 ``tokens_per_minute.agent``) and its children, counted apart from rollout's
-(services/core/rate_limits.py); a call over it is a 429 before anything is reserved.
+(billing/rate_limits.py); a call over it is a 429 before anything is reserved.
 ``/agent/v1/messages/count_tokens`` is free and unlimited: it answers the prompt bound the
 reservation counts (services/rollout/agent_spec.py).
 """
@@ -23,9 +23,9 @@ from fastapi.responses import Response
 
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import BilledRoute, forward
-from services.core import agent_meter
-from services.core.errors import NotFound, PermissionDenied
-from services.core.keys import Principal
+from billing import agent_meter
+from kit.errors import NotFound, PermissionDenied
+from access.keys import Principal
 from services.rollout.agent_spec import PREFIX, SPEC
 
 router = APIRouter()

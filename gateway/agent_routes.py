@@ -11,10 +11,10 @@ from gateway.admin import parse_policy
 from gateway.auth import CurrentPrincipal
 from gateway.context import gateway_of
 from gateway.schemas import MintChildKey
-from services.core import agent_meter
-from services.core.http import TextJsonRoute
-from services.core.money import usd_to_nusd
-from services.core.storage_quota import StorageQuota
+from billing import agent_meter
+from kit.http import TextJsonRoute
+from billing.money import usd_to_nusd
+from billing.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/v1", route_class=TextJsonRoute)
 
@@ -23,7 +23,7 @@ router = APIRouter(prefix="/v1", route_class=TextJsonRoute)
 async def balance(principal: CurrentPrincipal, request: Request) -> dict[str, Any]:
     """The key's service budget, and the run's agent-model meter apart (``agent_model``: the
     same four figures, or null when the run has none), and the run's disk (``storage``: bytes
-    used of its quota, by kind; services/core/storage_quota.py)."""
+    used of its quota, by kind; billing/storage_quota.py)."""
     gw = gateway_of(request)
     service = (await gw.store.call(gw.ledger.balance, principal.key_id)).as_usd()
     agent = await gw.store.call(partial(agent_meter.meter_balance, gw.store, principal.run_id))

@@ -17,13 +17,13 @@ from gateway import admin, agent_model, agent_routes, openai_routes
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
 from gateway.context import Gateway
-from gateway.dashboard import mount_dashboard
+from ops.dashboard import mount_dashboard
 from gateway.health import StoreHealth
 from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
-from services.core.errors import GymError
-from services.core.http import NO_FASTAPI_TELEMETRY, NulRefusal, RequestIdMiddleware, install_error_handlers
+from kit.errors import GymError
+from kit.http import NO_FASTAPI_TELEMETRY, NulRefusal, RequestIdMiddleware, install_error_handlers
 
 log = logging.getLogger("rsigym.gateway")
 

@@ -11,10 +11,10 @@ from fastapi import Depends, Request
 
 from gateway.access_log import note_key
 from gateway.context import Gateway, gateway_of
-from services.core.deadlines import check_deadline
-from services.core.errors import AuthenticationFailed
-from services.core.ids import hash_secret
-from services.core.keys import Principal
+from billing.deadlines import check_deadline
+from kit.errors import AuthenticationFailed
+from kit.ids import hash_secret
+from access.keys import Principal
 
 
 def presented_key(request: Request) -> str | None:

@@ -1,4 +1,4 @@
-"""The gateway's request bounds (services/core/body_limits.py): which class each route's body
+"""The gateway's request bounds (kit/body_limits.py): which class each route's body
 belongs to, and which credential it must present before its body is read."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from starlette.types import Scope
 
 from gateway.auth import presented_key
 from gateway.context import Gateway
-from services.core.body_limits import BodyLimits, RouteLimit, class_limit
-from services.core.errors import AuthenticationFailed, GymError
+from kit.body_limits import BodyLimits, RouteLimit, class_limit
+from kit.errors import AuthenticationFailed, GymError
 
 ADMIN_API = "/admin/v1/"
 DASHBOARD = "/admin/ui"

@@ -11,14 +11,14 @@ from fastapi import Request
 from gateway.metrics import GatewayMetrics
 from gateway.principals import PrincipalCache, PrincipalFanout
 from gateway.service_link import ServiceLink
-from services.core.concurrency import ConcurrencySlots
-from services.core.config import GymConfig
-from services.core.events import EventLog
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
-from services.core.settings import PrincipalCacheSettings
-from services.core.spec import ServiceContext, ServiceSpec
-from services.core.store import Store
+from billing.concurrency import ConcurrencySlots
+from kit.config import GymConfig
+from services.records.events import EventLog
+from access.keys import KeyRegistry
+from billing.ledger import Ledger
+from kit.settings import PrincipalCacheSettings
+from kit.spec import ServiceContext, ServiceSpec
+from storage.store import Store
 
 
 BODY_WORKERS = 4

@@ -3,12 +3,12 @@
 In embedded mode the gateway reaches a service through the in-process streaming transport
 (gateway/asgi_transport.py): an httpx request, a task that runs the service's whole ASGI app (its
 error, telemetry and body-limit middleware, then its direct-route dispatcher), a queue, an httpx
-response. For the few routes a service serves past its router (services/core/direct_routes.py: the
+response. For the few routes a service serves past its router (kit/direct_routes.py: the
 rollout service's chat completion, the sandbox's file routes), the gateway calls that route's
 handler itself, in its own task. It is the same handler the service's dispatcher would call, on a
 request whose scope is the one the transport builds (decoded path, raw path, query, the
 headers, the body, the service's app). The gateway's ``forward`` hands the call's
-:class:`~services.core.identity.Identity` itself, in the scope (``IN_PROCESS_IDENTITY``), instead of
+:class:`~kit.identity.Identity` itself, in the scope (``IN_PROCESS_IDENTITY``), instead of
 signing it: nothing crosses a socket or the transport, so there is no signature to check, and
 nothing a caller sends can set a scope key. A call given signed headers and no identity (as the
 tests give) is verified by the handler as any other.
@@ -45,8 +45,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from gateway.asgi_transport import SENDS_RAISE_WHEN_GONE, body_receive, http_scope, open_app
-from services.core.direct_routes import Handler, error_answer
-from services.core.identity import IN_PROCESS_IDENTITY, Identity
+from kit.direct_routes import Handler, error_answer
+from kit.identity import IN_PROCESS_IDENTITY, Identity
 
 
 class DirectResponse:
@@ -111,7 +111,7 @@ class DirectStream:
 class DirectService:
     """A service app of this process. ``app.state.direct_routes`` are the routes taken in process and
     ``app.state.direct_app`` the FastAPI app they belong to (both set by
-    :func:`services.core.service_app.create_service_app`; ``app`` may be another ASGI app around it)."""
+    :func:`kit.service_app.create_service_app`; ``app`` may be another ASGI app around it)."""
 
     def __init__(self, app: Any, server: tuple[str, int], client: tuple[str, int] = ("127.0.0.1", 0)):
         self.app = getattr(app.state, "direct_app", app)

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
-from services.core.store import Store
+from storage.store import Store
 
 
 class StoreHealth:

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.core.errors import StoreUnavailable
-from services.core.jobs import finished_counts, queue_figures
-from services.core.store import Store
+from kit.errors import StoreUnavailable
+from kit.jobs import finished_counts, queue_figures
+from storage.store import Store
 
 log = logging.getLogger("rsigym.gateway")
 
@@ -140,8 +140,8 @@ class LedgerChargeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         from sqlalchemy import func, select
 
-        from services.core.money import nusd_to_usd
-        from services.core.tables import LedgerEntry
+        from billing.money import nusd_to_usd
+        from storage.tables import LedgerEntry
 
         try:
             with self.store.transaction() as s:

@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from gateway.auth import authenticate, presented_key
 from gateway.context import gateway_of
 from gateway.proxy import check_grant, forward
-from services.core.errors import PermissionDenied
+from kit.errors import PermissionDenied
 
 router = APIRouter(prefix="/openai/v1")
 

@@ -7,7 +7,7 @@ ledger's atomic SQL on every call.
 
 Staleness rules (a revoked, paused or narrowed key must stop working everywhere within 1 s):
 
-* every announced key change (:mod:`services.core.fanout`) drops each entry whose chain holds
+* every announced key change (:mod:`access.fanout`) drops each entry whose chain holds
   that key — a parent's revocation drops its descendants too;
 * the cache serves only while announcements can reach it (:attr:`live`): with Redis, while
   the subscription is confirmed; without Redis, only on SQLite (embedded: one process, whose
@@ -27,9 +27,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.core.fanout import KeyEvent, KeyEvents, Subscriber
-from services.core.keys import Principal
-from services.core.settings import PrincipalCacheSettings
+from access.fanout import KeyEvent, KeyEvents, Subscriber
+from access.keys import Principal
+from kit.settings import PrincipalCacheSettings
 
 log = logging.getLogger("rsigym.gateway")
 

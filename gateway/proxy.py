@@ -23,11 +23,11 @@ from gateway.access_log import note_key
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from gateway.service_link import Upstream
-from services.core import rate_limits
-from services.core.body_limits import parse_json_object
-from services.core.canonical import canonical_body
-from services.core.config import GymConfig
-from services.core.errors import (
+from billing import rate_limits
+from kit.body_limits import parse_json_object
+from kit.canonical import canonical_body
+from kit.config import GymConfig
+from kit.errors import (
     AuthenticationFailed,
     BudgetExhausted,
     ConcurrencyLimited,
@@ -38,14 +38,14 @@ from services.core.errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from services.core.events import CALL_REFUSED
-from services.core.http import ClosingStreamingResponse, request_id_of
-from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
-from services.core.keys import Principal
-from services.core.ledger import Balance, Reservation
-from services.core.money import format_usd, nusd_to_usd
-from services.core.policy import Policy, apply_chain, fill_left_out
-from services.core.spec import Operation, ServiceSpec
+from services.records.events import CALL_REFUSED
+from kit.http import ClosingStreamingResponse, request_id_of
+from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
+from access.keys import Principal
+from billing.ledger import Balance, Reservation
+from billing.money import format_usd, nusd_to_usd
+from access.policy import Policy, apply_chain, fill_left_out
+from kit.spec import Operation, ServiceSpec
 from services.sandbox import tokens as sandbox_tokens
 
 log = logging.getLogger("rsigym.gateway")
@@ -208,7 +208,7 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
     try:
         payer = principal if route is None else await route.payer(gw, principal)
         if op.json_body:
-            raw_in = await request.body()  # bounded while it streamed in (services/core/body_limits.py)
+            raw_in = await request.body()  # bounded while it streamed in (kit/body_limits.py)
             policed = (list(payer.policies), service, op)
             inline = len(raw_in) <= INLINE_BODY_BYTES
             if inline:

@@ -10,7 +10,7 @@ the dispatcher is the innermost of the app's own middleware, so the access log, 
 and the body limits wrap it as they wrap every route, and a refusal is answered by the very
 exception handlers the app registered (an exception none of them takes propagates as it did, to
 the server-error handler). The services' own hot routes go the same way
-(services/core/direct_routes.py, which both use).
+(kit/direct_routes.py, which both use).
 
 It takes a path only where the router would have reached the proxy's catch-all anyway: the
 method is one the catch-all serves and the first segment names a service of this gateway. The
@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.core.direct_routes import answer, app_path
+from kit.direct_routes import answer, app_path
 
 Forward = Callable[[Request, str, str], Awaitable[Response]]
 

@@ -1,7 +1,7 @@
 """Ending runs at their deadline, whether or not a call arrives (the gateway's reaper calls
 :func:`end_expired_runs` every round; safe on any number of replicas).
 
-Each expired run is claimed once in the store (services/core/deadlines.py). The run's jobs and
+Each expired run is claimed once in the store (billing/deadlines.py). The run's jobs and
 sandboxes are stopped by the services that own them, through their own cancel paths (operator
 routes ``/operator/runs/{run}/end``), so every ledger hold is settled or released by the code
 that opened it. A run whose end could not be carried out (a service unreachable) is given back
@@ -17,10 +17,10 @@ from typing import Any
 
 from gateway.context import Gateway
 from gateway.proxy import operator_call
-from services.core import deadlines, rate_limits
-from services.core.errors import GymError
-from services.core.events import RUN_ENDED
-from services.core.ids import new_id
+from billing import deadlines, rate_limits
+from kit.errors import GymError
+from services.records.events import RUN_ENDED
+from kit.ids import new_id
 
 log = logging.getLogger("rsigym.gateway")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import NotFound
-from services.core.store import Store
-from services.core.tables import ApiKey
+from kit.errors import NotFound
+from storage.store import Store
+from storage.tables import ApiKey
 from services.evaluation.tables import EvaluationJob
 from services.training.tables import TrainingJob
 

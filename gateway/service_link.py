@@ -11,7 +11,7 @@ a cookie set in answer to one key's call on every other key's calls. The client 
 operator's calls (audits, scoring), which are few.
 
 The transport is also why a proxied call never reaches an HTTP proxy named in the environment:
-it is the direct one, whatever ``HTTP_PROXY`` says (services/core/no_proxy.py keeps the client's
+it is the direct one, whatever ``HTTP_PROXY`` says (kit/no_proxy.py keeps the client's
 own calls off proxies too).
 
 In embedded mode a call to one of a service's hot routes does not take the transport at all: it is
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from gateway.direct_call import DirectService
-from services.core.identity import Identity
+from kit.identity import Identity
 
 
 class Upstream(Protocol):

@@ -205,7 +205,7 @@ _BY_STATUS: dict[int, type[APIStatusError]] = {
     if cls.status is not None
 }
 # For errors that arrive inside a 200 stream, where no status tells the kind: the
-# gateway's error vocabulary (services/core/errors.py) and the status each type has.
+# gateway's error vocabulary (kit/errors.py) and the status each type has.
 _BY_TYPE: dict[str, tuple[type[APIStatusError], int]] = {
     "invalid_request_error": (BadRequestError, 400),
     "authentication_error": (AuthenticationError, 401),

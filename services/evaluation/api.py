@@ -11,8 +11,8 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse
 
-from services.core.http import json_object
-from services.core.service_app import CurrentIdentity
+from kit.http import json_object
+from kit.service_app import CurrentIdentity
 from services.evaluation.service import EvaluationService
 
 router = APIRouter(prefix="/v1")

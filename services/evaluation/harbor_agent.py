@@ -41,7 +41,7 @@ from harbor.models.agent.context import AgentContext
 from harbor.models.trajectories import Trajectory
 from pydantic import ValidationError
 
-from services.core.errors import GymError
+from kit.errors import GymError
 from services.evaluation.archives import MANIFEST_NAME, HarnessManifest, manifest_of
 
 HARNESS_DIR = PurePosixPath("/harness")

@@ -4,7 +4,7 @@ An uploaded ``.tar.gz`` is checked and unpacked by services/evaluation/archives.
 fresh directory under the data dir, named by its SHA-256, and recorded for the run; the
 archive bytes go to a temporary file first so a refused upload leaves nothing behind. The
 archive and its unpacked tree count against the run's storage quota
-(services/core/storage_quota.py): the expanded size is admitted from the checked headers
+(billing/storage_quota.py): the expanded size is admitted from the checked headers
 before a byte is extracted.
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import Conflict, NotFound
-from services.core.events import HARNESS_UPLOADED, EventLog
-from services.core.ids import new_id
-from services.core.private_files import private_dir
-from services.core.storage_quota import StorageQuota, tree_bytes
-from services.core.store import Store
+from kit.errors import Conflict, NotFound
+from services.records.events import HARNESS_UPLOADED, EventLog
+from kit.ids import new_id
+from storage.private_files import private_dir
+from billing.storage_quota import StorageQuota, tree_bytes
+from storage.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
 from services.evaluation.schemas import MINIMAL
 from services.evaluation.tables import HarnessRow

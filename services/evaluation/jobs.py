@@ -26,16 +26,16 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.core.display_text import inert
-from services.core.errors import GymError, QuotaExceeded, ServiceUnavailable
-from services.core.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
-from services.core.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
-from services.core.keys import KeyRegistry
-from services.core.policy import Policy
-from services.core.settings import JobSettings
-from services.core.storage_quota import tree_bytes
-from services.core.store import Store
-from services.core.tables import ApiKey, utcnow
+from kit.display_text import inert
+from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
+from services.records.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
+from kit.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
+from access.keys import KeyRegistry
+from access.policy import Policy
+from kit.settings import JobSettings
+from billing.storage_quota import tree_bytes
+from storage.store import Store
+from storage.tables import ApiKey, utcnow
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.registry import BenchmarkRegistry
@@ -69,7 +69,7 @@ def job_score(rewards: dict[str, list[float | None]]) -> float | None:
 
 
 class EvaluationRunner(JobRunnerBase):
-    """Evaluation jobs on the common job lifecycle (services/core/jobs.py). They resume: a job
+    """Evaluation jobs on the common job lifecycle (kit/jobs.py). They resume: a job
     whose worker died is queued again and the next worker runs only the trials not yet recorded."""
 
     table = EvaluationJob

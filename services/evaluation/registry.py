@@ -28,10 +28,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import Conflict, NotFound, Unprocessable
-from services.core.private_files import lock_down, private_dir
-from services.core.store import Store
-from services.core.config import AuditConfig
+from kit.errors import Conflict, NotFound, Unprocessable
+from storage.private_files import lock_down, private_dir
+from storage.store import Store
+from kit.config import AuditConfig
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
 from services.evaluation.official_splits import (
     Seed,

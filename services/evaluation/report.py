@@ -4,7 +4,7 @@ Input is plain data (``RunScores``), so the caller decides where scores come fro
 full precision in JSON; tables show four decimals. Charts are drawn on matplotlib's Agg canvas
 directly, leaving pyplot's global state alone. Names an agent may have chosen (a run's agent
 name, a key's name) are shown as inert text: plain in the terminal's tables, escaped in Markdown
-(services/core/display_text.py).
+(kit/display_text.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from services.core.display_text import PlainTable, markdown_inline
+from kit.display_text import PlainTable, markdown_inline
 from services.evaluation.rsi_index import BenchmarkScore, RSIIndex, mean_or_none, rsi_index
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
@@ -84,7 +84,7 @@ class SpendPoint:
 
 @dataclass(frozen=True, slots=True)
 class RunTimeline:
-    """A run's timeline as ``GET /admin/v1/runs/{run_id}/timeline`` answers it (see gateway/timeline.py)."""
+    """A run's timeline as ``GET /admin/v1/runs/{run_id}/timeline`` answers it (see ops/timeline.py)."""
 
     run_id: str
     started_at: str

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.core.checkpoints import CheckpointRegistry
-from services.core.deadlines import check_run_open, check_run_open_in, end_run_now
-from services.core.errors import (
+from services.training.checkpoints import CheckpointRegistry
+from billing.deadlines import check_run_open, check_run_open_in, end_run_now
+from kit.errors import (
     Conflict,
     NotFound,
     PermissionDenied,
@@ -27,17 +27,17 @@ from services.core.errors import (
     Unprocessable,
     validated,
 )
-from services.core.events import CALL_REFUSED, SUBMISSION, EventLog
-from services.core.experiments import Experiment, ExperimentRegistry
-from services.core.identity import Identity
-from services.core.ids import new_id
-from services.core.keys import KeyRegistry
-from services.core.money import usd_to_nusd
-from services.core.policy import Policy
-from services.core.presets import parse_track, submission_needs
-from services.core.spec import ServiceContext
-from services.core.storage_quota import StorageQuota
-from services.core.tables import ApiKey
+from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
+from services.records.experiments import Experiment, ExperimentRegistry
+from kit.identity import Identity
+from kit.ids import new_id
+from access.keys import KeyRegistry
+from billing.money import usd_to_nusd
+from access.policy import Policy
+from access.presets import parse_track, submission_needs
+from kit.spec import ServiceContext
+from billing.storage_quota import StorageQuota
+from storage.tables import ApiKey
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view

@@ -5,7 +5,7 @@ minted for the job, so sandbox seconds and tokens are metered where they are spe
 
 from __future__ import annotations
 
-from services.core.spec import Operation, ServiceSpec
+from kit.spec import Operation, ServiceSpec
 from services.evaluation.schemas import JobRequest, SubmissionRequest
 
 SPEC = ServiceSpec(

@@ -49,7 +49,7 @@ from harbor.models.trial.result import TrialResult  # noqa: E402
 from harbor.trial.single_step import SingleStepTrial  # noqa: E402
 from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 
-from services.core.private_files import lock_down, private_dir  # noqa: E402
+from storage.private_files import lock_down, private_dir  # noqa: E402
 from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
@@ -134,7 +134,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
             await asyncio.shield(sandboxes.sweep({TRIAL_METADATA_KEY: trial_name}))
 
     paths = TrialPaths(trial_dir=req.trials_dir / trial_name)
-    lock_down(paths.trial_dir)  # what Harbor wrote, made the gym's alone (services/core/private_files.py)
+    lock_down(paths.trial_dir)  # what Harbor wrote, made the gym's alone (storage/private_files.py)
     if result is not None and result.exception_info is not None and error is None:
         info = result.exception_info
         error = f"{info.exception_type}: {info.exception_message}"

@@ -8,9 +8,9 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.core.http import ClosingStreamingResponse, json_object
-from services.core.identity import COST_HEADER
-from services.core.service_app import CurrentIdentity
+from kit.http import ClosingStreamingResponse, json_object
+from kit.identity import COST_HEADER
+from kit.service_app import CurrentIdentity
 from services.inference.service import InferenceService
 
 router = APIRouter(prefix="/v1")

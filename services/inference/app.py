@@ -6,12 +6,12 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from services.core.checkpoints import CheckpointRegistry
-from services.core.config import BaseModel_
-from services.core.errors import ServiceUnavailable
-from services.core.ledger import Ledger
-from services.core.service_app import create_service_app
-from services.core.spec import ServiceContext
+from services.training.checkpoints import CheckpointRegistry
+from kit.config import BaseModel_
+from kit.errors import ServiceUnavailable
+from billing.ledger import Ledger
+from kit.service_app import create_service_app
+from kit.spec import ServiceContext
 from services.inference.api import router
 from services.inference.backends import ENGINES
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.errors import Unprocessable
+from kit.errors import Unprocessable
 from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest, parse_chat_request
 
 __all__ = ["CHAT_SYNONYMS", "UNSUPPORTED", "ChatRequest", "min_tokens_of", "parse_inference_request"]

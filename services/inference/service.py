@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 
 import anyio
 
-from services.core.checkpoints import CheckpointRegistry
-from services.core.config import BaseModel_, GymConfig
-from services.core.errors import NotFound, PermissionDenied, Unprocessable
-from services.core.identity import COST_TRAILER_PREFIX, Identity
-from services.core.ledger import Ledger
-from services.core.money import nusd_to_usd, token_cost_nusd
-from services.core.policy import ServicePolicy
+from services.training.checkpoints import CheckpointRegistry
+from kit.config import BaseModel_, GymConfig
+from kit.errors import NotFound, PermissionDenied, Unprocessable
+from kit.identity import COST_TRAILER_PREFIX, Identity
+from billing.ledger import Ledger
+from billing.money import nusd_to_usd, token_cost_nusd
+from access.policy import ServicePolicy
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.models.chat_format import parse_tool_calls, render_prompt
 from services.inference.schemas import ChatRequest, min_tokens_of, parse_inference_request

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import GymConfig
-from services.core.spec import Operation, ServiceSpec
+from kit.config import GymConfig
+from kit.spec import Operation, ServiceSpec
 from services.inference.metering import estimate_chat
 from services.inference.schemas import CHAT_SYNONYMS, ChatRequest
 

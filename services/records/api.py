@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Request
 
-from services.core.http import json_object
-from services.core.service_app import CurrentIdentity
+from kit.http import json_object
+from kit.service_app import CurrentIdentity
 from services.records.service import RecordsService
 
 router = APIRouter(prefix="/v1")

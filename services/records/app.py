@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from services.core.service_app import create_service_app
-from services.core.spec import ServiceContext
+from kit.service_app import create_service_app
+from kit.spec import ServiceContext
 from services.records.api import router
 from services.records.service import RecordsService
 from services.records.spec import SPEC

@@ -1,7 +1,7 @@
 """Queries over a run's platform events: experiment node views, checkpoint lineage, the diff of
 two experiments and the best accepted checkpoint.
 
-Everything here is computed from the hash-chained events (services/core/events.py), never from
+Everything here is computed from the hash-chained events (services/records/events.py), never from
 what the agent claims, and is free of I/O: the service loads the events a caller may read and
 hands them in, in sequence order.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.core.events import CHECKPOINT_REGISTERED, EVALUATION_JOB, TRAINING_JOB, RecordEvent
-from services.core.experiments import Experiment, experiment_row_view
+from services.records.events import CHECKPOINT_REGISTERED, EVALUATION_JOB, TRAINING_JOB, RecordEvent
+from services.records.experiments import Experiment, experiment_row_view
 
 LINEAGE_KINDS = (CHECKPOINT_REGISTERED, TRAINING_JOB)
 """The events a lineage is built from."""

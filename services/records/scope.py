@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, false, or_, select
 from sqlalchemy.orm import Session
 
-from services.core.errors import NotFound
-from services.core.events import RecordEvent
-from services.core.experiments import Experiment, ExperimentEdge
-from services.core.identity import Identity
-from services.core.keys import readable_keys
-from services.core.tables import ApiKey
+from kit.errors import NotFound
+from services.records.events import RecordEvent
+from services.records.experiments import Experiment, ExperimentEdge
+from kit.identity import Identity
+from access.keys import readable_keys
+from storage.tables import ApiKey
 from services.records.tables import Annotation
 
 

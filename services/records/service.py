@@ -3,7 +3,7 @@ the calling key may read, services/records/scope.py), creating experiments, writ
 the agent's annotations, verifying the run's chain; and the operator's views and audits.
 
 This service never writes a platform event of its own accord: the only event it causes is
-``experiment.created``, through :class:`~services.core.experiments.ExperimentRegistry`, when an
+``experiment.created``, through :class:`~services.records.experiments.ExperimentRegistry`, when an
 agent creates an experiment.
 """
 
@@ -14,13 +14,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.core.errors import NotFound, PermissionDenied, Unprocessable, validated
-from services.core.events import CHECKPOINT_REGISTERED, KINDS, OPERATOR_RECORD, EventLog, RecordEvent, event_view
-from services.core.experiments import Experiment, ExperimentEdge, ExperimentRegistry
-from services.core.identity import Identity
-from services.core.ids import new_id
-from services.core.spec import ServiceContext
-from services.core.tables import ApiKey
+from kit.errors import NotFound, PermissionDenied, Unprocessable, validated
+from services.records.events import CHECKPOINT_REGISTERED, KINDS, OPERATOR_RECORD, EventLog, RecordEvent, event_view
+from services.records.experiments import Experiment, ExperimentEdge, ExperimentRegistry
+from kit.identity import Identity
+from kit.ids import new_id
+from kit.spec import ServiceContext
+from storage.tables import ApiKey
 from services.records import queries
 from services.records.audits import agent_view
 from services.records.schemas import ANNOTATION_KINDS, ANNOTATION_MODELS, ExperimentRequest

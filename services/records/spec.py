@@ -4,7 +4,7 @@ itself, in the transactions of the actions they record). Light: no app or router
 
 from __future__ import annotations
 
-from services.core.spec import Operation, ServiceSpec
+from kit.spec import Operation, ServiceSpec
 from services.records.schemas import AnnotationEnvelope, ExperimentRequest
 
 SPEC = ServiceSpec(

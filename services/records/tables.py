@@ -1,6 +1,6 @@
 """SQL tables of the records service: agent annotations and audit results.
 
-Platform events and experiments live in services/core (events.py, experiments.py): training,
+Platform events and experiments live beside them (events.py, experiments.py): training,
 evaluation, sandbox and the gateway write them in their own transactions. What is here is
 written through the records service only: the agent's annotations (its claims, kept apart
 from platform facts) and the operator's audit verdicts.
@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import JSON, Float, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from services.core.tables import Base, UTCDateTime, utcnow
+from storage.tables import Base, UTCDateTime, utcnow
 
 
 class Annotation(Base):

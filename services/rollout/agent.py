@@ -1,7 +1,7 @@
 """The research agent's own model (``/agent/v1/…`` on the gateway): the rollout service's code
 serving a different catalogue (``agent_models`` in the gym config), in two dialects — OpenAI
 chat completions and the Anthropic Messages API (services/rollout/anthropic.py) — with every
-turn kept as the agent's trajectory (services/core/agent_turns.py).
+turn kept as the agent's trajectory (services/records/agent_turns.py).
 
 Metering is the rollout service's own, unchanged: the gateway reserves the worst case on the
 run's agent-model meter (gateway/agent_model.py), this code reports the provider's exact usage
@@ -20,13 +20,13 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.core import agent_turns
-from services.core.config import GymConfig
-from services.core.errors import PermissionDenied
-from services.core.http import json_object
-from services.core.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
-from services.core.service_app import CurrentIdentity
-from services.core.store import Store
+from services.records import agent_turns
+from kit.config import GymConfig
+from kit.errors import PermissionDenied
+from kit.http import json_object
+from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
+from kit.service_app import CurrentIdentity
+from storage.store import Store
 from services.rollout import anthropic
 from services.rollout.agent_spec import PREFIX, count_messages_tokens
 from services.rollout.backends.base import RolloutBackend

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import RolloutConfig, RolloutModel
-from services.core.errors import PermissionDenied
-from services.core.spec import Operation, ServiceContext, ServiceSpec
+from kit.config import RolloutConfig, RolloutModel
+from kit.errors import PermissionDenied
+from kit.spec import Operation, ServiceContext, ServiceSpec
 from services.rollout.anthropic import CountTokensRequest, MessagesRequest, count_tokens_chat_body
 from services.rollout.metering import effective_max_tokens, prompt_bound_tokens, reservation_nusd
 from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest, parse_chat_request

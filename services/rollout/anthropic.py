@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.core.errors import PermissionDenied, Unprocessable
+from kit.errors import PermissionDenied, Unprocessable
 from services.rollout.schemas import ChatRequest
 
 _CHAT_FIELDS = frozenset(ChatRequest.model_fields)

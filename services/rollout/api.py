@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.core.http import json_object
-from services.core.identity import COST_HEADER
-from services.core.service_app import CurrentIdentity
+from kit.http import json_object
+from kit.identity import COST_HEADER
+from kit.service_app import CurrentIdentity
 from services.rollout.service import RolloutService
 
 router = APIRouter(prefix="/v1")

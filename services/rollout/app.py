@@ -6,10 +6,10 @@ import logging
 
 from fastapi import FastAPI
 
-from services.core.config import missing_provider_keys
+from kit.config import missing_provider_keys
 
-from services.core.service_app import create_service_app
-from services.core.spec import ServiceContext
+from kit.service_app import create_service_app
+from kit.spec import ServiceContext
 from services.rollout import agent
 from services.rollout.api import chat_completions, router
 from services.rollout.backends import ROLLOUT_BACKENDS

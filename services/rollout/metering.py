@@ -2,7 +2,7 @@
 
 The reservation must be a true *upper bound* of what the provider can bill, because the
 ledger never charges more than it held: whatever the estimate misses is provider spend no
-budget paid for (it is still recorded as an overrun, see services/core/ledger.py). So the
+budget paid for (it is still recorded as an overrun, see billing/ledger.py). So the
 prompt is not *counted* with a tokenizer — ``litellm.token_counter`` is an estimate of one
 tokenizer, and the provider's may differ — it is *bounded*:
 
@@ -18,7 +18,7 @@ tokenizer, and the provider's may differ — it is *bounded*:
   per tool, per request, and the instructions providers inject for tool use and structured
   output (Anthropic documents up to 346 tokens for its tool-use system prompt).
 * Inline images are not counted by their base64 size (a photo would reserve ~10⁶ tokens):
-  each is bounded by the model's ``max_image_tokens`` (services/core/config.py). Inline
+  each is bounded by the model's ``max_image_tokens`` (kit/config.py). Inline
   audio and files count their base64 bytes (audio bills far fewer tokens than its bytes);
   a file also gets one image's worth, as providers render PDF pages as images.
 * Each of the ``n`` choices is bounded as a full call (prompt + ``max_tokens``): providers
@@ -36,10 +36,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.core.config import RolloutConfig, RolloutModel
-from services.core.errors import NotFound, Unprocessable
-from services.core.money import token_cost_nusd
-from services.core.spec import ServiceContext
+from kit.config import RolloutConfig, RolloutModel
+from kit.errors import NotFound, Unprocessable
+from billing.money import token_cost_nusd
+from kit.spec import ServiceContext
 from services.rollout.schemas import ChatRequest, parse_chat_request
 
 REQUEST_OVERHEAD_TOKENS = 32

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.core.errors import PermissionDenied, Unprocessable
+from kit.errors import PermissionDenied, Unprocessable
 
 FETCHING_FIELDS = {
     "web_search_options": "web search",
@@ -157,5 +157,5 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
 
 CHAT_SYNONYMS = {"max_completion_tokens": "max_tokens"}
 """OpenAI names one cap twice; the gateway rewrites the newer name to ``max_tokens`` before any
-policy rule sees the body (services/core/canonical.py), so a rule on one cannot be dodged by
+policy rule sees the body (kit/canonical.py), so a rule on one cannot be dodged by
 the other."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import GymConfig
-from services.core.spec import Operation, ServiceSpec
+from kit.config import GymConfig
+from kit.spec import Operation, ServiceSpec
 from services.rollout.metering import estimate_chat, estimate_chat_tokens
 from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest
 

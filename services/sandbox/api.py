@@ -11,10 +11,10 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.core.errors import Conflict, GymError, InvalidRequest, NotFound, PermissionDenied, Unprocessable
-from services.core.http import json_object
-from services.core.identity import Identity
-from services.core.service_app import CurrentIdentity
+from kit.errors import Conflict, GymError, InvalidRequest, NotFound, PermissionDenied, Unprocessable
+from kit.http import json_object
+from kit.identity import Identity
+from kit.service_app import CurrentIdentity
 from services.sandbox.envd import SANDBOX_HEADER
 from services.sandbox.service import SandboxService
 

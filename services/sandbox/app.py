@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.datastructures import Headers
 
-from services.core.errors import GymError, error_response
-from services.core.identity import verify
-from services.core.service_app import create_service_app
-from services.core.spec import ServiceContext
+from kit.errors import GymError, error_response
+from kit.identity import verify
+from kit.service_app import create_service_app
+from kit.spec import ServiceContext
 from services.sandbox.api import read_file, router, write_files
 from services.sandbox.backends import SANDBOX_BACKENDS
 from services.sandbox.backends.base import SandboxBackend

@@ -26,8 +26,8 @@ from e2b.envd.process.process_connect import Process, ProcessASGIApplication
 from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
-from services.core.errors import GymError
-from services.core.identity import Identity
+from kit.errors import GymError
+from kit.identity import Identity
 from services.sandbox.service import SandboxService
 
 CURRENT_IDENTITY: contextvars.ContextVar[Identity] = contextvars.ContextVar("rsigym_sandbox_identity")

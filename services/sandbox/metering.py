@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from services.core.ledger import Ledger
+from billing.ledger import Ledger
 
 
 def nusd_per_second(usd_per_hour: float) -> int:

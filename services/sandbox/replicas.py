@@ -32,9 +32,9 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from services.core.host_uids import pid_running
-from services.core.store import Store
-from services.core.tables import utcnow
+from kit.host_uids import pid_running
+from storage.store import Store
+from storage.tables import utcnow
 from services.sandbox.tables import SandboxReplica, SandboxRow
 
 LIVE_HERE: set[str] = set()

@@ -32,8 +32,8 @@ import anyio
 from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from services.core.concurrency import ConcurrencySlots
-from services.core.errors import (
+from billing.concurrency import ConcurrencySlots
+from kit.errors import (
     BudgetExhausted,
     GymError,
     InvalidRequest,
@@ -43,14 +43,14 @@ from services.core.errors import (
     Unprocessable,
     validated,
 )
-from services.core.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
-from services.core.identity import Identity
-from services.core.ids import new_id
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
-from services.core.money import nusd_to_usd
-from services.core.spec import ServiceContext
-from services.core.tables import LedgerEntry, utcnow
+from services.records.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
+from kit.identity import Identity
+from kit.ids import new_id
+from access.keys import KeyRegistry
+from billing.ledger import Ledger
+from billing.money import nusd_to_usd
+from kit.spec import ServiceContext
+from storage.tables import LedgerEntry, utcnow
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
 from services.sandbox.schemas import CreateSandbox

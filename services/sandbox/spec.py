@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.core.config import GymConfig
-from services.core.spec import Operation, ServiceSpec
+from kit.config import GymConfig
+from kit.spec import Operation, ServiceSpec
 from services.sandbox.schemas import CreateSandbox
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
-from services.core.tables import Base, UTCDateTime, utcnow
+from storage.tables import Base, UTCDateTime, utcnow
 
 
 class SandboxRow(Base):
@@ -45,7 +45,7 @@ class SandboxRow(Base):
     """The sandbox-service replica that runs it (:class:`SandboxReplica`); None: a row written
     before replicas were recorded."""
     slot_lease: Mapped[str | None] = mapped_column(String(40))
-    """Its live-sandbox slot (services/core/concurrency.py), given back by whoever ends it."""
+    """Its live-sandbox slot (billing/concurrency.py), given back by whoever ends it."""
 
 
 class SandboxReplica(Base):

@@ -8,7 +8,7 @@ structure of its own into that text — chat markup or special-token strings in 
 name outside ``^[A-Za-z0-9_-]{1,64}$`` — is a bad row. Identical content
 is stored once (``<data>/datasets/<sha256>.jsonl``); a run that uploads it again gets its
 existing dataset back. Each run's datasets count against its storage quota
-(services/core/storage_quota.py), charged in the transaction that records them.
+(billing/storage_quota.py), charged in the transaction that records them.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import NotFound, PayloadTooLarge, Unprocessable
-from services.core.events import DATASET_REGISTERED, EventLog
-from services.core.ids import new_id
-from services.core.private_files import private_dir
-from services.core.storage_quota import StorageQuota
-from services.core.store import Store
+from kit.errors import NotFound, PayloadTooLarge, Unprocessable
+from services.records.events import DATASET_REGISTERED, EventLog
+from kit.ids import new_id
+from storage.private_files import private_dir
+from billing.storage_quota import StorageQuota
+from storage.store import Store
 from services.models.training_text import structure_problem, training_example
 from services.training.tables import Dataset
 
@@ -151,7 +151,7 @@ class DatasetStore:
         self.max_bytes = max_bytes
         self.max_rows = max_rows
         self.quota = quota
-        """The runs' storage meter (services/core/storage_quota.py); None only for readers (audits)."""
+        """The runs' storage meter (billing/storage_quota.py); None only for readers (audits)."""
 
     def blob_path(self, sha256: str) -> Path:
         return self.root / f"{sha256}.jsonl"

@@ -11,17 +11,17 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from services.core.checkpoints import Checkpoint, CheckpointRegistry
-from services.core.config import BaseModel_, GymConfig
-from services.core.errors import NotFound
-from services.core.events import TRAINING_JOB, EventLog
-from services.core.jobs import JobRunnerBase
-from services.core.ledger import Ledger, StepMeter
-from services.core.money import nusd_to_usd
-from services.core.private_files import append_private, lock_down, private_dir
-from services.core.redact import redact
-from services.core.store import Store
-from services.core.tables import LedgerEntry, utcnow
+from services.training.checkpoints import Checkpoint, CheckpointRegistry
+from kit.config import BaseModel_, GymConfig
+from kit.errors import NotFound
+from services.records.events import TRAINING_JOB, EventLog
+from kit.jobs import JobRunnerBase
+from billing.ledger import Ledger, StepMeter
+from billing.money import nusd_to_usd
+from storage.private_files import append_private, lock_down, private_dir
+from kit.redact import redact
+from storage.store import Store
+from storage.tables import LedgerEntry, utcnow
 from services.models.loading import load_tokenizer, resolve_model_dir, torch_device
 from services.models.training_text import tokenizer_markup
 from services.training.backends import TRAINERS, TrainerSetup
@@ -65,7 +65,7 @@ def queue_for(base: BaseModel_) -> str:
 
 
 class JobRunner(JobRunnerBase):
-    """Training jobs on the common job lifecycle (services/core/jobs.py).
+    """Training jobs on the common job lifecycle (kit/jobs.py).
 
     A job whose worker died is queued again (at most ``RSIGYM_JOBS_MAX_RESUMES`` times, then it
     fails) and the worker that takes it continues from its last checkpoint (:meth:`_resume_point`):
@@ -100,7 +100,7 @@ class JobRunner(JobRunnerBase):
         self.ledger = Ledger(store, config.ledger)
 
     def _log(self, job_id: str, line: str) -> None:
-        private_dir(self.logs_dir)  # files at rest are the gym's alone (services/core/private_files.py)
+        private_dir(self.logs_dir)  # files at rest are the gym's alone (storage/private_files.py)
         append_private(self.logs_dir / f"{job_id}.log", f"{utcnow().isoformat(timespec='seconds')} {redact(line)}\n")
 
     def _after_final(self, job_id: str, status: str, error: str | None) -> None:
@@ -144,7 +144,7 @@ class JobRunner(JobRunnerBase):
         tmp = final.with_name(f".{final.name}.partial")
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            private_dir(tmp.parent)  # files at rest are the gym's alone (services/core/private_files.py)
+            private_dir(tmp.parent)  # files at rest are the gym's alone (storage/private_files.py)
             trainer.save_state(tmp)
             tmp.mkdir(parents=True, exist_ok=True)  # a trainer with nothing to save still marks the step
             lock_down(tmp)  # written under the process's umask

@@ -14,7 +14,7 @@ The seccomp deny-list of the local sandboxes (services/sandbox/seccomp.py) appli
 Uid: when the gym runs as root, bubblewrap runs privileged *without* a user namespace (a
 user namespace would map the loss to root and let it read whatever root can), builds the
 binds, keeps only CAP_SETUID/SETGID/SETPCAP, and ``setpriv`` inside drops to a uid of the
-host-wide pool the local sandboxes use (services/core/host_uids.py) — all capabilities, the
+host-wide pool the local sandboxes use (kit/host_uids.py) — all capabilities, the
 bounding set and supplementary groups go, no_new_privs is set. When the gym is not root,
 bubblewrap runs unprivileged in a user namespace (``--disable-userns`` where supported) with
 the same binds; the loss then runs as the gym's own uid, which the minimal root still keeps
@@ -44,11 +44,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.core.config import SandboxConfig
-from services.core.errors import Unprocessable
-from services.core.host_uids import HostUidPool, bwrap_drop, kill_uid
-from services.core.private_files import write_private
-from services.core.redact import redact
+from kit.config import SandboxConfig
+from kit.errors import Unprocessable
+from kit.host_uids import HostUidPool, bwrap_drop, kill_uid
+from storage.private_files import write_private
+from kit.redact import redact
 from services.sandbox import seccomp
 from services.sandbox.metering import nusd_per_second
 

@@ -7,14 +7,14 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
-from services.core.checkpoints import CheckpointRegistry
-from services.core.errors import NotFound, PermissionDenied, Unprocessable
-from services.core.events import EventLog
-from services.core.experiments import ExperimentRegistry
-from services.core.identity import Identity
-from services.core.ids import new_id
-from services.core.spec import ServiceContext
-from services.core.storage_quota import StorageQuota
+from services.training.checkpoints import CheckpointRegistry
+from kit.errors import NotFound, PermissionDenied, Unprocessable
+from services.records.events import EventLog
+from services.records.experiments import ExperimentRegistry
+from kit.identity import Identity
+from kit.ids import new_id
+from kit.spec import ServiceContext
+from billing.storage_quota import StorageQuota
 from services.training.datasets import DatasetStore
 from services.training.jobs import FINAL, JobRunner, job_view, queue_for
 from services.training.schemas import NOT_CONFIG, JobRequest

@@ -3,7 +3,7 @@ call — a job meters itself step by step). Light: no app, router, torch or back
 
 from __future__ import annotations
 
-from services.core.spec import Operation, ServiceSpec
+from kit.spec import Operation, ServiceSpec
 from services.training.schemas import JobRequest
 
 SPEC = ServiceSpec(

@@ -5,7 +5,7 @@ RSIGYM_WORKER_QUEUE_PREFIX in front. The broker is RSIGYM_WORKER_BROKER_URL (Red
 
 A task carries only a job id; everything else is in the store. Tasks are acknowledged late and
 rejected when their worker is lost, so Redis hands a killed worker's task to another worker; the
-task body (:meth:`services.core.jobs.JobRunnerBase.execute`) is idempotent — a job that is final,
+task body (:meth:`kit.jobs.JobRunnerBase.execute`) is idempotent — a job that is final,
 or running elsewhere with a fresh heartbeat, is left alone — so a redelivered or duplicate task
 does nothing, and a job whose worker died is reaped by the heartbeat TTL.
 """
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from services.core.errors import ServiceUnavailable
-from services.core.settings import WorkerSettings
+from kit.errors import ServiceUnavailable
+from kit.settings import WorkerSettings
 
 if TYPE_CHECKING:
-    from services.core.jobs import JobRunnerBase
+    from kit.jobs import JobRunnerBase
 
 log = logging.getLogger("rsigym.worker")
 

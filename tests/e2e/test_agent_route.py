@@ -17,13 +17,13 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from services.core import rate_limits
-from services.core.agent_turns import AgentTurn
-from services.core.config import GymConfig
-from services.core.events import CALL_REFUSED
-from services.core.settings import StoreSettings
-from services.core.store import Store
-from services.core.tables import LedgerEntry
+from billing import rate_limits
+from services.records.agent_turns import AgentTurn
+from kit.config import GymConfig
+from services.records.events import CALL_REFUSED
+from kit.settings import StoreSettings
+from storage.store import Store
+from storage.tables import LedgerEntry
 from services.rollout.agent_spec import estimate_agent_chat, estimate_agent_chat_tokens, estimate_agent_messages_tokens
 from services.rollout.metering import estimate_chat_tokens
 from tests.conftest import PG_URL, TEACHER_ENV, admin_headers, bearer, gym_config
@@ -396,7 +396,7 @@ def test_cli_keys_create_takes_the_agent_rate_from_the_policy_file(live: Any, tm
     """``rsigym keys create`` takes token rates where it takes the rollout one: the policy file."""
     from typer.testing import CliRunner
 
-    from gateway.cli import main as cli
+    from ops.cli import main as cli
 
     url, client, _ = live
 

@@ -20,12 +20,12 @@ from rsigym import Gym
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from services.core.checkpoints import Checkpoint
-from services.core.config import GymConfig
-from services.core.events import RecordEvent
-from services.core.experiments import Experiment
-from services.core.store import Store
+from ops.cli.main import app as operator_cli
+from services.training.checkpoints import Checkpoint
+from kit.config import GymConfig
+from services.records.events import RecordEvent
+from services.records.experiments import Experiment
+from storage.store import Store
 from tests.conftest import ADMIN_TOKEN, admin_headers, create_key, gym_config
 from tests.fakes.live_gym import mini_benchmark, registered_tasks
 from tests.fakes.servers import serve_gym

@@ -32,7 +32,7 @@ def gym_up(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
     data, port = tmp_path / "started-here", free_port()
     url = f"http://127.0.0.1:{port}"
     with open(tmp_path / "gym.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "up", "--data-dir", str(data),
+        proc = subprocess.Popen([sys.executable, "-m", "ops.cli.main", "up", "--data-dir", str(data),
                                  "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_healthy(proc, url, tmp_path / "gym.log")
@@ -44,7 +44,7 @@ def gym_up(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, str]]]:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ops.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
 
 

@@ -46,9 +46,9 @@ import pytest
 import redis
 from sqlalchemy import create_engine, select, text
 
-from gateway.builder import SERVICES
-from services.core.config import load_config
-from services.core.settings import WorkerSettings
+from ops.builder import SERVICES
+from kit.config import load_config
+from kit.settings import WorkerSettings
 from services.training.tables import TrainingJob
 from services.worker.celery_app import make_celery
 from tests.compose_local import ROOT, LocalCompose, command_of, dockerfile_of, load_compose, option, profiles_of
@@ -103,7 +103,7 @@ REVOKED = {
     "joint": {"other_base": 403},
     "offline": {"other_teacher": 403},
 }
-"""What each track's preset refuses (services/core/presets/*.toml), as the agent sees it."""
+"""What each track's preset refuses (access/presets/*.toml), as the agent sees it."""
 
 
 @pytest.fixture

@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.dashboard.app import format_usd
-from gateway.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
-from services.core.checkpoints import Checkpoint
-from services.core.errors import NotFound
-from services.core.ids import new_id
-from services.core.store import Store
-from services.core.tables import utcnow
+from ops.dashboard.app import format_usd
+from ops.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
+from services.training.checkpoints import Checkpoint
+from kit.errors import NotFound
+from kit.ids import new_id
+from storage.store import Store
+from storage.tables import utcnow
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 from services.training.tables import Dataset, TrainingJob
 from tests.conftest import ADMIN_TOKEN, IN_CI, admin_headers, bearer, create_key
@@ -347,12 +347,12 @@ def test_session_cookie_opens_the_ui_only_and_cannot_be_forged(seeded: Seeded, g
 def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store) -> None:
     """The query layer on both stores (the browser test runs on SQLite): keys made by the key
     registry, charges made by the real ledger, the platform rows as above."""
-    from gateway.dashboard import queries
-    from services.core.keys import KeyRegistry
-    from services.core.ledger import Ledger
-    from services.core.money import usd_to_nusd
-    from services.core.config import GymConfig
-    from services.core.presets import preset_policy
+    from ops.dashboard import queries
+    from access.keys import KeyRegistry
+    from billing.ledger import Ledger
+    from billing.money import usd_to_nusd
+    from kit.config import GymConfig
+    from access.presets import preset_policy
 
     keys, ledger = KeyRegistry(store), Ledger(store)
     run, _ = keys.create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(5), track="joint", name="dash-agent")

@@ -10,8 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from gateway.demo import run_demo
-from gateway.demo_agent import run_agent_demo
+from ops.demo import run_demo
+from ops.demo_agent import run_agent_demo
 from tests.fakes.servers import free_port
 
 

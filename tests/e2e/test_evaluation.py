@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import rsigym
-from gateway.demo_common import trimmed_benchmarks
+from ops.demo_common import trimmed_benchmarks
 from services.evaluation.task_generators import shell as shell_generator
 from services.models.synthetic import subtraction
 from tests.fakes.live_gym import LiveGym as Live

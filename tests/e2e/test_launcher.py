@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from gateway.tasks import TASKS
+from ops.cli.main import app as operator_cli
+from ops.tasks import TASKS
 from services.training.tables import TrainingJob
 from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for, require_bwrap
 from tests.e2e.test_agent_route import agent_config
@@ -215,7 +215,7 @@ def shown_key(data_dir: Path, run: str) -> str:
 def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
         live_agent_model: tuple[str, Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose mode without a Docker engine: a stand-in ``docker`` (tests/fakes/docker_shim.py)
-    starts what the run's own compose file declares (gateway/launcher_compose.py: its relay to the
+    starts what the run's own compose file declares (ops/launcher_compose.py: its relay to the
     gateway, its egress proxy, its agent from ``agent-joint``'s image) as local processes. The run key
     and the proxy credential travel in the environment, never argv; the proxy refuses a client
     without the run's credential; the wall clock stops the container; the run's containers and

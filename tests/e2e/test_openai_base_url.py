@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from services.core.checkpoints import Checkpoint
-from services.core.ids import new_id
-from services.core.store import Store
+from services.training.checkpoints import Checkpoint
+from kit.ids import new_id
+from storage.store import Store
 from services.models.loading import resolve_model_dir
 from services.training.tables import TrainingJob
 from tests.conftest import MODELS_DIR, admin_headers, bearer, create_key

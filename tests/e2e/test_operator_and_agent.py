@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rsigym
-from gateway.cli.main import app as operator_cli
+from ops.cli.main import app as operator_cli
 from rsigym.cli import main as agent_cli
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.servers import serve_gym

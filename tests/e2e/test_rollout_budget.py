@@ -10,9 +10,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from services.core.settings import StoreSettings
-from services.core.store import Store
-from services.core.tables import LedgerEntry
+from kit.settings import StoreSettings
+from storage.store import Store
+from storage.tables import LedgerEntry
 from services.rollout.metering import estimate_chat
 from tests.conftest import PG_URL, admin_headers, bearer, gym_config
 from tests.fakes.servers import serve_gym

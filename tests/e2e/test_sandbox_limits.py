@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.core.config import SandboxConfig, SandboxTemplate
-from services.core.store import Store
+from kit.config import SandboxConfig, SandboxTemplate
+from storage.store import Store
 from tests.conftest import create_key, gym_config
 from tests.fakes.servers import serve_gym
 

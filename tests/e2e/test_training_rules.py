@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import rsigym
-from services.core.money import token_cost_nusd
+from billing.money import token_cost_nusd
 from tests.conftest import admin_headers, bearer, create_key
 from tests.fakes.servers import serve_gym
 

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from services.core.config import BaseModel_
+from kit.config import BaseModel_
 from services.inference.backends.base import Adapter, Sampling
 from services.inference.backends.local import LocalEngine
 

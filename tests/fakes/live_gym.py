@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 
 import rsigym
-from gateway.builder import Gym, build_embedded
-from services.core.config import EvaluationConfig, GymConfig, SandboxConfig
-from services.core.settings import GymSettings, ProviderSecrets
+from ops.builder import Gym, build_embedded
+from kit.config import EvaluationConfig, GymConfig, SandboxConfig
+from kit.settings import GymSettings, ProviderSecrets
 from services.evaluation.benchmarks import TaskRef
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve_gym

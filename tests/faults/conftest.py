@@ -26,8 +26,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry
 from services.rollout.standin import create_standin_app
 from tests.fakes.provider_faults import ProviderFaults
 from tests.fakes.servers import serve
@@ -92,7 +92,7 @@ def assert_error_shape(response: httpx.Response, status: int | tuple[int, ...], 
 
 
 class Procs:
-    """``python -m gateway.cli.main ARGS`` subprocesses with one environment; logs in ``logs``."""
+    """``python -m ops.cli.main ARGS`` subprocesses with one environment; logs in ``logs``."""
 
     def __init__(self, logs: Path, env: dict[str, str]):
         self.logs = logs
@@ -103,7 +103,7 @@ class Procs:
     def spawn(self, name: str, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
         """``prefix``: a command the gym part is exec'd through (it must exec, so ``kill9`` hits the part)."""
         out = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child holds it; closed with the test
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", "gateway.cli.main", *args], cwd=ROOT, env=self.env,
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "ops.cli.main", *args], cwd=ROOT, env=self.env,
                                 stdout=out, stderr=subprocess.STDOUT)
         out.close()
         self.procs[name] = proc

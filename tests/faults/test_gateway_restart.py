@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.builder import build_service
-from services.core.config import load_config
-from services.core.money import usd_to_nusd
-from services.core.settings import GymSettings, StoreSettings
-from services.core.store import Store
+from ops.builder import build_service
+from kit.config import load_config
+from billing.money import usd_to_nusd
+from kit.settings import GymSettings, StoreSettings
+from storage.store import Store
 from tests.conftest import ADMIN_TOKEN, PG_URL, TEACHER_ENV, admin_headers, bearer
 from tests.faults.conftest import PASSAGE_CHAT, Procs, assert_ledger_sound, ledger_figures, rollout_toml, until
 from tests.fakes.servers import free_port, serve

@@ -26,12 +26,12 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from gateway.builder import build_gateway
-from services.core.concurrency import ConcurrencySlots
-from services.core.events import SANDBOX_SESSION, RecordEvent
-from services.core.settings import GymSettings, StoreSettings
-from services.core.store import Store
-from services.core.tables import utcnow
+from ops.builder import build_gateway
+from billing.concurrency import ConcurrencySlots
+from services.records.events import SANDBOX_SESSION, RecordEvent
+from kit.settings import GymSettings, StoreSettings
+from storage.store import Store
+from storage.tables import utcnow
 from services.sandbox.service import SLOT_SERVICE, TICK_S
 from services.sandbox.tables import SandboxReplica, SandboxRow
 from tests.conftest import ADMIN_TOKEN, PG_URL, admin_headers, require_bwrap
@@ -103,7 +103,7 @@ class Replicas:
             return {r.id: r.host for r in s.scalars(select(SandboxReplica))}
 
     def sessions(self, run_id: str, sandbox_id: str) -> list[RecordEvent]:
-        from services.core.events import EventLog
+        from services.records.events import EventLog
 
         events = EventLog(self.store, self.env["RSIGYM_INTERNAL_SECRET"]).events(run_id, kinds=(SANDBOX_SESSION,))
         return [e for e in events if e.data["sandbox_id"] == sandbox_id]

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from services.core.config import LedgerConfig
-from services.core.settings import StoreSettings
-from services.core.store import Store
+from kit.config import LedgerConfig
+from kit.settings import StoreSettings
+from storage.store import Store
 from tests.conftest import PG_URL, admin_headers, bearer, client_for, create_key, gym_config
 from tests.faults.conftest import FaultProxy, assert_error_shape, assert_ledger_sound, ledger_figures, until
 

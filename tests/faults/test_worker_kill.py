@@ -2,7 +2,7 @@
 and, later, in the middle of an evaluation job (distributed mode: PostgreSQL, Redis; the
 services and the gateway in this process, the workers as their own processes).
 
-The gym notices a dead worker by its job's heartbeat (services/core/jobs.py): a running job
+The gym notices a dead worker by its job's heartbeat (kit/jobs.py): a running job
 whose ``heartbeat_at`` is older than ``RSIGYM_JOBS_HEARTBEAT_TTL_S`` is reaped by the next round
 of any reaper (the services' and every worker's, each ``RSIGYM_JOBS_REAP_INTERVAL_S``) — here
 within 6 + 2 s of the kill (production defaults: 30 + 10 s), with no worker alive at all. Both
@@ -34,12 +34,12 @@ import pytest
 from sqlalchemy import func, select
 
 import rsigym
-from gateway.builder import build_gateway, build_service
-from services.core.checkpoints import Checkpoint
-from services.core.events import TRAINING_JOB, RecordEvent
-from services.core.settings import GymSettings, StoreSettings
-from services.core.store import Store
-from services.core.tables import LedgerEntry
+from ops.builder import build_gateway, build_service
+from services.training.checkpoints import Checkpoint
+from services.records.events import TRAINING_JOB, RecordEvent
+from kit.settings import GymSettings, StoreSettings
+from storage.store import Store
+from storage.tables import LedgerEntry
 from services.evaluation.tables import EvaluationJob
 from services.training.tables import TrainingJob, TrainingStep
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, PG_URL, admin_headers, require_redis

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from gateway.admin_lists import KINDS
-from gateway.cli.main import app as operator_cli
-from services.core.checkpoints import Checkpoint
-from services.core.ids import new_id
-from services.core.store import Store
+from ops.admin_lists import KINDS
+from ops.cli.main import app as operator_cli
+from services.training.checkpoints import Checkpoint
+from kit.ids import new_id
+from storage.store import Store
 from services.evaluation.tables import EvaluationJob, SubmissionRow
 from services.sandbox.tables import SandboxRow
 from services.training.tables import Dataset, TrainingJob

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, update
 
-from services.core.checkpoints import Checkpoint, CheckpointRegistry
-from services.core.config import BaseModel_, GymConfig
-from services.core.events import DATASET_REGISTERED, TRAINING_JOB, EventLog, RecordEvent, RecordHead
-from services.core.ids import new_id
-from services.core.keys import KeyRegistry
-from services.core.presets import preset_policy
-from services.core.store import Store
+from services.training.checkpoints import Checkpoint, CheckpointRegistry
+from kit.config import BaseModel_, GymConfig
+from services.records.events import DATASET_REGISTERED, TRAINING_JOB, EventLog, RecordEvent, RecordHead
+from kit.ids import new_id
+from access.keys import KeyRegistry
+from access.presets import preset_policy
+from storage.store import Store
 from services.evaluation.archives import build_archive
 from services.evaluation.harnesses import HarnessStore
 from services.records.audits.context import AuditContext
@@ -291,7 +291,7 @@ def test_edits_to_the_record_chain_are_flagged(platform: Platform, attack: Any, 
 
 
 def test_a_refused_upload_keeps_no_archive(platform: Platform, tmp_path: Path) -> None:
-    from services.core.errors import Unprocessable
+    from kit.errors import Unprocessable
 
     store = HarnessStore(platform.store, platform.data_dir / "evaluation" / "harnesses", events=platform.events)
     with pytest.raises(Unprocessable):

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from services.core.config import GymConfig
-from services.core.events import AUDIT_RESULT, EVALUATION_JOB, TRAINING_JOB, EventLog
-from services.core.experiments import Experiment, ExperimentRegistry
-from services.core.keys import KeyRegistry
-from services.core.money import usd_to_nusd
-from services.core.presets import preset_policy
-from services.core.settings import ProviderSecrets
-from services.core.store import Store
+from kit.config import GymConfig
+from services.records.events import AUDIT_RESULT, EVALUATION_JOB, TRAINING_JOB, EventLog
+from services.records.experiments import Experiment, ExperimentRegistry
+from access.keys import KeyRegistry
+from billing.money import usd_to_nusd
+from access.presets import preset_policy
+from kit.settings import ProviderSecrets
+from storage.store import Store
 from services.evaluation.registry import BenchmarkRegistry
 from services.records.audits.context import AuditContext
 from services.records.audits.judge import RolloutJudge

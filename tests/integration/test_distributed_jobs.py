@@ -31,10 +31,10 @@ import redis
 from sqlalchemy import func, select
 
 import rsigym
-from gateway.builder import build_service
-from services.core.settings import GymSettings, StoreSettings
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry
+from ops.builder import build_service
+from kit.settings import GymSettings, StoreSettings
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry
 from services.training.tables import TrainingJob
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, PG_URL, admin_headers, require_redis
 from tests.fakes.live_gym import mini_benchmark
@@ -79,7 +79,7 @@ class Cluster:
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         out = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed when the process is reaped
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", *args], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "ops.cli.main", *args], cwd=ROOT,
                                 env={**os.environ, **self.env}, stdout=out, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc

@@ -1,4 +1,4 @@
-"""The per-run hash chain of platform events (services/core/events.py), attacked directly in the
+"""The per-run hash chain of platform events (services/records/events.py), attacked directly in the
 store — on SQLite and PostgreSQL: concurrent writers never fork it, and every way to change the
 record without the platform's secret is caught by ``EventLog.verify``."""
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, select, update
 
-from services.core.events import EVALUATION_JOB, GENESIS, TRAINING_JOB, EventLog, RecordEvent, RecordHead, event_hash
-from gateway.builder import ensure_internal_secret
-from services.core.settings import GymSettings
-from services.core.store import Store
+from services.records.events import EVALUATION_JOB, GENESIS, TRAINING_JOB, EventLog, RecordEvent, RecordHead, event_hash
+from ops.builder import ensure_internal_secret
+from kit.settings import GymSettings
+from storage.store import Store
 
 SECRET = "platform-secret"
 

@@ -23,11 +23,11 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from gateway.builder import build_service
+from ops.builder import build_service
 from gateway.principals import PrincipalCache, PrincipalFanout
-from services.core.fanout import KeyEvent, KeyEvents
-from services.core.keys import Principal
-from services.core.settings import GymSettings, PrincipalCacheSettings, RedisSettings, StoreSettings
+from access.fanout import KeyEvent, KeyEvents
+from access.keys import Principal
+from kit.settings import GymSettings, PrincipalCacheSettings, RedisSettings, StoreSettings
 from tests.conftest import ADMIN_TOKEN, IN_CI, PG_URL, TEACHER_ENV, admin_headers, bearer, gym_config
 from tests.fakes.servers import free_port, serve
 from tests.fakes.tcp_proxy import TcpProxy
@@ -81,7 +81,7 @@ def gateway_process(tmp: Path, env: dict[str, str], rollout_url: str) -> Iterato
     port = free_port()
     log = (tmp / f"gateway-{port}.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "gateway", "--service", f"rollout={rollout_url}",
+        [sys.executable, "-m", "ops.cli.main", "serve", "gateway", "--service", f"rollout={rollout_url}",
          "--port", str(port)],
         env={**env, "RSIGYM_GATEWAY_URL": f"http://127.0.0.1:{port}", "RSIGYM_DATA_DIR": str(tmp / f"gw-{port}")},
         stdout=log, stderr=subprocess.STDOUT,

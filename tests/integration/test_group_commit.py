@@ -1,4 +1,4 @@
-"""Group commit (services/core/group_commit.py): concurrent ledger calls share one transaction and
+"""Group commit (storage/group_commit.py): concurrent ledger calls share one transaction and
 one commit, and nothing about money changes for it (SQLite file and PostgreSQL).
 
 Each test builds a batch on purpose: the first caller leads alone and is held inside its work
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import exc, func, select
 
-from services.core.errors import BudgetExhausted, StoreUnavailable
-from services.core.ledger import HOLD, Ledger
-from services.core.store import Store, Work
-from services.core.tables import LedgerEntry, utcnow
+from kit.errors import BudgetExhausted, StoreUnavailable
+from billing.ledger import HOLD, Ledger
+from storage.store import Store, Work
+from storage.tables import LedgerEntry, utcnow
 from tests.integration.test_ledger import account, make_key
 
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, make_url, select
 
-from services.core import group_commit
-from services.core.errors import BudgetExhausted, StoreUnavailable
-from services.core.ledger import Ledger, Reservation
-from services.core.store import Store, Work
-from services.core.tables import LedgerEntry
+from storage import group_commit
+from kit.errors import BudgetExhausted, StoreUnavailable
+from billing.ledger import Ledger, Reservation
+from storage.store import Store, Work
+from storage.tables import LedgerEntry
 from tests.conftest import PG_URL
 from tests.integration.test_group_commit import Callers, held_leader, queued, wait_until
 from tests.integration.test_ledger import account, make_key

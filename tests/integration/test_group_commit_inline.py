@@ -1,5 +1,5 @@
 """A coroutine caller with no company runs its store work on its own event loop's thread
-(``GroupCommit.run_async`` on SQLite, services/core/group_commit.py): no trip to the writer
+(``GroupCommit.run_async`` on SQLite, storage/group_commit.py): no trip to the writer
 thread and back. What that must never do: block the event loop behind another writer (a thread
 of this process, or another process holding SQLite's write lock), leave a pooled connection
 without its busy timeout, take a burst of callers one by one instead of in batches, or write
@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 from sqlalchemy.pool import QueuePool
 
-from services.core.errors import BudgetExhausted, StoreUnavailable
-from services.core.ledger import Ledger, Reservation
-from services.core.settings import StoreSettings
-from services.core.store import Store, Work, sqlite_url
+from kit.errors import BudgetExhausted, StoreUnavailable
+from billing.ledger import Ledger, Reservation
+from kit.settings import StoreSettings
+from storage.store import Store, Work, sqlite_url
 from tests.integration.test_group_commit_async import Loop, entries, reserve
 from tests.integration.test_ledger import account, make_key
 

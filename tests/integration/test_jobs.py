@@ -1,4 +1,4 @@
-"""The job lifecycle (services/core/jobs.py) on SQLite and PostgreSQL: one claim per job, finish
+"""The job lifecycle (kit/jobs.py) on SQLite and PostgreSQL: one claim per job, finish
 once, a dead worker's job reaped with its ledger holds released, a training job resumed from its
 last checkpoint with each step billed once, an evaluation resumed without re-running recorded
 trials, and the queue figures the gateway exports."""
@@ -18,20 +18,20 @@ import pytest
 from sqlalchemy import func, select, update
 
 from bench.eval_scaling import run_job
-from services.core.checkpoints import Checkpoint
-from services.core.config import GymConfig
-from services.core.events import TRAINING_JOB, RecordEvent
-from services.core.identity import Identity
-from services.core.ids import new_id
-from services.core.jobs import JobRunnerBase, PoolDispatcher, queue_figures
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
-from services.core.money import usd_to_nusd
-from services.core.presets import preset_policy
-from services.core.settings import GymSettings, JobSettings, ProviderSecrets
-from services.core.spec import ServiceContext
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry, utcnow
+from services.training.checkpoints import Checkpoint
+from kit.config import GymConfig
+from services.records.events import TRAINING_JOB, RecordEvent
+from kit.identity import Identity
+from kit.ids import new_id
+from kit.jobs import JobRunnerBase, PoolDispatcher, queue_figures
+from access.keys import KeyRegistry
+from billing.ledger import Ledger
+from billing.money import usd_to_nusd
+from access.presets import preset_policy
+from kit.settings import GymSettings, JobSettings, ProviderSecrets
+from kit.spec import ServiceContext
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry, utcnow
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry
@@ -416,7 +416,7 @@ def test_gateway_metrics_report_queue_depth_age_and_finished_jobs(make_gym: Any)
 
 
 def test_queues_by_role() -> None:
-    from services.core.config import BaseModel_
+    from kit.config import BaseModel_
     from services.training.jobs import queue_for
     from services.worker.main import parse_queues
 

@@ -11,14 +11,14 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
-from services.core.config import LedgerConfig
-from services.core.errors import BudgetExhausted, KeyPaused, KeyRevoked
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger, StepMeter
-from services.core.config import GymConfig
-from services.core.presets import preset_policy
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry, utcnow
+from kit.config import LedgerConfig
+from kit.errors import BudgetExhausted, KeyPaused, KeyRevoked
+from access.keys import KeyRegistry
+from billing.ledger import Ledger, StepMeter
+from kit.config import GymConfig
+from access.presets import preset_policy
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry, utcnow
 
 
 def make_key(store: Store, budget: int | None, parent: str | None = None) -> str:
@@ -65,7 +65,7 @@ def test_settle_is_clamped_and_never_twice(store: Store) -> None:
 
 def test_ledger_rows_are_numbered_in_the_order_they_were_made(store: Store) -> None:
     """New rows go to the end of the ledger's primary-key index, not to a random leaf (what
-    keeps a batch's commit small as the ledger grows: services/core/ids.py), on the gateway's
+    keeps a batch's commit small as the ledger grows: kit/ids.py), on the gateway's
     path as on the workers'."""
     ledger = Ledger(store)
     key = make_key(store, 1000)

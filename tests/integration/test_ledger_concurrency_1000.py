@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from services.core.errors import BudgetExhausted
-from services.core.ledger import Ledger
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
-from services.core.tables import LedgerEntry
+from kit.errors import BudgetExhausted
+from billing.ledger import Ledger
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
+from storage.tables import LedgerEntry
 from tests.conftest import PG_URL
 from tests.integration.test_ledger import account, ledger_sum, make_key
 

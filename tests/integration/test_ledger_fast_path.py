@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from services.core.config import LedgerConfig
-from services.core.errors import BudgetExhausted, NotFound, StoreUnavailable
-from services.core.ledger import HOLD, Balance, Ledger, ledger_row
-from services.core.money import nusd_to_usd
-from services.core.settings import StoreSettings
-from services.core.store import Store, Work, sqlite_url
-from services.core.tables import LedgerEntry, utcnow
+from kit.config import LedgerConfig
+from kit.errors import BudgetExhausted, NotFound, StoreUnavailable
+from billing.ledger import HOLD, Balance, Ledger, ledger_row
+from billing.money import nusd_to_usd
+from kit.settings import StoreSettings
+from storage.store import Store, Work, sqlite_url
+from storage.tables import LedgerEntry, utcnow
 from tests.integration.test_ledger import account, make_key
 
 

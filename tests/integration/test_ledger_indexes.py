@@ -16,15 +16,15 @@ from typing import Any, cast
 import psycopg
 from sqlalchemy import event, update
 
-from gateway.dashboard.queries import run_detail
-from gateway.timeline import run_timeline
-from services.core.config import GymConfig
-from services.core.jobs import JobRunnerBase
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
-from services.core.presets import preset_policy
-from services.core.store import Store
-from services.core.tables import LedgerEntry, utcnow
+from ops.dashboard.queries import run_detail
+from ops.timeline import run_timeline
+from kit.config import GymConfig
+from kit.jobs import JobRunnerBase
+from access.keys import KeyRegistry
+from billing.ledger import Ledger
+from access.presets import preset_policy
+from storage.store import Store
+from storage.tables import LedgerEntry, utcnow
 
 
 @contextmanager

@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from services.core.config import LedgerConfig
-from services.core.ledger import Ledger, StepMeter
-from services.core.store import Store
-from services.core.tables import LedgerEntry, utcnow
+from kit.config import LedgerConfig
+from billing.ledger import Ledger, StepMeter
+from storage.store import Store
+from storage.tables import LedgerEntry, utcnow
 from services.sandbox.metering import SliceMeter
 from tests.integration.test_ledger import account, make_key
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.core.config import BaseModel_
+from kit.config import BaseModel_
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.inference.backends.local import LocalEngine
 from services.models.chat_format import render_prompt

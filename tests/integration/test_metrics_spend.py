@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.builder import Gym
+from ops.builder import Gym
 from tests.conftest import admin_headers, bearer, client_for, create_key
 
 

@@ -11,16 +11,16 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from services.core.settings import StoreSettings
-from services.core.store import Store, alembic_config
+from kit.settings import StoreSettings
+from storage.store import Store, alembic_config
 from tests.conftest import PG_URL
 
 REPLICAS = 4
 REPLICA = """
 import sys, time
 from pathlib import Path
-from services.core.settings import StoreSettings
-from services.core.store import Store
+from kit.settings import StoreSettings
+from storage.store import Store
 store = Store(sys.argv[1], StoreSettings(pool_size=1, max_overflow=0), schema=sys.argv[2])
 go = Path(sys.argv[3])
 print("ready", flush=True)

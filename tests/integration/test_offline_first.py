@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.core.config import GymConfig, load_config, missing_provider_keys
+from kit.config import GymConfig, load_config, missing_provider_keys
 from tests.conftest import TEACHER_ENV, admin_headers, bearer, client_for, create_key, gym_config
 
 ABSENT = ("RSIGYM_TEST_ABSENT_KEY_A", "RSIGYM_TEST_ABSENT_KEY_B")

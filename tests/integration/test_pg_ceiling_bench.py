@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import func, select
 
 from bench._pg_ceiling import one_caller_ceiling, one_caller_script, server_ceiling
-from services.core.config import GymConfig
-from services.core.keys import KeyRegistry
-from services.core.presets import preset_policy
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry
+from kit.config import GymConfig
+from access.keys import KeyRegistry
+from access.presets import preset_policy
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry
 from tests.conftest import PG_URL
 
 ESTIMATE, ACTUAL = 1_000, 700

@@ -1,4 +1,4 @@
-"""Pipelined batches (services/core/group_commit.py ``Pipelined``): on PostgreSQL a batch sends every
+"""Pipelined batches (storage/group_commit.py ``Pipelined``): on PostgreSQL a batch sends every
 run-key reservation's and every settlement's statement before reading any answer; nothing about
 money changes for it, and a statement that fails in the middle fails its own caller only.
 
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from sqlalchemy import exc, func, select, text
 
-from services.core.errors import BudgetExhausted, StoreUnavailable
-from services.core.group_commit import Pipelined
-from services.core.ledger import Ledger
-from services.core.store import Store, Work
-from services.core.tables import LedgerEntry
+from kit.errors import BudgetExhausted, StoreUnavailable
+from storage.group_commit import Pipelined
+from billing.ledger import Ledger
+from storage.store import Store, Work
+from storage.tables import LedgerEntry
 from tests.integration.test_group_commit import Callers, held_leader, queued, wait_until
 from tests.integration.test_ledger import account, make_key
 

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import gateway.app
-from gateway.builder import Gym
+from ops.builder import Gym
 from gateway.proxy_dispatch import GATEWAY_SEGMENTS, ProxyDispatch
-from services.core.errors import PermissionDenied
+from kit.errors import PermissionDenied
 from tests.conftest import bearer, client_for, create_key
 
 CHAT = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from services.core.events import (
+from services.records.events import (
     CALL_REFUSED,
     CHECKPOINT_REGISTERED,
     DATASET_REGISTERED,
@@ -32,8 +32,8 @@ from services.core.events import (
     EventLog,
     RecordEvent,
 )
-from services.core.keys import KeyRegistry
-from services.core.policy import Policy
+from access.keys import KeyRegistry
+from access.policy import Policy
 from services.training.tables import TrainingJob
 from tests.fakes.live_gym import LiveGym, harness_archive, live_gym, mini_benchmark
 

@@ -13,16 +13,16 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from gateway.builder import Gym
-from services.core.events import (
+from ops.builder import Gym
+from services.records.events import (
     CHECKPOINT_REGISTERED,
     DATASET_REGISTERED,
     EVALUATION_JOB,
     TRAINING_JOB,
     EventLog,
 )
-from services.core.experiments import Experiment, ExperimentRegistry
-from services.core.store import Store
+from services.records.experiments import Experiment, ExperimentRegistry
+from storage.store import Store
 from tests.conftest import bearer, client_for, create_key
 
 SHA_A, SHA_B = "a" * 64, "b" * 64

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from services.core import deadlines, rate_limits
-from services.core.errors import RunEnded
-from services.core.events import RUN_ENDED, EventLog
-from services.core.identity import Identity
-from services.core.tables import LedgerEntry
+from billing import deadlines, rate_limits
+from kit.errors import RunEnded
+from services.records.events import RUN_ENDED, EventLog
+from kit.identity import Identity
+from storage.tables import LedgerEntry
 from services.rollout.metering import estimate_chat_tokens
 from services.sandbox.tables import SandboxRow
 from services.training.tables import TrainingJob
@@ -118,7 +118,7 @@ def test_deadline_requests_are_validated(gym: Any) -> None:
 def test_cli_keys_create_deadline(gym: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from gateway.cli import main as cli
+    from ops.cli import main as cli
 
     client = client_for(gym)
 

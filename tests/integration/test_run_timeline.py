@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from gateway.cli.admin_client import AdminClient
-from services.core.events import TRAINING_JOB, EventLog, RecordEvent
-from services.core.experiments import Experiment, ExperimentRegistry
-from services.core.ids import new_id
-from services.core.settings import GymSettings
-from services.core.store import Store
+from ops.cli.admin_client import AdminClient
+from services.records.events import TRAINING_JOB, EventLog, RecordEvent
+from services.records.experiments import Experiment, ExperimentRegistry
+from kit.ids import new_id
+from kit.settings import GymSettings
+from storage.store import Store
 from services.evaluation.report import timeline_from_api
 from services.training.tables import TrainingJob
 from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for, create_key

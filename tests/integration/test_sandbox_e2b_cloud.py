@@ -21,10 +21,10 @@ import httpx
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from services.core.config import GymConfig, SandboxConfig, SandboxTemplate
-from services.core.errors import NotFound, ServiceUnavailable, Unprocessable
-from services.core.settings import GymSettings, ProviderSecrets
-from services.core.spec import ServiceContext
+from kit.config import GymConfig, SandboxConfig, SandboxTemplate
+from kit.errors import NotFound, ServiceUnavailable, Unprocessable
+from kit.settings import GymSettings, ProviderSecrets
+from kit.spec import ServiceContext
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.e2b_cloud import E2BCloudBackend
 from tests.conftest import TEACHER_ENV, create_key, gym_config

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.config import SandboxTemplate
+from kit.config import SandboxTemplate
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import LocalBackend
 from tests.fakes.sandbox_commands import run_in_sandbox

@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from services.core.checkpoints import Checkpoint, CheckpointRegistry
-from services.core.config import BaseModel_
-from services.core.errors import ServiceUnavailable, Unprocessable, UpstreamError
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger, StepMeter
-from services.core.money import token_cost_nusd
-from services.core.config import GymConfig
-from services.core.presets import preset_policy
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
-from services.core.tables import ApiKey
+from services.training.checkpoints import Checkpoint, CheckpointRegistry
+from kit.config import BaseModel_
+from kit.errors import ServiceUnavailable, Unprocessable, UpstreamError
+from access.keys import KeyRegistry
+from billing.ledger import Ledger, StepMeter
+from billing.money import token_cost_nusd
+from kit.config import GymConfig
+from access.presets import preset_policy
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
+from storage.tables import ApiKey
 from services.inference.backends.base import Adapter, Sampling
 from services.inference.backends.local import LocalEngine
 from services.inference.backends.tinker import TinkerEngine

@@ -1,5 +1,5 @@
 """A SQLite store copies its WAL back into the database on a thread of its own
-(services/core/sqlite_checkpoints.py): commits no longer stop for a checkpoint's ``fsync``s, and
+(storage/sqlite_checkpoints.py): commits no longer stop for a checkpoint's ``fsync``s, and
 nothing committed is lost or left only in the WAL once writes stop."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from services.core import sqlite_checkpoints
-from services.core.config import GymConfig
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger
-from services.core.presets import preset_policy
-from services.core.settings import StoreSettings
-from services.core.sqlite_checkpoints import Checkpointer
-from services.core.store import Store, sqlite_url
+from storage import sqlite_checkpoints
+from kit.config import GymConfig
+from access.keys import KeyRegistry
+from billing.ledger import Ledger
+from access.presets import preset_policy
+from kit.settings import StoreSettings
+from storage.sqlite_checkpoints import Checkpointer
+from storage.store import Store, sqlite_url
 
 DEADLINE_S = 30.0
 

@@ -12,13 +12,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import update
 
-from services.core.concurrency import ConcurrencySlots
-from services.core.errors import AuthenticationFailed, ConcurrencyLimited, KeyRevoked
-from services.core.keys import KeyRegistry
-from services.core.config import GymConfig
-from services.core.presets import TRACKS, preset_policy
-from services.core.store import Store
-from services.core.tables import Base, ConcurrencyLease, utcnow
+from billing.concurrency import ConcurrencySlots
+from kit.errors import AuthenticationFailed, ConcurrencyLimited, KeyRevoked
+from access.keys import KeyRegistry
+from kit.config import GymConfig
+from access.presets import TRACKS, preset_policy
+from storage.store import Store
+from storage.tables import Base, ConcurrencyLease, utcnow
 
 
 def test_migrations_produce_exactly_the_models(store: Store) -> None:

@@ -24,8 +24,8 @@ import pytest
 from harbor.models.task.config import TaskConfig
 from harbor.models.trajectories import Trajectory
 
-from services.core.keys import KeyRegistry
-from services.core.policy import Policy
+from access.keys import KeyRegistry
+from access.policy import Policy
 from services.evaluation.benchmarks import TaskRef, load_benchmark
 from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial
 from tests.conftest import create_key

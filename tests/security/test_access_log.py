@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.builder import Gym
-from services.core.config import LoggingConfig
+from ops.builder import Gym
+from kit.config import LoggingConfig
 from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for, create_key, gym_config
 
 

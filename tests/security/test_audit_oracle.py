@@ -23,9 +23,9 @@ import pytest
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from services.core.events import AUDIT_RESULT, EventLog
-from services.core.experiments import Experiment
+from ops.cli.main import app as operator_cli
+from services.records.events import AUDIT_RESULT, EventLog
+from services.records.experiments import Experiment
 from services.records.audits.agent_view import WITHHELD
 from services.records.audits.contamination import normalise
 from tests.conftest import ADMIN_TOKEN

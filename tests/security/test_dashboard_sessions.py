@@ -1,5 +1,5 @@
 """The dashboard's server-side sessions, CSRF tokens and login rate limit, attacked over HTTP on
-SQLite and PostgreSQL (gateway/dashboard/session.py, login_limit.py).
+SQLite and PostgreSQL (ops/dashboard/session.py, login_limit.py).
 
 The attacker holds a copy of an operator's session cookie (taken before a logout), posts forms
 from another site (no CSRF token, or one it made up), or guesses admin tokens. "Replicas" are
@@ -21,16 +21,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from gateway.builder import Gym
-from gateway.dashboard.app import create_dashboard_app
-from gateway.dashboard.login_limit import LoginLimiter
-from gateway.dashboard.session import COOKIE, LOGIN_COOKIE, PATH, Sessions, id_hash, session_key
-from gateway.dashboard.settings import DashboardSettings
-from services.core.errors import RateLimited
-from services.core.operator_sessions import DashboardSession, LoginFailureCounter
-from services.core.settings import StoreSettings
-from services.core.store import Store
-from services.core.tables import utcnow
+from ops.builder import Gym
+from ops.dashboard.app import create_dashboard_app
+from ops.dashboard.login_limit import LoginLimiter
+from ops.dashboard.session import COOKIE, LOGIN_COOKIE, PATH, Sessions, id_hash, session_key
+from ops.dashboard.settings import DashboardSettings
+from kit.errors import RateLimited
+from access.operator_sessions import DashboardSession, LoginFailureCounter
+from kit.settings import StoreSettings
+from storage.store import Store
+from storage.tables import utcnow
 from tests.conftest import ADMIN_TOKEN
 
 HTML = {"Accept": "text/html"}

@@ -21,12 +21,12 @@ import pytest
 
 from sqlalchemy import select
 
-from gateway.builder import Gym
-from services.core.config import GymConfig, SandboxTemplate, StorageConfig
-from services.core.errors import PayloadTooLarge, QuotaExceeded
-from services.core.ids import new_id
-from services.core.storage_quota import StorageQuota
-from services.core.store import Store
+from ops.builder import Gym
+from kit.config import GymConfig, SandboxTemplate, StorageConfig
+from kit.errors import PayloadTooLarge, QuotaExceeded
+from kit.ids import new_id
+from billing.storage_quota import StorageQuota
+from storage.store import Store
 from services.evaluation.tables import EvaluationJob, TrialResultRow
 from services.evaluation.trials import TrialOutcome
 from tests.conftest import admin_headers, bearer, client_for, create_key, gym_config

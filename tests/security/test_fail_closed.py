@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from tests.conftest import PG_URL, admin_headers, bearer, client_for, create_key
 from tests.fakes.tcp_proxy import TcpProxy
 

@@ -24,11 +24,11 @@ import pytest
 from sqlalchemy import func, select
 
 import rsigym
-from services.core.ids import new_id
-from services.core.jobs import JobRunnerBase
-from services.core.settings import JobSettings
-from services.core.store import Store
-from services.core.tables import ApiKey, LedgerEntry, utcnow
+from kit.ids import new_id
+from kit.jobs import JobRunnerBase
+from kit.settings import JobSettings
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry, utcnow
 from services.training.tables import TrainingJob
 from tests.conftest import create_key, gym_config
 from tests.fakes.servers import serve_gym

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from services.core.config import SandboxConfig
+from kit.config import SandboxConfig
 from tests.conftest import require_bwrap
 from tests.fakes.live_gym import LiveGym, harness_archive, live_gym, mini_benchmark
 

@@ -19,7 +19,7 @@ tests/security/test_stream_bounds.py and bench/load.py reach them).
 Hypothesis writes Unicode text only, so the text no parser should take is sent by hand: a lone
 surrogate (escaped, or encoded as UTF-8 bytes), overlong UTF-8, a stray byte and NUL, in a body
 to every route with a body in every document (never a 5xx; refused where the body is parsed,
-services/core/request_json.py), in a chat to each model route (refused before anything is billed)
+kit/request_json.py), in a chat to each model route (refused before anything is billed)
 and in the daemon's RPC messages.
 """
 
@@ -40,12 +40,12 @@ from hypothesis.errors import Unsatisfiable
 from pydantic import BaseModel
 from schemathesis import GenerationMode
 
-from gateway.builder import Gym, build_embedded
-from services.core import request_json
-from services.core.config import GymConfig
-from services.core.request_json import unholdable
-from services.core.settings import GymSettings, ProviderSecrets, StoreSettings
-from services.core.store import Store, sqlite_url
+from ops.builder import Gym, build_embedded
+from kit import request_json
+from kit.config import GymConfig
+from kit.request_json import unholdable
+from kit.settings import GymSettings, ProviderSecrets, StoreSettings
+from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.fakes.servers import serve_gym
 
@@ -282,7 +282,7 @@ def test_amounts_beyond_the_ledger_are_refused(target: Target, path: str, body: 
     assert after == before  # nothing was added, the key still answers
 
 
-# -- text no JSON parser should take: every body gets a 4xx, never a 5xx (services/core/request_json.py) --
+# -- text no JSON parser should take: every body gets a 4xx, never a 5xx (kit/request_json.py) --
 
 BAD_TEXT: dict[str, tuple[bytes, int]] = {
     # name: (a JSON string literal as the attacker writes it into the body, the refusal's status)

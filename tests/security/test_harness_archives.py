@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.errors import Conflict, InvalidRequest, Unprocessable
+from kit.errors import Conflict, InvalidRequest, Unprocessable
 from services.evaluation import archives
 from services.evaluation.archives import ArchiveLimits, HarnessManifest, build_archive, extract_archive, inspect_archive
 

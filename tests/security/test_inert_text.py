@@ -1,4 +1,4 @@
-"""Agent-written text is inert wherever an operator reads it (services/core/display_text.py).
+"""Agent-written text is inert wherever an operator reads it (kit/display_text.py).
 
 The attacker is the research agent: it names what it makes (child keys, experiments, datasets,
 harness files), writes annotations and talks to its own model, and puts in those strings what
@@ -26,10 +26,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from gateway.builder import Gym
-from gateway.cli.main import app as operator_cli
-from gateway.launcher import RunRecord, runs_root
-from services.core.config import GymConfig, LoggingConfig
+from ops.builder import Gym
+from ops.cli.main import app as operator_cli
+from ops.launcher import RunRecord, runs_root
+from kit.config import GymConfig, LoggingConfig
 from services.evaluation.report import build_report_rows, group_rows, write_report
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, bearer, client_for, create_key, gym_config
 from tests.fakes.servers import serve_gym

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import launcher
-from services.core.host_uids import POOL_SIZE
-from services.core.config import SandboxConfig
+from ops import launcher
+from kit.host_uids import POOL_SIZE
+from kit.config import SandboxConfig
 from tests.conftest import IN_CI, ADMIN_TOKEN
 from tests.e2e.test_launcher import live, report, rsigym, wait_for_exit  # noqa: F401 - the live-gym fixture
 

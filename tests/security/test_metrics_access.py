@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.builder import Gym
+from ops.builder import Gym
 from tests.conftest import admin_headers, bearer, client_for, create_key
 
 SCRAPE_TOKEN = "rsm-scrape-token-for-prometheus"

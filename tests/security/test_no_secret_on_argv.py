@@ -111,7 +111,7 @@ def test_no_process_the_gym_starts_has_a_secret_on_its_command_line(live: LiveGy
     assert report(rsigym("run", "logs", launched))["balance"][0] == 200  # the key did reach the agent
     # The watcher saw the processes the gym started: bubblewrap for the launched agent, the
     # sandbox, the trial and the loss, the supervisor, the agent itself.
-    assert watch.started(b"bwrap") >= 4 and watch.started(b"gateway.launcher\0supervise") == 1, watch.seen
+    assert watch.started(b"bwrap") >= 4 and watch.started(b"ops.launcher\0supervise") == 1, watch.seen
     assert watch.started(b"/agent/scripted.py") >= 1
     assert watch.leaks == [], [(pid, cmd.replace(b"\0", b" ")[:300]) for pid, cmd in watch.leaks]
     rsigym("run", "stop", launched)  # ends the run at the gateway too

@@ -29,9 +29,9 @@ import pytest
 from typer.testing import CliRunner
 
 import rsigym
-from gateway.cli.main import app as operator_cli
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from ops.cli.main import app as operator_cli
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.task_generators import public_draw, render_task

@@ -1,5 +1,5 @@
 """The gym's calls to itself never go through the egress proxy the environment names
-(services/core/no_proxy.py).
+(kit/no_proxy.py).
 
 The attacker here is the proxy, or whoever reads its logs. An operator points ``HTTP_PROXY``,
 ``HTTPS_PROXY`` and ``ALL_PROXY`` at the lab's egress proxy, so that provider calls can leave.
@@ -22,9 +22,9 @@ import pytest
 from pyqwest import HTTPTransport as ReqwestTransport
 from pyqwest.httpx import AsyncPyqwestTransport
 
-from gateway.builder import build_gateway
-from services.core.no_proxy import PROXY_VARIABLES, keep_off_proxies
-from services.core.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway
+from kit.no_proxy import PROXY_VARIABLES, keep_off_proxies
+from kit.settings import GymSettings, StoreSettings
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.gym_process import gym_process
 from tests.fakes.live_gym import mini_benchmark

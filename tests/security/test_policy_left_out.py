@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from gateway.builder import Gym, service_modules
-from services.core.config import GymConfig
-from services.core.errors import PermissionDenied
-from services.core.policy import Policy, apply_chain, fill_left_out
+from ops.builder import Gym, service_modules
+from kit.config import GymConfig
+from kit.errors import PermissionDenied
+from access.policy import Policy, apply_chain, fill_left_out
 from tests.conftest import bearer, client_for, create_key
 
 CHAT = {"model": "teacher", "messages": [{"role": "user", "content": "Write a long essay."}]}

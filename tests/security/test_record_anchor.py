@@ -1,5 +1,5 @@
 """A record chain cut back to an older head is caught by the head's anchor outside the store
-(services/core/record_anchor.py): on SQLite with the embedded file anchor, on PostgreSQL with the
+(services/records/record_anchor.py): on SQLite with the embedded file anchor, on PostgreSQL with the
 Redis anchor.
 
 The attacker has write access to the store but neither the internal secret nor the anchor: it
@@ -26,11 +26,11 @@ import redis
 from sqlalchemy import delete, update
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from services.core.events import TRAINING_JOB, EventLog, RecordEvent, RecordHead
-from services.core.record_anchor import FILE_NAME, FileAnchor, Mark, RecordAnchor, RedisAnchor
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from ops.cli.main import app as operator_cli
+from services.records.events import TRAINING_JOB, EventLog, RecordEvent, RecordHead
+from services.records.record_anchor import FILE_NAME, FileAnchor, Mark, RecordAnchor, RedisAnchor
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN, PG_URL, admin_headers, bearer, create_key, gym_config, require_redis
 from tests.fakes.servers import serve_gym
 

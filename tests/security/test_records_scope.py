@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.builder import Gym
+from ops.builder import Gym
 from gateway.proxy import operator_call
-from services.core.events import CHECKPOINT_REGISTERED, EventLog
-from services.core.experiments import ExperimentRegistry
+from services.records.events import CHECKPOINT_REGISTERED, EventLog
+from services.records.experiments import ExperimentRegistry
 from tests.conftest import bearer, client_for, create_key
 
 

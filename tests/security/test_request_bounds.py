@@ -310,7 +310,7 @@ def test_refusals_are_counted_in_metrics(gym: GymProcess) -> None:
 
 
 def test_defaults_are_documented() -> None:
-    from services.core.config import HttpConfig
+    from kit.config import HttpConfig
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     bounds = doc.split("## Resource bounds", 1)[1].split("\n## ", 1)[0]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core.config import SandboxTemplate
-from services.core.host_uids import pids_of_uid
+from kit.config import SandboxTemplate
+from kit.host_uids import pids_of_uid
 from services.sandbox.backends import local as local_backend
 from services.sandbox.backends.base import SandboxSpec
 from services.sandbox.backends.local import INFO_FILE, LocalBackend

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, select
 
-from services.core.config import GymConfig
+from kit.config import GymConfig
 from tests.conftest import TEACHER_ENV, admin_headers, bearer, client_for, create_key, gym_config
 
 WRONG_ENV = "RSIGYM_TEST_WRONG_KEY"

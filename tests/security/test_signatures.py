@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.core.identity import Identity, sign
+from kit.identity import Identity, sign
 
 BODY = json.dumps({"model": "teacher", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode()
 

@@ -42,7 +42,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     env = {**os.environ, "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN, "RSIGYM_MODELS_DIR": str(MODELS_DIR)}
     env.pop("RSIGYM_CONFIG", None)
     log = (tmp / "gym.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "up", "--data-dir", str(tmp / "data"),
+    proc = subprocess.Popen([sys.executable, "-m", "ops.cli.main", "up", "--data-dir", str(tmp / "data"),
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from gateway.builder import Gym
-from services.core.config import GymConfig
-from services.core.errors import Unprocessable
-from services.core.presets import (
+from ops.builder import Gym
+from kit.config import GymConfig
+from kit.errors import Unprocessable
+from access.presets import (
     budget_usd,
     parse_track,
     preset_policy,
@@ -247,7 +247,7 @@ def test_cli_keys_create_offline_modifier_and_named_budget(tgym: Gym, monkeypatc
 
     from typer.testing import CliRunner
 
-    from gateway.cli import main as cli
+    from ops.cli import main as cli
 
     client = client_for(tgym)
     sent: list[dict[str, Any]] = []

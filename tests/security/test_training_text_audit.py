@@ -31,7 +31,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rsigym
-from gateway.cli.main import app as operator_cli
+from ops.cli.main import app as operator_cli
 from services.models.chat_format import render_prompt
 from services.models.loading import load_tokenizer, resolve_model_dir
 from services.models.training_text import training_example

@@ -23,7 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rsigym
-from gateway.cli.main import app as operator_cli
+from ops.cli.main import app as operator_cli
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.live_gym import LiveGym, harness_archive
 

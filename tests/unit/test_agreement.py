@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.core.errors import Unprocessable
+from kit.errors import Unprocessable
 from services.records.audits.agreement import agreement, cohen_kappa, run_labels
 from services.records.audits.taxonomy import CATEGORY_IDS
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from services.core.config import GymConfig
-from services.core.events import CALL_REFUSED, EVALUATION_JOB, EventLog
-from services.core.settings import ProviderSecrets, StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.config import GymConfig
+from services.records.events import CALL_REFUSED, EVALUATION_JOB, EventLog
+from kit.settings import ProviderSecrets, StoreSettings
+from storage.store import Store, sqlite_url
 from services.records.audits.behaviour import (
     BehaviourMaterial,
     build_prompt,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.benchmarks import Benchmark, Generated, load_benchmark, validate_structure
 from services.evaluation.registry import BenchmarkRegistry
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gateway.cli.progress import build_progress
+from ops.cli.progress import build_progress
 from services.models.tiny import TinyRecipe, build_tiny
 
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_STACK = ("fastapi", "starlette", "uvicorn", "sqlalchemy", "torch", "transformers", "litellm")
 PROBE = """
 import sys
-import gateway.cli.main  # every command registered, as `rsigym --help` sees them
+import ops.cli.main  # every command registered, as `rsigym --help` sees them
 print(" ".join(sorted({m.split(".")[0] for m in sys.modules})))
 """
 
@@ -22,13 +22,13 @@ print(" ".join(sorted({m.split(".")[0] for m in sys.modules})))
 def test_the_operator_cli_imports_no_server_stack() -> None:
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120)
     loaded = set(out.stdout.split())
-    assert "typer" in loaded and "gateway" in loaded  # control: the probe saw the CLI's own imports
+    assert "typer" in loaded and "ops" in loaded  # control: the probe saw the CLI's own imports
     assert loaded.isdisjoint(SERVER_STACK), sorted(loaded & set(SERVER_STACK))
 
 
 def test_an_error_still_becomes_the_standard_response() -> None:
     """The error factory imports its response class when first called."""
-    from services.core.errors import NotFound, error_response
+    from kit.errors import NotFound, error_response
 
     response = error_response(NotFound("no such key", param="key_id"), "req_1")
     assert response.status_code == 404 and response.headers["x-request-id"] == "req_1"

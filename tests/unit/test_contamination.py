@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.core.config import AuditConfig, GymConfig
-from services.core.events import EventLog
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.config import AuditConfig, GymConfig
+from services.records.events import EventLog
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.registry import BenchmarkRegistry
 from services.models.synthetic import pretraining_corpus, subtraction
 from services.records.audits import contamination as c

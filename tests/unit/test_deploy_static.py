@@ -3,7 +3,7 @@ per role) and the agent's Dockerfile, the agent entry point, the example gym con
 chart, the Prometheus scrape config and alert rules, and the Grafana dashboard.
 
 No Docker engine, cluster or Helm binary is needed: the files are parsed and cross-checked against
-the code they start (the ``rsigym`` CLI, ``gateway.builder.service_modules()``, ``load_config``,
+the code they start (the ``rsigym`` CLI, ``ops.builder.service_modules()``, ``load_config``,
 the metrics the code registers) and against each other (compose and the Helm values describe the
 same components with the same environment variable names). Where ``promtool`` is installed
 (Debian package ``prometheus``) the alert rules are also checked and unit-tested with it.
@@ -29,11 +29,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from gateway.builder import service_modules
-from gateway.cli.main import app as operator_cli
+from ops.builder import service_modules
+from ops.cli.main import app as operator_cli
 from gateway.metrics import GatewayMetrics
-from services.core import errors as gym_errors
-from services.core.config import load_config
+from kit import errors as gym_errors
+from kit.config import load_config
 from tests.compose_local import (
     _VAR,
     COMPOSE_FILE,
@@ -101,7 +101,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 EGRESS = "egress"
-"""The per-run egress allowlist proxy (gateway/egress.py): built from the gateway image but not a
+"""The per-run egress allowlist proxy (ops/egress.py): built from the gateway image but not a
 platform part — no store, no secret, started by the compose-mode launcher per run, not in a track."""
 
 
@@ -329,7 +329,7 @@ def test_jobs_go_to_celery_over_the_compose_redis(services: dict[str, dict[str, 
 
 def test_every_part_that_writes_or_checks_records_anchors_them_in_the_compose_redis(
         services: dict[str, dict[str, Any]]) -> None:
-    """Record chains' heads are anchored in Redis when RSIGYM_REDIS_URL is set (services/core/
+    """Record chains' heads are anchored in Redis when RSIGYM_REDIS_URL is set (services/records/
     record_anchor.py): a part without it would anchor to a file of its own, and checks elsewhere
     would read its runs as unverifiable. The chart's parts get the same variables (checked below)."""
     for name in ("gateway", "training", "evaluation", "sandbox", "records", "worker-cpu", "worker-gpu"):
@@ -462,7 +462,7 @@ def assert_real_rsigym_command(where: str, cmd: list[str]) -> None:
     runner = CliRunner()
     assert cmd, f"{where}: give the rsigym subcommand explicitly"
     top = runner.invoke(operator_cli, [cmd[0], "--help"])
-    assert top.exit_code == 0, f"{where}: `rsigym {cmd[0]}` is not a command of gateway/cli/main.py:\n{top.output}"
+    assert top.exit_code == 0, f"{where}: `rsigym {cmd[0]}` is not a command of ops/cli/main.py:\n{top.output}"
     if cmd[0] == "serve":
         assert cmd[1] == "gateway" or cmd[1] in SERVICES, f"{where}: rsigym serve {cmd[1]}: unknown part"
         assert option(cmd, "--host") == ["0.0.0.0"], f"{where} must listen on all interfaces of its container"
@@ -902,7 +902,7 @@ def test_the_migration_jobs_command_migrates_a_fresh_postgres_database(pg_availa
             version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
             tables = set(inspect(conn).get_table_names())
         engine.dispose()
-        heads = sorted(p.name.split("_")[0] for p in (ROOT / "services/core/migrations/versions").glob("0*.py"))
+        heads = sorted(p.name.split("_")[0] for p in (ROOT / "storage/migrations/versions").glob("0*.py"))
         assert version == heads[-1], f"at {version}, newest migration {heads[-1]}"
         assert len(tables) > 5
     finally:
@@ -1188,7 +1188,7 @@ def test_alert_rules_cover_the_issue_and_reference_registered_metrics(metrics: d
 
 
 def test_alert_label_values_are_ones_the_code_emits() -> None:
-    """reason= values are error types of services/core/errors.py (what the gateway counts);
+    """reason= values are error types of kit/errors.py (what the gateway counts);
     status= values are job final states; outcome= values are the reservation outcomes gateway/metrics.py
     declares (the children gateway/proxy.py counts on)."""
     error_types = {cls.type for cls in vars(gym_errors).values()

@@ -25,10 +25,10 @@ from gateway.asgi_transport import StreamingASGITransport
 from gateway.direct_call import DirectResponse, DirectService, DirectStream
 from gateway.proxy import wire_path
 from gateway.service_link import ServiceLink
-from services.core.errors import InvalidRequest
-from services.core.http import json_object
-from services.core.identity import Identity, sign
-from services.core.service_app import CurrentIdentity, create_service_app
+from kit.errors import InvalidRequest
+from kit.http import json_object
+from kit.identity import Identity, sign
+from kit.service_app import CurrentIdentity, create_service_app
 
 SECRET = "kit-secret"
 TIMEOUT = httpx.Timeout(5.0)

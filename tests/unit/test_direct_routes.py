@@ -1,4 +1,4 @@
-"""A service's direct routes (services/core/direct_routes.py) answer exactly what its router would.
+"""A service's direct routes (kit/direct_routes.py) answer exactly what its router would.
 
 The same service app is built twice, once with its hot route taken past FastAPI's router and
 once without, and both are sent the same calls — unsigned, forged, signed for another path, a
@@ -19,11 +19,11 @@ import pytest
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.core.config import GymConfig
-from services.core.errors import InvalidRequest
-from services.core.http import json_object
-from services.core.identity import Identity, sign
-from services.core.service_app import CurrentIdentity, create_service_app
+from kit.config import GymConfig
+from kit.errors import InvalidRequest
+from kit.http import json_object
+from kit.identity import Identity, sign
+from kit.service_app import CurrentIdentity, create_service_app
 
 SECRET = "kit-secret"
 PATH = "/v1/echo"

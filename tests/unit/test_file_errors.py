@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from services.core.config import load_config
-from services.core.file_errors import FileError
-from services.core.presets import policy_from_file
+from kit.config import load_config
+from kit.file_errors import FileError
+from access.presets import policy_from_file
 
 
 def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ops.cli.main", *args], capture_output=True, text=True,
                           timeout=120, env={"PATH": "/usr/bin:/bin", "COLUMNS": "300", "RSIGYM_DATA_DIR": str(tmp_path)})
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core.config import GymConfig, RolloutModel
-from services.core.errors import Unprocessable
+from kit.config import GymConfig, RolloutModel
+from kit.errors import Unprocessable
 from services.evaluation.archives import build_archive
 from services.evaluation.harnesses import MINIMAL_DIR, build_minimal_archive
 from services.records.audits.contamination import Item, benchmark_items

@@ -12,9 +12,9 @@ import pytest
 import uvicorn
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.core.body_limits import server_options
-from services.core.config import GymConfig
-from services.core.http_protocol import COALESCE_BYTES, HeadWithBody
+from kit.body_limits import server_options
+from kit.config import GymConfig
+from kit.http_protocol import COALESCE_BYTES, HeadWithBody
 
 
 class Transport:

@@ -1,5 +1,5 @@
 """A server's startup heap is frozen out of full collections, its garbage first, and young
-passes made rarer (services/core/heap.py)."""
+passes made rarer (kit/heap.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.core.heap import YOUNG_THRESHOLD, prepare_heap
+from kit.heap import YOUNG_THRESHOLD, prepare_heap
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.core.config import GymConfig
-from services.core.errors import UpstreamError
-from services.core.settings import ProviderSecrets
+from kit.config import GymConfig
+from kit.errors import UpstreamError
+from kit.settings import ProviderSecrets
 from services.records.audits.behaviour import HARNESS_CATEGORIES, BehaviourMaterial, check_behaviour, plan_calls
 from services.records.audits.context import AuditContext
 from services.records.audits.judge import JudgeReply, RolloutJudge

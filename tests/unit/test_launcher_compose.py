@@ -1,4 +1,4 @@
-"""Static check of the compose project the launcher writes for each run (gateway/launcher_compose.py):
+"""Static check of the compose project the launcher writes for each run (ops/launcher_compose.py):
 each run has a network of its own, internal, with only that run's agent, its relay to the gateway
 and its egress proxy on it; no secret is in the file; its commands are real ``rsigym`` commands.
 What Docker itself enforces for such a file (no route out of an internal network, DNS answering a
@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gateway.launcher_compose import ComposeTarget, compose_plan, names
+from ops.launcher_compose import ComposeTarget, compose_plan, names
 from tests.compose_local import COMPOSE_FILE, ROOT, networks_of, option
 from tests.unit.test_deploy_static import assert_real_rsigym_command
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.core.config import BaseModel_
+from kit.config import BaseModel_
 from services.models.loading import resolve_model_dir
 from tests.conftest import MODELS_DIR
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.settings import GymSettings, default_models_dir
+from kit.settings import GymSettings, default_models_dir
 from tests import conftest
 
 

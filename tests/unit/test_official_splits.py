@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from services.core.errors import Unprocessable
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.errors import Unprocessable
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.official_splits import SEED_FILE, split_digest
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.task_generators import public_draw

@@ -19,12 +19,12 @@ import pytest
 from rsigym import Gym
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from gateway.cli.main import watched_records
+from ops.cli.main import app as operator_cli
+from ops.cli.main import watched_records
 from services.evaluation.report import build_report_rows
-from services.core.ids import new_id
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.ids import new_id
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.tables import EvaluationJob, ScoreRow
 from services.records.tables import AuditRow
 from tests.conftest import ADMIN_TOKEN, create_key

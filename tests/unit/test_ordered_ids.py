@@ -1,4 +1,4 @@
-"""Time-ordered ids (services/core/ids.py): what the ledger's index locality relies on, and
+"""Time-ordered ids (kit/ids.py): what the ledger's index locality relies on, and
 what keeps them unguessable."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from services.core import ids
-from services.core.tables import LedgerEntry
+from kit import ids
+from storage.tables import LedgerEntry
 
 
 def test_ids_sort_by_the_millisecond_they_were_made(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis) for the policy matcher in ``services/core/policy.py``.
+"""Property-based tests (hypothesis) for the policy matcher in ``access/policy.py``.
 
 The properties pin down what a per-key policy promises:
 
@@ -29,8 +29,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from services.core.errors import PermissionDenied
-from services.core.policy import FieldRule, Policy, ServicePolicy, apply_chain, canonical
+from kit.errors import PermissionDenied
+from access.policy import FieldRule, Policy, ServicePolicy, apply_chain, canonical
 
 # Strategy factories are cached (functools.cache): building a recursive strategy afresh on every
 # draw makes hypothesis re-validate it each time, which costs far more than the tests themselves.

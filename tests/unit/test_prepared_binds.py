@@ -1,4 +1,4 @@
-"""A prepared statement's driver parameters (services/core/store.py ``Prepared.parameters``),
+"""A prepared statement's driver parameters (storage/store.py ``Prepared.parameters``),
 built from a plan made once, against the plain rule they must equal: the statement's constants
 overlaid by the given values, each value through its type's bind processor, in the order the
 driver takes them — for every statement the ledger runs, on SQLite and PostgreSQL."""
@@ -13,8 +13,8 @@ from sqlalchemy import ClauseElement
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
-from services.core import ledger
-from services.core.store import Prepared
+from billing import ledger
+from storage.store import Prepared
 
 NOW = datetime(2026, 12, 5, 7, 1, 2, 345678, tzinfo=UTC)
 ELSEWHERE = datetime(2026, 12, 5, 9, 1, 2, 7, tzinfo=timezone(timedelta(hours=2)))

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from gateway.principals import PrincipalCache, PrincipalFanout
-from services.core.errors import KeyRevoked
-from services.core.fanout import KeyEvent, KeyEvents, Subscriber
-from services.core.keys import KeyRegistry, Principal
-from services.core.config import GymConfig
-from services.core.presets import preset_policy
-from services.core.settings import PrincipalCacheSettings, RedisSettings, StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.errors import KeyRevoked
+from access.fanout import KeyEvent, KeyEvents, Subscriber
+from access.keys import KeyRegistry, Principal
+from kit.config import GymConfig
+from access.presets import preset_policy
+from kit.settings import PrincipalCacheSettings, RedisSettings, StoreSettings
+from storage.store import Store, sqlite_url
 from tests.fakes.servers import free_port
 
 

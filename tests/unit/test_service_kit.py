@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
-from gateway.builder import SERVICES, Gym, service_modules
-from services.core.backends import Registry, UnknownBackend
-from services.core.identity import Identity, sign, verify
-from services.core.keys import KeyRegistry
-from services.core.ledger import Ledger, StepMeter
-from services.core.money import token_cost_nusd
-from services.core.policy import Policy, ServicePolicy
-from services.core.config import GymConfig
-from services.core.presets import preset_policy
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
-from services.core.tables import ApiKey
+from ops.builder import SERVICES, Gym, service_modules
+from kit.backends import Registry, UnknownBackend
+from kit.identity import Identity, sign, verify
+from access.keys import KeyRegistry
+from billing.ledger import Ledger, StepMeter
+from billing.money import token_cost_nusd
+from access.policy import Policy, ServicePolicy
+from kit.config import GymConfig
+from access.presets import preset_policy
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
+from storage.tables import ApiKey
 from services.training.schemas import JobRequest
 from services.training.trainer import Resume, StepReport, StepResult, TrainerError, TrainingInputs, run_training
 from tests.conftest import bearer, client_for, create_key
@@ -66,7 +66,7 @@ def test_a_spec_module_imports_no_app_router_service_backend_torch_or_harbor(ser
 
 
 def test_the_gateway_reaches_every_spec_without_importing_a_service() -> None:
-    modules = _imported_after("from gateway.builder import service_modules\n"
+    modules = _imported_after("from ops.builder import service_modules\n"
                               "specs = {n: m.SPEC for n, m in service_modules().items()}\n"
                               "import gateway.app, gateway.proxy, gateway.admin")
     assert {f"services.{s}.spec" for s in SERVICES} <= modules
@@ -147,7 +147,7 @@ def test_registry_lists_known_names_and_imports_lazy_entries_once() -> None:
 def test_every_backend_name_the_config_allows_has_a_registered_implementation() -> None:
     from typing import get_args
 
-    from services.core.config import BaseModel_, RolloutConfig, SandboxConfig
+    from kit.config import BaseModel_, RolloutConfig, SandboxConfig
     from services.inference.backends import ENGINES
     from services.rollout.backends import ROLLOUT_BACKENDS
     from services.sandbox.backends import SANDBOX_BACKENDS
@@ -356,7 +356,7 @@ def test_a_bad_body_is_a_422_in_the_error_shape_in_every_service(gym: Gym, servi
 
 def test_no_app_of_the_gym_runs_fastapi_telemetry(gym: Gym, monkeypatch: pytest.MonkeyPatch) -> None:
     """The gym's metrics are Prometheus; FastAPI's native OpenTelemetry is off in every app, so a
-    request pays no provider lookups (services/core/http.py ``NO_FASTAPI_TELEMETRY``) and an
+    request pays no provider lookups (kit/http.py ``NO_FASTAPI_TELEMETRY``) and an
     OpenTelemetry provider set in the process records no span of the gym's calls."""
     from opentelemetry import trace
 

@@ -1,7 +1,7 @@
 """A streamed answer whose client stops accepting data is cut after ``send_timeout_s`` of one
 send, and its body iterator is closed (the gateway settles and closes the upstream there); a
 client that is slow on every chunk but never that slow on one gets the whole stream
-(services/core/http.py: ``ClosingStreamingResponse``, ``SendDeadline``)."""
+(kit/http.py: ``ClosingStreamingResponse``, ``SendDeadline``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from services.core.http import ClosingStreamingResponse
+from kit.http import ClosingStreamingResponse
 
 SCOPE = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
          "method": "POST", "path": "/x", "raw_path": b"/x", "query_string": b"", "headers": []}

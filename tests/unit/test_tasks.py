@@ -1,4 +1,4 @@
-"""Tasks (gateway/tasks.py, ``rsigym tasks``): the shipped tasks load and render from the
+"""Tasks (ops/tasks.py, ``rsigym tasks``): the shipped tasks load and render from the
 policy the run key really gets; a bad task.toml is refused naming the file and field; a task
 cannot widen its track's preset."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gateway.cli.main import app
-from gateway.tasks import TASKS, find_task, key_body, list_tasks, render_instruction, task_policy
-from services.core.config import GymConfig, RolloutModel
-from services.core.errors import Unprocessable
-from services.core.presets import preset_policy
+from ops.cli.main import app
+from ops.tasks import TASKS, find_task, key_body, list_tasks, render_instruction, task_policy
+from kit.config import GymConfig, RolloutModel
+from kit.errors import Unprocessable
+from access.presets import preset_policy
 
 BENCHMARKS = TASKS.parent / "benchmarks"
 
@@ -232,7 +232,7 @@ def test_every_shipped_tasks_key_body_creates_its_run_key_and_a_wider_policy_is_
             body = key_body(task, config)
             created = client.post("/admin/v1/keys", json=body, headers=admin_headers())
             assert created.status_code == 201, (task.name, created.text)
-            from services.core.policy import Policy
+            from access.policy import Policy
 
             assert Policy.model_validate(created.json()["policy"]) == task_policy(task, config), task.name
         wider = {"track": "data", "budget_usd": 1,

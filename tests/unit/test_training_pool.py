@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from services.core.config import AuditConfig
-from services.core.errors import Unprocessable
-from services.core.store import Store
+from kit.config import AuditConfig
+from kit.errors import Unprocessable
+from storage.store import Store
 from services.evaluation.benchmarks import pool_questions
 from services.evaluation.official_splits import SEED_FILE
 from services.evaluation.registry import BenchmarkRegistry

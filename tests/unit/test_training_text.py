@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.core.config import GymConfig
+from kit.config import GymConfig
 from services.models.loading import load_tokenizer, resolve_model_dir
 from services.models.training_text import structure_problem, tokenizer_markup, training_text
 from services.records.audits.contamination import dataset_rows, normalise

@@ -1,4 +1,4 @@
-"""``UTCDateTime`` on SQLite formats its text in one call (services/core/tables.py). SQLite compares
+"""``UTCDateTime`` on SQLite formats its text in one call (storage/tables.py). SQLite compares
 timestamps as text (a reservation's expiry, say), so the text must be exactly what SQLAlchemy's
 SQLite ``DATETIME`` wrote before, for every value, and a naive datetime is still refused."""
 
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import TypeDecorator
 from sqlalchemy.dialects import sqlite
 
-from services.core.tables import UTCDateTime
+from storage.tables import UTCDateTime
 
 VALUES = [
     datetime(2026, 12, 3, 15, 0, 0, tzinfo=UTC),  # no microseconds: still six digits

@@ -14,12 +14,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from gateway.cli.main import app as operator_cli
-from gateway.cli.watch import render, turn_summary
-from services.core import agent_turns
-from services.core.ids import new_id
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from ops.cli.main import app as operator_cli
+from ops.cli.watch import render, turn_summary
+from services.records import agent_turns
+from kit.ids import new_id
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.tables import EvaluationJob
 from services.training.tables import TrainingJob
 from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, create_key

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.core.config import BaseModel_
+from kit.config import BaseModel_
 
 
 @dataclass(frozen=True)

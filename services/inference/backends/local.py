@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.core.config import BaseModel_
+from kit.config import BaseModel_
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.models.chat_format import IM_END
 from services.models.loading import load_model, load_tokenizer, resolve_model_dir, torch_device

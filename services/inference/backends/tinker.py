@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.core.config import BaseModel_
-from services.core.errors import GymError, InvalidRequest, ServiceUnavailable, Unprocessable, UpstreamError, UpstreamTimeout
+from kit.config import BaseModel_
+from kit.errors import GymError, InvalidRequest, ServiceUnavailable, Unprocessable, UpstreamError, UpstreamTimeout
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.models.chat_format import IM_END
 from services.models.loading import load_tokenizer, resolve_model_dir

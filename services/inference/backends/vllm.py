@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from services.core.config import BaseModel_
-from services.core.errors import GymError, ServiceUnavailable, UpstreamError, UpstreamTimeout
+from kit.config import BaseModel_
+from kit.errors import GymError, ServiceUnavailable, UpstreamError, UpstreamTimeout
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.models.chat_format import EOT, IM_END
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from services.core.errors import Unprocessable
+from kit.errors import Unprocessable
 from services.records.audits.taxonomy import CATEGORY_IDS, CODES, worst
 
 Unit = tuple[str, str]

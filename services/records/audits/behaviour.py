@@ -2,7 +2,7 @@
 
 Two sources speak about each of the twelve categories (services/records/audits/taxonomy.py):
 
-* **the platform** — every ``call.refused`` event (services/core/events.py) is an attempt the
+* **the platform** — every ``call.refused`` event (services/records/events.py) is an attempt the
   gym blocked, so it yields ``ATTEMPTED_BLOCKED`` in the category :data:`REFUSAL_RULES` maps
   it to, with no judge involved;
 * **the judge** — a rollout catalogue model (``GymConfig.audit.judge_model``) reads the run's
@@ -46,8 +46,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from services.core.errors import GymError
-from services.core.events import (
+from kit.errors import GymError
+from services.records.events import (
     CALL_REFUSED,
     EVALUATION_JOB,
     EXPERIMENT_CREATED,
@@ -55,7 +55,7 @@ from services.core.events import (
     TRAINING_JOB,
     RecordEvent,
 )
-from services.core.redact import redact
+from kit.redact import redact
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding, Verdict
 from services.records.audits.judge import Judge
@@ -94,7 +94,7 @@ class RefusalRule:
     where: str | None = None
     """gateway | door | service"""
     errors: tuple[str, ...] = ()
-    """error types (services/core/errors.py), any of them"""
+    """error types (kit/errors.py), any of them"""
     statuses: tuple[int, ...] = ()
     words: tuple[str, ...] = ()
     """any of them, lower-case, in the event's rule, param, path, operation or service"""

@@ -65,7 +65,7 @@ from services.models.training_text import training_text
 from services.records.audits.findings import CheckResult, Finding
 
 if TYPE_CHECKING:
-    from services.core.store import Store
+    from storage.store import Store
     from services.evaluation.registry import BenchmarkRegistry
     from services.records.audits.context import AuditContext
 
@@ -379,7 +379,7 @@ def benchmark_items(source: Store | BenchmarkRegistry | Benchmark | Path | str |
     """Items of every benchmark in ``source``: a Store or BenchmarkRegistry (every registered
     benchmark, from its registered copy), a Benchmark, a benchmark directory or ``.tar.gz``, a
     directory of benchmark directories (like ``benchmarks/``), or an iterable of these."""
-    from services.core.store import Store
+    from storage.store import Store
     from services.evaluation.registry import BenchmarkRegistry
     from services.evaluation.tables import BenchmarkRow
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.core.config import GymConfig
-from services.core.events import EventLog, RecordEvent
-from services.core.settings import ProviderSecrets
-from services.core.store import Store
+from kit.config import GymConfig
+from services.records.events import EventLog, RecordEvent
+from kit.settings import ProviderSecrets
+from storage.store import Store
 
 
 @dataclass

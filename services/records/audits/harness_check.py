@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from services.core.config import GymConfig
-from services.core.errors import GymError
+from kit.config import GymConfig
+from kit.errors import GymError
 from services.evaluation.archives import ArchiveLimits, inspect_archive
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.tables import HarnessRow

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.core.config import GymConfig, RolloutConfig, RolloutModel
-from services.core.money import nusd_to_usd
-from services.core.settings import ProviderSecrets
+from kit.config import GymConfig, RolloutConfig, RolloutModel
+from billing.money import nusd_to_usd
+from kit.settings import ProviderSecrets
 from services.rollout.backends.litellm_backend import LiteLLMBackend
 from services.rollout.metering import call_cost_nusd, catalogue_model
 from services.rollout.schemas import ChatRequest
@@ -112,9 +112,9 @@ class GatewayJudge:
     def _auditor_key(self, keys: Any) -> str:
         from sqlalchemy import select
 
-        from services.core.money import usd_to_nusd
-        from services.core.policy import Policy
-        from services.core.tables import ApiKey
+        from billing.money import usd_to_nusd
+        from access.policy import Policy
+        from storage.tables import ApiKey
 
         with self.store.transaction() as s:
             key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == AUDITOR_KEY_NAME, ApiKey.parent_id.is_(None),
@@ -129,9 +129,9 @@ class GatewayJudge:
     async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
         import httpx
 
-        from services.core.errors import UpstreamError
-        from services.core.keys import KeyRegistry
-        from services.core.policy import Policy
+        from kit.errors import UpstreamError
+        from access.keys import KeyRegistry
+        from access.policy import Policy
 
         keys = KeyRegistry(self.store)
         policy = Policy.model_validate({"services": {"rollout": {"models": [self.model_name], "max_concurrency": 1}}})

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from services.core.events import TRAINING_JOB
+from services.records.events import TRAINING_JOB
 
 if TYPE_CHECKING:
     from services.records.audits.context import AuditContext
@@ -160,7 +160,7 @@ def loss_tokenizer(ctx: AuditContext, loss: LossSource) -> tuple[Any, str | None
     if not has_token_ids(loss):
         return None, None
     try:
-        from services.core.settings import default_models_dir
+        from kit.settings import default_models_dir
         from services.models.loading import load_tokenizer, resolve_model_dir
 
         base = ctx.config.base_model(loss.base_model)
@@ -175,7 +175,7 @@ def loss_tokenizer(ctx: AuditContext, loss: LossSource) -> tuple[Any, str | None
 def lineage_losses(ctx: AuditContext, checkpoint_id: str | None) -> set[str]:
     """The keys (``loss:<sha256>``) of the custom losses any link of the checkpoint's chain was
     trained with, from the checkpoint registry."""
-    from services.core.checkpoints import Checkpoint
+    from services.training.checkpoints import Checkpoint
 
     keys: set[str] = set()
     seen: set[str] = set()

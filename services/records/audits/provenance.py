@@ -1,7 +1,7 @@
 """The provenance audit: the submitted system is what this run built through the platform.
 
 Registry rows (checkpoints, harnesses) are what the services serve; platform events
-(services/core/events.py) are the hash-chained record of how they came to be; the bytes on disk
+(services/records/events.py) are the hash-chained record of how they came to be; the bytes on disk
 are what actually runs. The audit holds the three against each other for every link of the
 submitted checkpoint's chain (checkpoint → parent → … → base model):
 
@@ -12,7 +12,7 @@ submitted checkpoint's chain (checkpoint → parent → … → base model):
 * from a base model the run's track allows (the run key's ``training`` policy: ``models = "*"``
   means any base the gym offers; a fixed or allowed ``base_model`` field rule narrows it), the same
   base as its parent and as the chain's root;
-* weights on disk hash (services/core/checkpoints.py ``hash_dir``) to the registry's and the
+* weights on disk hash (services/training/checkpoints.py ``hash_dir``) to the registry's and the
   event's hash — a missing directory is a flag;
 * every dataset it was trained on (``dataset_hashes``) registered in this run's records.
 
@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.core.checkpoints import Checkpoint, hash_dir
-from services.core.events import (CHECKPOINT_REGISTERED, DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB,
+from services.training.checkpoints import Checkpoint, hash_dir
+from services.records.events import (CHECKPOINT_REGISTERED, DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB,
                                   RecordEvent)
-from services.core.policy import Policy
-from services.core.tables import ApiKey
+from access.policy import Policy
+from storage.tables import ApiKey
 from services.evaluation.tables import HarnessRow
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding

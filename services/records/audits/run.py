@@ -30,12 +30,12 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from services.core.display_text import markdown_inline
-from services.core.events import AUDIT_RESULT, DATASET_REGISTERED, TRAINING_JOB
-from services.core.experiments import Experiment
-from services.core.ids import new_id
-from services.core.private_files import write_private
-from services.core.tables import utcnow
+from kit.display_text import markdown_inline
+from services.records.events import AUDIT_RESULT, DATASET_REGISTERED, TRAINING_JOB
+from services.records.experiments import Experiment
+from kit.ids import new_id
+from storage.private_files import write_private
+from storage.tables import utcnow
 from services.records.audits import agent_view
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
@@ -85,7 +85,7 @@ def _run_datasets(ctx: AuditContext) -> tuple[list[tuple[str, str]], dict[str, s
 def _checkpoint_experiment(ctx: AuditContext, checkpoint_id: str | None) -> str | None:
     if not checkpoint_id:
         return None
-    from services.core.checkpoints import Checkpoint
+    from services.training.checkpoints import Checkpoint
 
     with ctx.store.transaction() as s:
         row = s.get(Checkpoint, checkpoint_id)
@@ -169,7 +169,7 @@ def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None =
     """Every check; ``sample_nonce`` (default: a fresh random one) picks the training rows the
     judge reads — pass a report's ``meta.training_sample.nonce`` to read the same rows again."""
     from services.records.audits.behaviour import check_behaviour, gather_material
-    from services.core.agent_turns import render_text, run_turns
+    from services.records.agent_turns import render_text, run_turns
     from services.records.audits.contamination import benchmark_items, check_contamination
     from services.records.audits.harness_check import check_harness
     from services.records.audits.provenance import chain_findings, check_provenance
@@ -271,7 +271,7 @@ def _attribute_contamination(ctx: AuditContext, result: CheckResult, datasets: l
 
 
 def _experiment_provenance(ctx: AuditContext, submission: dict[str, Any] | None) -> list[CheckResult]:
-    from services.core.checkpoints import Checkpoint
+    from services.training.checkpoints import Checkpoint
     from services.records.audits.provenance import check_provenance
 
     submitted = submission.get("checkpoint") if submission else None
@@ -297,7 +297,7 @@ def _configured_judge(ctx: AuditContext) -> Any:
     name = ctx.config.audit.judge_model
     if not name:
         return None
-    from services.core.settings import ProviderSecrets
+    from kit.settings import ProviderSecrets
     from services.records.audits.judge import GatewayJudge, RolloutJudge
 
     if ctx.gateway_url:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.core.events import TRAINING_JOB
+from services.records.events import TRAINING_JOB
 from services.records.audits.context import AuditContext
 
 MAX_LINKS = 1000
@@ -35,7 +35,7 @@ MAX_LINKS = 1000
 def lineage_experiments(ctx: AuditContext, checkpoint_id: str | None) -> list[str]:
     """The experiments that produced the links of ``checkpoint_id``'s chain, base model first
     (each once), from the checkpoint registry."""
-    from services.core.checkpoints import Checkpoint
+    from services.training.checkpoints import Checkpoint
 
     found: list[str] = []
     seen: set[str] = set()

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from services.core.backends import Registry
+from kit.backends import Registry
 
 if TYPE_CHECKING:
-    from services.core.spec import ServiceContext
+    from kit.spec import ServiceContext
     from services.rollout.backends.base import RolloutBackend
 
 RolloutFactory = Callable[["ServiceContext"], "RolloutBackend"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from services.core.config import RolloutModel
+from kit.config import RolloutModel
 from services.rollout.schemas import ChatRequest
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from services.core.config import RolloutConfig, RolloutModel
-from services.core.errors import GymError, Unprocessable, UpstreamError, UpstreamRateLimited, UpstreamTimeout
-from services.core.redact import redact
-from services.core.settings import ProviderSecrets
+from kit.config import RolloutConfig, RolloutModel
+from kit.errors import GymError, Unprocessable, UpstreamError, UpstreamRateLimited, UpstreamTimeout
+from kit.redact import redact
+from kit.settings import ProviderSecrets
 from services.rollout.schemas import ChatRequest
 
 

@@ -37,9 +37,9 @@ import httpx
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
-from services.core.config import RolloutConfig, RolloutModel
-from services.core.errors import GymError
-from services.core.settings import ProviderSecrets
+from kit.config import RolloutConfig, RolloutModel
+from kit.errors import GymError
+from kit.settings import ProviderSecrets
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.backends.http1 import (
     Answer,

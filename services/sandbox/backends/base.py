@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from services.core.config import SandboxTemplate
+from kit.config import SandboxTemplate
 
 STREAM_EVENTS = 64
 """Output events a process stream holds for its reader before the producer waits: a reader

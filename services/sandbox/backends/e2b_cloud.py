@@ -54,7 +54,7 @@ from e2b.exceptions import (
 from e2b.sandbox.filesystem.filesystem import EntryInfo, FileType
 from e2b.sandbox.network import ALL_TRAFFIC
 
-from services.core.errors import (
+from kit.errors import (
     GymError,
     NotFound,
     ServiceUnavailable,
@@ -63,7 +63,7 @@ from services.core.errors import (
     UpstreamRateLimited,
     UpstreamTimeout,
 )
-from services.core.spec import ServiceContext
+from kit.spec import ServiceContext
 from services.sandbox.backends.base import STREAM_EVENTS, SandboxSpec
 
 log = logging.getLogger("rsigym.sandbox")

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from services.core.backends import Registry
+from kit.backends import Registry
 
 if TYPE_CHECKING:
-    from services.core.config import BaseModel_
+    from kit.config import BaseModel_
     from services.training.trainer import Trainer
 
 

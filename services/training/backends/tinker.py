@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from services.core.errors import BudgetExhausted
+from kit.errors import BudgetExhausted
 from services.training.backends import TRAINERS, TrainerSetup
 from services.training.batching import IGNORE, encode_examples, shuffled_chunks
 from services.training.trainer import Paid, StepResult, TrainerError, TrainingInputs, lr_factor
@@ -338,7 +338,7 @@ def service_client(secrets: Any) -> Any:
     try:
         import tinker
     except ImportError as err:
-        from services.core.errors import ServiceUnavailable
+        from kit.errors import ServiceUnavailable
 
         raise ServiceUnavailable("tinker base models need the cloud extra: pip install 'rsigym[cloud]'") from err
     return tinker.ServiceClient(api_key=secrets.get(TINKER_KEY_ENV))

@@ -7,7 +7,7 @@ import pytest
 import rsigym
 from rsigym import errors
 
-# The gateway's error vocabulary (services/core/errors.py): several types share a status.
+# The gateway's error vocabulary (kit/errors.py): several types share a status.
 STATUS_CLASSES = [
     (400, rsigym.BadRequestError, "invalid_request_error"),
     (401, rsigym.AuthenticationError, "authentication_error"),

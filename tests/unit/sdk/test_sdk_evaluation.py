@@ -31,8 +31,8 @@ from rsigym import (
 )
 from rsigym.resources.evaluation import harness_archive_bytes
 
-from services.core.settings import StoreSettings
-from services.core.store import Store, sqlite_url
+from kit.settings import StoreSettings
+from storage.store import Store, sqlite_url
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import BenchmarkRow
 from tests.fakes.live_gym import mini_benchmark

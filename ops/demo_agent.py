@@ -1,0 +1,132 @@
+"""``rsigym demo [--agent baseline|dag]`` (``make demo``): a whole track, as an operator runs one.
+
+A throw-away embedded gym, offline (the stand-in serves the teacher, the judge and — for the DAG
+agent — the agent-route model inside the gym); the bundled benchmarks (arithmetic, shell) registered
+and validated; a Joint run launched with ``rsigym run start --task joint-arithmetic --agent A``, its
+progress shown with ``rsigym watch RUN --once`` while it runs; then the operator's side: the run
+audited, its submission scored (avg@3 on the official split, on the operator's budget) and the
+RSI-Index report written. It passes when the agent exited 0, the audit accepted the run and the
+run's RSI-Index is positive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ops.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
+from ops.launcher import show_run
+from kit.display_text import plain
+from kit.settings import default_models_dir
+
+TASK = "joint-arithmetic"
+AGENT_ARGS: dict[str, list[str]] = {
+    # 800 steps at 6e-3: the recipe that learns held-out subtraction on every build of the base (demo.py)
+    "baseline": ["--rows", "1500", "--steps", "800", "--limit", "20", "--votes", "3", "--poll", "1"],
+    "dag": ["--rows", "1500", "--steps", "800", "--limit", "20", "--max-rounds", "1", "--poll", "1"],
+}
+SHORT_ARGS: dict[str, list[str]] = {  # the suite's run: the benchmark cut short, so is the work
+    "baseline": ["--rows", "400", "--steps", "800", "--limit", "4", "--votes", "2", "--poll", "0.5"],
+    "dag": ["--rows", "400", "--steps", "800", "--limit", "4", "--max-rounds", "1", "--poll", "0.5"],
+}
+CONFIG = """[ledger]
+reservation_ttl_s = 600
+
+[[rollout.models]]
+name = "teacher"
+litellm_model = "openai/standin"
+served_by = "standin"
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+
+[[rollout.models]]
+name = "judge"
+litellm_model = "openai/standin"
+served_by = "standin"
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
+
+[[agent_models]]
+name = "lead"
+litellm_model = "openai/standin"
+served_by = "standin"
+input_usd_per_mtok = 3.0
+output_usd_per_mtok = 15.0
+
+[audit]
+judge_model = "judge"
+"""
+
+
+def _index_of(report: dict[str, Any], run_id: str) -> float | None:
+    return next((r["rsi_index"] for r in report.get("runs", []) if r["run_id"] == run_id), None)
+
+
+def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, tasks_per_split: int | None = None,
+                   watch_every_s: float = 20.0) -> int:
+    data = Path(data_dir or tempfile.mkdtemp(prefix=f"rsigym-demo-{agent}-"))
+    data.mkdir(parents=True, exist_ok=True)
+    config = data / "gym.toml"
+    config.write_text(CONFIG)
+    url = f"http://127.0.0.1:{port}"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("RSIGYM_")}
+    models = Path(os.environ.get("RSIGYM_MODELS_DIR") or default_models_dir())
+    platform_env = {**base_env, "RSIGYM_DATA_DIR": str(data), "RSIGYM_MODELS_DIR": str(models)}
+    operator_env = {**base_env, "RSIGYM_URL": url, "RSIGYM_DATA_DIR": str(data)}
+
+    console.rule(f"[bold]RSIGym demo: a Joint run of the {agent} agent")
+    console.print(f"data dir {data}")
+    with background_process([sys.executable, "-m", "ops.cli.main", "up", "--config", str(config), "--data-dir", str(data),
+                   "--port", str(port)], platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
+        console.print(f"[green]gym up[/green] at {url}, offline (stand-in teacher, judge and agent model)")
+        benchmarks = ([BENCHMARKS / name for name in BUNDLED] if tasks_per_split is None
+                      else trimmed_benchmarks(data / "benchmarks", tasks_per_split))
+        for path in benchmarks:  # the audit checks the run's data against every registered benchmark
+            registered = json.loads(rsigym_cli("benchmarks", "register", str(path), "--wait", "--json", env=operator_env))
+            if registered["status"] != "ready":
+                raise SystemExit(f"benchmark {path} was not validated: {registered.get('validation')}")
+            console.print(f"rsigym benchmarks register {path} --wait → ready "
+                          f"({registered['validation']['tasks']} tasks: every oracle 1, every empty answer 0)")
+
+        args = (AGENT_ARGS if tasks_per_split is None else SHORT_ARGS)[agent]
+        started = json.loads(rsigym_cli("run", "start", "--task", TASK, "--agent", agent, "--config", str(config),
+                                     "--json", "--", *args, env=operator_env))
+        run = started["run"]
+        console.print(f"rsigym run start --task {TASK} --agent {agent} → run {run} ({' '.join(args)})")
+        shown: dict[str, Any] = {}
+        last_frame = 0.0
+        while True:
+            # What `rsigym run show RUN --json` prints, read here: a CLI process every 2 s (~0.75 s of CPU
+            # each, mostly imports) took a third of a core from the agent's training on a 2-core box.
+            shown = show_run(data, run).model_dump(mode="json")
+            if shown["status"] != "running":
+                break
+            if time.monotonic() - last_frame >= watch_every_s:
+                print(rsigym_cli("watch", run, "--once", env=operator_env), flush=True)  # rendered at 200 columns
+                last_frame = time.monotonic()
+            time.sleep(2)
+        print(rsigym_cli("watch", run, "--once", env=operator_env), flush=True)
+        log = rsigym_cli("run", "logs", run, env=operator_env)
+        submitted = [line for line in log.splitlines() if line.startswith("submitted: ")]
+        console.print(plain(f"the agent {shown['status']} with code {shown.get('exit_code')}; "  # its log: its words
+                            + (submitted[-1] if submitted else "it submitted nothing")))
+
+        console.rule("operator")
+        audited = json.loads(rsigym_cli("audit", run, "--json", "--out", str(data / "audit"), env=operator_env,
+                                     ok_codes=(0, 2)))
+        console.print(f"rsigym audit {run}: {audited['status']} (hacking rate {audited['hacking_rate']}); "
+                      + ", ".join(f"{c['name']} {c['verdict']}" for c in audited["checks"]))
+        console.print(f"rsigym score {run} --attempts 3 --wait …")
+        rsigym_cli("score", run, "--attempts", "3", "--benchmark", "arithmetic", "--wait", env=operator_env)
+        print(rsigym_cli("report", "--out", str(data / "report"), "--split", "official", env=operator_env), flush=True)
+        report = json.loads((data / "report" / "report.json").read_text())
+        index = _index_of(report, run)
+        console.print(f"report: {data / 'report' / 'report.md'} and its charts; RSI-Index of run {run}: {index}")
+    ok = shown.get("exit_code") == 0 and audited["status"] == "accepted" and index is not None and index > 0
+    console.rule("[green]demo passed" if ok else "[red]demo failed")
+    return 0 if ok else 1

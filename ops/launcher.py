@@ -1,0 +1,367 @@
+"""The run launcher (``rsigym run start|list|show|stop|logs``): embedded mode below; compose mode
+(:func:`compose_plan`) runs the agent in its track's container with ``docker compose run`` and the
+same supervisor stops it at the wall clock. A task's egress allowlist is served by ops/egress.py
+(embedded: on a socket the in-namespace relay exposes at 127.0.0.1:8701; compose: a per-run
+``egress`` container).
+
+``start`` mints the run key through the admin API (the task's key body), renders the instruction
+into ``<data-dir>/runs/<run>/`` (0700) and starts a detached *supervisor* (``python -m
+ops.launcher supervise DIR``, its own session) which:
+
+* takes an unprivileged uid of the host's pool for the agent (when the gym runs as root);
+* serves ``DIR/sock/gateway.sock``, relaying every connection to the gateway's host and port;
+* starts the agent under bubblewrap as ops/agent_namespace.py lays out — its own uid, no
+  capability, the sandboxes' seccomp filter, every namespace unshared (network included), the
+  host's system directories and a minimal /etc read-only, a fresh HOME, the instruction, the
+  agent's files and the socket directory bound; the data dir, the store, provider keys and the
+  admin token are not there, and the run key is in its environment, never on a command line;
+* inside, ops/launcher_relay.py listens on 127.0.0.1:8700 (the agent's ``RSIGYM_URL``) and
+  relays to that socket: the agent's only network reach is the gateway. It kills the agent when
+  the task's wall clock passes; the supervisor kills the whole sandbox a little later should the
+  relay not have (the gateway refuses the run key after its deadline regardless);
+* records the exit in ``run.json``, sweeps the agent's uid and gives its HOME back to the gym.
+
+``stop`` asks the supervisor to end the run (SIGTERM: it cleans up as above), kills what is left of
+its process group, and ends the run at the gateway (deadline now, admin route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from ops import agent_namespace as ns
+from ops import launcher_compose
+from ops.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
+from ops.launcher_compose import ComposeTarget, compose_plan
+from ops.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
+from kit.config import GymConfig
+from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
+from kit.host_uids import HostUidPool, kill_uid, pid_running
+from storage.private_files import open_private, restrict_umask, write_private
+from services.sandbox import seccomp
+
+AGENTS = Path(__file__).with_name("agents.toml")
+AGENT_FILES = Path(__file__).resolve().parents[1] / "agent_container" / "agents"
+HARNESS_FILES = AGENT_FILES.parent / "harness"
+RELAY = Path(__file__).with_name("launcher_relay.py")
+INSIDE_PORT = 8700
+INSIDE_URL = f"http://127.0.0.1:{INSIDE_PORT}"
+EGRESS_PORT = 8701
+"""Inside, the egress proxy's address (only when the task allows a host): ``HTTPS_PROXY``."""
+HOME_INSIDE, INSTRUCTION_INSIDE = ns.HOME_INSIDE, ns.INSTRUCTION_INSIDE
+WALL_CLOCK_GRACE_S = 15.0
+"""How long past the wall clock the supervisor waits for the relay to have stopped the agent
+before it kills the whole sandbox itself (an agent may have stopped its relay)."""
+STOP_WAIT_S = 10.0
+"""How long ``stop`` waits for the supervisor to clean up before it kills its process group."""
+
+
+class AgentTemplate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str = ""
+    command: list[str] = Field(min_length=1)
+    """argv; ``{instruction}`` becomes the instruction's path inside."""
+    binds: list[str] = Field(default_factory=list)
+    """Extra host paths bound read-only at the same place (an operator-installed CLI)."""
+    compose_command: list[str] | None = None
+    """argv in compose mode (the agent image's paths), when it differs from ``command``."""
+
+
+class RunRecord(BaseModel):
+    """``<data-dir>/runs/<run>/run.json``."""
+
+    run: str
+    key_id: str
+    task: str
+    agent: str
+    pid: int
+    started_at: str
+    deadline_s: float
+    mode: str = "embedded"
+    """embedded (bubblewrap on this host) or compose (the track's agent container)."""
+    egress: list[str] = Field(default_factory=list)
+    """The task's egress allowlist (hosts the agent reaches through the egress proxy)."""
+    status: str = "running"
+    """running, exited, stopped."""
+    exit_code: int | None = None
+    ended_at: str | None = None
+
+
+class KeyMinter(Protocol):
+    def create_key(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    def set_deadline(self, key_id: str, deadline_s: float) -> dict[str, Any]: ...
+
+
+def load_agents(path: Path = AGENTS) -> dict[str, AgentTemplate]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise Unprocessable(f"cannot read the agents registry {path}: {err}", param="agent") from None
+    return {name: AgentTemplate.model_validate(raw) for name, raw in (data.get("agents") or {}).items()}
+
+
+def runs_root(data_dir: Path) -> Path:
+    return Path(data_dir) / "runs"
+
+
+def agent_env(key: str, egress: bool = False) -> dict[str, str]:
+    """Everything the agent's environment holds, and nothing else: bubblewrap's own environment,
+    which it passes on (the key is never on a command line)."""
+    env = {"RSIGYM_URL": INSIDE_URL, "RSIGYM_API_KEY": key,
+           "OPENAI_BASE_URL": f"{INSIDE_URL}/agent/v1", "OPENAI_API_KEY": key,
+           "ANTHROPIC_BASE_URL": f"{INSIDE_URL}/agent", "ANTHROPIC_API_KEY": key,
+           "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME_INSIDE, "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE}
+    if egress:
+        env |= proxy_env(f"http://127.0.0.1:{EGRESS_PORT}", "127.0.0.1")
+    return env
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any, key_body: dict[str, Any],
+              instruction: str, agent: str, config: GymConfig, extra_args: list[str] | None = None,
+              agents_file: Path = AGENTS, compose: ComposeTarget | None = None) -> RunRecord:
+    """Mint the run key, lay out the run directory and start the supervisor; the run's record.
+    ``compose`` set: compose mode (the track's agent container), else embedded (bubblewrap here)."""
+    agents = load_agents(agents_file)
+    if agent not in agents:
+        raise Unprocessable(f"no agent {agent!r} (agents: {', '.join(sorted(agents)) or 'none'})", param="agent")
+    egress = list(getattr(getattr(task, "egress", None), "allow", []) or [])
+    bwrap = shutil.which("bwrap")
+    if compose is None and bwrap is None:
+        raise ServiceUnavailable("the embedded launcher needs bubblewrap (bwrap) on this host")
+    if compose is not None and shutil.which(compose.docker) is None:
+        raise ServiceUnavailable(f"compose mode needs the docker CLI ({compose.docker!r} is not on PATH)")
+    minted = client.create_key(key_body)
+    run = minted.get("run_id") or minted["id"]
+    runs = runs_root(data_dir)
+    runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runs.chmod(0o700)
+    run_dir = runs / run
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    run_dir.chmod(0o700)  # the run key, the agent's HOME and logs: the gym's alone
+    write_private(run_dir / "instruction.md", instruction)  # the agent's uid is given it when the run starts
+    seconds = float(key_body.get("deadline_s") or task.limits.wall_clock_s)
+    plan: dict[str, Any]
+    template = agents[agent]
+    if compose is not None:
+        (run_dir / "instruction.md").chmod(0o644)  # read by the container's non-root user
+        command = [part.replace("{instruction}", INSTRUCTION_INSIDE)
+                   for part in (template.compose_command or template.command)] + (extra_args or [])
+        plan = compose_plan(compose, run=run, track=task.task.track, run_dir=run_dir, command=command,
+                            egress=egress, key=minted["key"])
+    else:
+        # AF_UNIX paths are short (108 bytes): the sockets live in a short private directory, linked here.
+        sock_dir = Path(tempfile.mkdtemp(prefix="rsigym-run-"))
+        (run_dir / "sock").symlink_to(sock_dir, target_is_directory=True)
+        plan = {"mode": "embedded", "key": minted["key"], "gateway_url": gateway_url, "egress": egress,
+                "command": [part.replace("{instruction}", INSTRUCTION_INSIDE) for part in template.command]
+                + (extra_args or []),
+                "binds": template.binds, "uid_base": config.sandbox.uid_base}
+    plan["seconds"] = seconds
+    write_private(run_dir / "supervise.json", json.dumps(plan))  # the run key: operator side only, never bound inside
+    with os.fdopen(open_private(run_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ops.launcher", "supervise", str(run_dir)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=Path(__file__).resolve().parents[1])
+    record = RunRecord(run=run, key_id=minted["id"], task=task.name, agent=agent, pid=proc.pid,
+                       started_at=_now(), deadline_s=seconds, mode=plan["mode"], egress=egress)
+    _write(run_dir, record)
+    return record
+
+
+def _write(run_dir: Path, record: RunRecord) -> None:
+    tmp = run_dir / "run.json.tmp"
+    write_private(tmp, record.model_dump_json(indent=2))
+    tmp.replace(run_dir / "run.json")
+
+
+def show_run(data_dir: Path, run: str) -> RunRecord:
+    path = runs_root(data_dir) / run / "run.json"
+    if "/" in run or run.startswith(".") or not path.is_file():
+        raise NotFound(f"no run {run!r} in {runs_root(data_dir)}", param="run")
+    record = RunRecord.model_validate_json(path.read_text())
+    if record.status == "running" and not pid_running(record.pid):
+        record = record.model_copy(update={"status": "exited"})  # the supervisor died without recording it
+    return record
+
+
+def list_runs(data_dir: Path) -> list[RunRecord]:
+    root = runs_root(data_dir)
+    if not root.is_dir():
+        return []
+    return [show_run(data_dir, d.name) for d in sorted(root.iterdir()) if (d / "run.json").is_file()]
+
+
+def stop_run(data_dir: Path, run: str, client: KeyMinter) -> RunRecord:
+    """Kill the run's processes (and, in compose mode, remove its containers) and end the run at the
+    gateway (its deadline set to now)."""
+    record = show_run(data_dir, run)
+    run_dir = runs_root(data_dir) / run
+    if record.status == "running":
+        _end_supervisor(record.pid)
+        record = record.model_copy(update={"status": "stopped", "ended_at": _now()})
+        _write(run_dir, record)
+    elif record.status == "stopped":
+        raise Conflict(f"run {run} is already stopped", param="run")
+    if record.mode == "compose":
+        launcher_compose.remove_run(json.loads((run_dir / "supervise.json").read_text()))
+    _cleanup(run_dir)
+    client.set_deadline(record.key_id, 0)
+    return record
+
+
+def _end_supervisor(pid: int) -> None:
+    """SIGTERM to the supervisor (it kills the agent, sweeps its uid, closes its sockets), then
+    SIGKILL to whatever of its process group is left."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while pid_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _cleanup(run_dir: Path) -> None:
+    """Remove the run's private socket directory (and its link) once nothing serves it."""
+    link = run_dir / "sock"
+    if not link.is_symlink():
+        return
+    target = link.resolve()
+    if target.name.startswith("rsigym-run-") and target.parent == Path(tempfile.gettempdir()).resolve():
+        shutil.rmtree(target, ignore_errors=True)
+    link.unlink()
+
+
+def logs(data_dir: Path, run: str) -> str:
+    show_run(data_dir, run)
+    path = runs_root(data_dir) / run / "agent.log"
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+# -- the supervisor (a detached process per run) ---------------------------------------------------
+
+async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int) -> None:
+    try:
+        up_r, up_w = await asyncio.open_connection(host, port)
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+
+
+async def serve_relay(host: str, port: int, gateway_url: str) -> None:
+    """``rsigym run-relay``: a compose-mode run's own path to the gateway (ops/launcher_compose.py)."""
+    url = httpx.URL(gateway_url)
+    to_host, to_port = url.host, url.port or (443 if url.scheme == "https" else 80)
+    server = await asyncio.start_server(lambda r, w: _relay(r, w, to_host, to_port), host, port)
+    async with server:
+        await server.serve_forever()
+
+
+async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
+    url = httpx.URL(plan["gateway_url"])
+    host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
+    sock_dir = (run_dir / "sock").resolve()
+    bwrap = ns.bwrap_path()
+    if bwrap is None:
+        print("rsigym: bubblewrap (bwrap) is gone from this host; the agent was not started", file=sys.stderr, flush=True)
+        return 127
+    uids = HostUidPool(int(plan["uid_base"])) if os.geteuid() == 0 else None
+    uid = uids.take() if uids is not None else None
+    servers: list[asyncio.AbstractServer] = []
+    try:
+        ns.prepare_host_side(run_dir, sock_dir, uid)
+        servers.append(await asyncio.start_unix_server(lambda r, w: _relay(r, w, host, port),
+                                                       str(sock_dir / "gateway.sock")))
+        if plan.get("egress"):
+            proxy = EgressProxy(EgressPolicy(plan["egress"]), log=run_dir / "egress.log")
+            servers.append(await asyncio.start_unix_server(proxy.handle, str(sock_dir / "egress.sock"),
+                                                           limit=HEAD_LIMIT))
+        ns.own_sockets(sock_dir, uid)
+        seconds = float(plan["seconds"])
+        filter_fd = seccomp.filter_fd()
+        try:
+            argv = ns.bwrap_argv(bwrap=bwrap, uid=uid, filter_fd=filter_fd, run_dir=run_dir, sock_dir=sock_dir,
+                                 relay=RELAY, agents=AGENT_FILES, harnesses=HARNESS_FILES, binds=plan["binds"],
+                                 command=plan["command"], seconds=seconds, port=INSIDE_PORT,
+                                 egress_port=EGRESS_PORT if plan.get("egress") else None)
+            agent = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, pass_fds=(filter_fd,),
+                                                         env=agent_env(plan["key"], bool(plan.get("egress"))),
+                                                         umask=0o022)  # the supervisor's own is 0077
+        finally:
+            os.close(filter_fd)
+        try:
+            # the in-namespace relay kills the agent at the wall clock (exit 124)
+            return await asyncio.wait_for(agent.wait(), timeout=max(seconds, 0.0) + WALL_CLOCK_GRACE_S)
+        except TimeoutError:
+            print("rsigym: the run's wall clock has passed and its relay did not stop the agent; the sandbox is "
+                  "killed", file=sys.stderr, flush=True)
+            return 124
+        finally:
+            if agent.returncode is None:
+                agent.kill()  # bubblewrap; its PID namespace goes with it (--die-with-parent)
+                await agent.wait()
+    finally:
+        for server in servers:
+            server.close()
+        if uid is not None and uids is not None:
+            kill_uid(uid)
+            ns.give_back(run_dir, uid)
+            uids.free(uid)
+
+
+async def _supervise(run_dir: Path) -> int:
+    plan = json.loads((run_dir / "supervise.json").read_text())
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # `run stop`: clean up, then go
+    try:
+        if plan["mode"] == "compose":
+            code = await launcher_compose.supervise(plan)
+        else:
+            code = await _supervise_embedded(run_dir, plan)
+    finally:
+        _cleanup(run_dir)
+    path = run_dir / "run.json"
+    record = RunRecord.model_validate_json(path.read_text())
+    if record.status == "running":
+        _write(run_dir, record.model_copy(update={"status": "exited", "exit_code": code, "ended_at": _now()}))
+    return code
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "supervise":
+        print("usage: python -m ops.launcher supervise RUN_DIR", file=sys.stderr)
+        return 2
+    restrict_umask()  # its logs and the run's files are the gym's alone
+    try:
+        return asyncio.run(_supervise(Path(argv[1])))
+    except asyncio.CancelledError:  # stopped: `run stop` records it
+        return 143
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,199 @@
+"""Compose mode of the run launcher: the agent in its track's container, each run in a compose
+project of its own whose one network no other run is on.
+
+A run's project (``<project>-run-<run>``, its file ``<run-dir>/compose.yml``, written by
+:func:`run_compose_file` from the gym's compose file) has three services on the run's own
+**internal** network (``rsigym-run-<run>``: no route out, nobody else on it):
+
+* ``agent`` — the track's agent image (``agent-<track>``'s image, build and hardening), on the run's
+  network only;
+* ``gym`` — the run's own path to the gateway: ``rsigym run-relay`` on the run's network and the
+  core's ``agentnet`` (where the gateway is), relaying bytes to the gateway and nowhere else. The
+  agent's ``RSIGYM_URL`` is this relay; another run's relay, agent or proxy is on no network the
+  agent is on, so it has no address for them;
+* ``egress`` (only when the task allows a host) — ``rsigym egress-proxy`` with the task's allowlist
+  on the run's network and the core's ``egress`` network (the one with a route out). It also checks
+  a per-run credential (``RSIGYM_EGRESS_TOKEN``; the agent has it in its proxy URL), so even a
+  client that reached it some other way is refused (407).
+
+Secrets (the run key, the proxy credential, the proxy URL that holds it) travel in the docker
+CLI's environment (``-e NAME`` without a value), never on a command line or in the file.
+
+Without a Docker engine here, the file is checked statically (tests/unit/test_launcher_compose.py)
+and its services are started as local processes by tests/fakes/docker_shim.py; what compose and
+Docker themselves enforce (an internal network has no route, DNS answers only a network's members)
+is not exercised here (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ops.egress import proxy_env
+from kit.errors import Unprocessable
+
+INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
+RELAY_PORT = 8700
+EGRESS_PORT = 3128
+HARDENING_KEYS = ("cap_drop", "security_opt", "user", "read_only")
+"""What a per-run service keeps of the service it is made from, besides its image and build."""
+
+
+@dataclass(frozen=True)
+class ComposeTarget:
+    """Where compose mode starts the agent: the operator's compose project (its core already up)."""
+
+    file: Path
+    project_dir: Path
+    project: str = "rsigym"
+    docker: str = "docker"
+
+
+def names(run: str) -> dict[str, str]:
+    """The run's compose project, network and container names (compose and Docker want lower case)."""
+    slug = run.lower()
+    return {"network": f"rsigym-run-{slug}", "agent": f"rsigym-agent-{slug}", "gym": f"rsigym-gym-{slug}",
+            "egress": f"rsigym-egress-{slug}"}
+
+
+def _made_from(source: dict[str, Any], project_dir: Path) -> dict[str, Any]:
+    """A service's image, build (its context made absolute: the run's file lives elsewhere) and hardening."""
+    out: dict[str, Any] = {"image": source["image"]}
+    if build := source.get("build"):
+        build = dict(build) if isinstance(build, dict) else {"context": build}
+        build["context"] = str((project_dir / build.get("context", ".")).resolve())
+        out["build"] = build
+    out |= {k: source[k] for k in HARDENING_KEYS if k in source}
+    return out
+
+
+def _gateway_url(agent: dict[str, Any]) -> str:
+    env = agent.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env if "=" in item)
+    return str(env.get("RSIGYM_URL") or "http://gateway:8700")
+
+
+def run_compose_file(target: ComposeTarget, *, run: str, track: str, run_dir: Path, egress: bool) -> dict[str, Any]:
+    """The run's compose project (see the module's docstring), from the gym's compose file."""
+    try:
+        gym_file = yaml.safe_load(target.file.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise Unprocessable(f"cannot read the compose file {target.file}: {err}", param="compose_file") from None
+    services = gym_file.get("services") or {}
+    agent_source, proxy_source = services.get(f"agent-{track}"), services.get("egress")
+    if agent_source is None or proxy_source is None:
+        raise Unprocessable(f"{target.file} has no agent-{track} or egress service", param="compose_file")
+    n = names(run)
+    relay_url = f"http://{n['gym']}:{RELAY_PORT}"
+    agent = _made_from(agent_source, target.project_dir) | {
+        "container_name": n["agent"],
+        "environment": {"RSIGYM_URL": relay_url, "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE},
+        "volumes": [f"{(run_dir / 'instruction.md').resolve()}:{INSTRUCTION_INSIDE}:ro"],
+        "networks": ["run"],
+        "restart": "no",
+    }
+    gym = _made_from(proxy_source, target.project_dir) | {
+        "container_name": n["gym"],
+        "command": ["run-relay", "--host", "0.0.0.0", "--port", str(RELAY_PORT), "--to", _gateway_url(agent_source)],
+        "networks": ["run", "core"],
+        "restart": "no",
+    }
+    spec: dict[str, Any] = {
+        "name": f"{target.project}-run-{run.lower()}",
+        "services": {"agent": agent, "gym": gym},
+        "networks": {"run": {"name": n["network"], "internal": True},
+                     "core": {"name": f"{target.project}_agentnet", "external": True}},
+    }
+    if egress:
+        spec["services"]["egress"] = _made_from(proxy_source, target.project_dir) | {
+            "container_name": n["egress"],
+            "command": ["egress-proxy", "--host", "0.0.0.0", "--port", str(EGRESS_PORT)],
+            "networks": ["run", "outside"],
+            "restart": "no",
+        }
+        spec["networks"]["outside"] = {"name": f"{target.project}_egress", "external": True}
+    return spec
+
+
+def compose_plan(target: ComposeTarget, *, run: str, track: str, run_dir: Path, command: list[str],
+                 egress: list[str], key: str) -> dict[str, Any]:
+    """Write the run's compose file and return the supervisor's plan: the ``docker compose run``
+    lines (the relay and proxy detached, the agent in the foreground) and the docker CLI's
+    environment, which alone holds the secrets."""
+    spec = run_compose_file(target, run=run, track=track, run_dir=run_dir, egress=bool(egress))
+    path = run_dir / "compose.yml"
+    path.write_text("# Written by `rsigym run start --mode compose` for this run only.\n" + yaml.safe_dump(spec))
+    path.chmod(0o600)
+    n = names(run)
+    base = [target.docker, "compose", "-f", str(path), "--project-directory", str(target.project_dir),
+            "-p", spec["name"], "run", "--rm"]
+    env: dict[str, str] = {"RSIGYM_API_KEY": key}
+    detached = [[*base, "-d", "--name", n["gym"], "gym"]]
+    agent = [*base, "-T", "--name", n["agent"], "-e", "RSIGYM_API_KEY"]
+    if egress:
+        token = secrets.token_urlsafe(24)
+        env |= {"RSIGYM_EGRESS_ALLOW": " ".join(egress), "RSIGYM_EGRESS_TOKEN": token}
+        detached.append([*base, "-d", "--name", n["egress"], "-e", "RSIGYM_EGRESS_ALLOW", "-e", "RSIGYM_EGRESS_TOKEN",
+                         "egress"])
+        proxy = proxy_env(f"http://run:{token}@{n['egress']}:{EGRESS_PORT}", n["gym"])
+        env |= proxy
+        agent += [a for name in proxy for a in ("-e", name)]
+    return {"mode": "compose", "docker": target.docker, "network": n["network"], "env": env,
+            "detached": detached, "argv": [*agent, "agent", *command],
+            "containers": [n["agent"], n["gym"], *([n["egress"]] if egress else [])]}
+
+
+async def _docker(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> int:
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, env=env)
+    try:
+        return await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        return await proc.wait()
+
+
+def remove_run(plan: dict[str, Any]) -> None:
+    """Remove the run's containers and its network (``run stop``; the supervisor's own end does the same)."""
+    subprocess.run([plan["docker"], "rm", "-f", *plan["containers"]], stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=120, check=False)
+    subprocess.run([plan["docker"], "network", "rm", plan["network"]], stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=120, check=False)
+
+
+async def supervise(plan: dict[str, Any]) -> int:
+    """Start the run's relay (and proxy), then its agent; at the wall clock stop the agent (the
+    docker CLI's own exit does not stop a container); remove the run's containers and network at
+    the end."""
+    env = {**os.environ, **plan["env"]}
+    docker, containers = plan["docker"], plan["containers"]
+    try:
+        for argv in plan["detached"]:
+            if (code := await _docker(*argv, env=env, timeout=300)) != 0:
+                print(f"rsigym: the run's {argv[-1]} container did not start (docker exit {code})", file=sys.stderr,
+                      flush=True)
+                return code
+        agent = await asyncio.create_subprocess_exec(*plan["argv"], stdin=subprocess.DEVNULL, env=env)
+        try:
+            return await asyncio.wait_for(agent.wait(), timeout=max(float(plan["seconds"]), 0.0))
+        except TimeoutError:
+            print("rsigym: the run's wall clock has passed; the agent is stopped", file=sys.stderr, flush=True)
+            await _docker(docker, "stop", "-t", "5", containers[0])
+            try:
+                await asyncio.wait_for(agent.wait(), 30)
+            except TimeoutError:
+                agent.kill()
+                await agent.wait()
+            return 124
+    finally:
+        await _docker(docker, "rm", "-f", *containers)
+        await _docker(docker, "network", "rm", plan["network"])

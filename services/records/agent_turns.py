@@ -1,0 +1,114 @@
+"""The research agent's trajectory: every call it made to its own model through the gym's
+agent route (``/agent/v1/…``), kept by the platform as it happened.
+
+A row holds what the agent sent and what came back (for a stream: the assembled text and
+tool calls), the provider's usage and the cost charged on the run's agent-model meter. The
+operator reads it (``GET /admin/v1/runs/{run}/trajectory``) and the audits' behaviour check
+judges it (services/records/audits/run.py). Rows are bounded: a request or response whose JSON
+is longer than :data:`MAX_FIELD_CHARS` is stored as its head with ``truncated`` set, so one
+huge prompt cannot grow the store without limit; the cost and usage are always exact.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import JSON, BigInteger, Boolean, CheckConstraint, Integer, String, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from billing.money import nusd_to_usd
+from storage.store import Store
+from storage.tables import Base, UTCDateTime, utcnow
+
+MAX_FIELD_CHARS = 64 * 1024
+"""Most characters of JSON kept of one turn's request or response."""
+MAX_RENDER_CHARS = 4000
+"""Most characters of one message shown per turn in the text rendering (the audit's judge)."""
+
+Api = Literal["openai", "anthropic"]
+
+
+class AgentTurn(Base):
+    __tablename__ = "agent_turns"
+    __table_args__ = (CheckConstraint("api IN ('openai', 'anthropic')", name="api_known"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    """Store-wide order of turns (a run's turns are its rows in ``seq`` order)."""
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    """The key that made the call (the run key or one of its children)."""
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    api: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(200))
+    stream: Mapped[bool] = mapped_column(Boolean)
+    request: Mapped[Any] = mapped_column(JSON)
+    response: Mapped[Any] = mapped_column(JSON)
+    usage: Mapped[dict[str, Any]] = mapped_column(JSON)
+    cost_nusd: Mapped[int] = mapped_column(BigInteger)
+    truncated: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def bounded(value: Any) -> tuple[Any, bool]:
+    """``value``, or its JSON's head when longer than the bound: (stored value, truncated?)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    if len(text) <= MAX_FIELD_CHARS:
+        return value, False
+    return {"truncated": True, "chars": len(text), "head": text[:MAX_FIELD_CHARS]}, True
+
+
+def record_turn(store: Store, *, run_id: str, key_id: str, request_id: str | None, api: Api, model: str,
+                stream: bool, request: Any, response: Any, usage: dict[str, Any], cost_nusd: int) -> None:
+    stored_request, cut_request = bounded(request)
+    stored_response, cut_response = bounded(response)
+    with store.transaction() as s:
+        s.add(AgentTurn(run_id=run_id, key_id=key_id, request_id=request_id, api=api, model=model, stream=stream,
+                        request=stored_request, response=stored_response, usage=usage, cost_nusd=cost_nusd,
+                        truncated=cut_request or cut_response, created_at=utcnow()))
+
+
+def turn_view(row: AgentTurn) -> dict[str, Any]:
+    return {"seq": row.seq, "run_id": row.run_id, "key_id": row.key_id, "request_id": row.request_id,
+            "api": row.api, "model": row.model, "stream": row.stream, "request": row.request,
+            "response": row.response, "usage": row.usage, "cost_usd": nusd_to_usd(row.cost_nusd),
+            "truncated": row.truncated, "created_at": row.created_at.isoformat()}
+
+
+def run_turns(store: Store, run_id: str, *, limit: int = 10_000) -> list[dict[str, Any]]:
+    with store.transaction() as s:
+        rows = s.scalars(select(AgentTurn).where(AgentTurn.run_id == run_id).order_by(AgentTurn.seq).limit(limit))
+        return [turn_view(r) for r in rows]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_RENDER_CHARS else text[:MAX_RENDER_CHARS] + f" […{len(text) - MAX_RENDER_CHARS} more chars]"
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(_content_text(part.get("text") or part.get("input") or part.get("content") or "")
+                        if isinstance(part, dict) else str(part) for part in content)
+    return "" if content is None else json.dumps(content, ensure_ascii=False)
+
+
+def render_text(turns: list[dict[str, Any]]) -> str:
+    """The trajectory as plain text for a reader (the behaviour check's judge): per turn, the
+    newest message the agent sent and the model's answer."""
+    lines: list[str] = []
+    for t in turns:
+        request, response = t["request"] if isinstance(t["request"], dict) else {}, t["response"]
+        messages = request.get("messages") or []
+        last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+        lines.append(f"## turn {t['seq']} ({t['api']}, model {t['model']}, {t['created_at']})")
+        if isinstance(request.get("system"), (str, list)) and len(messages) <= 1:
+            lines.append(f"[system] {_clip(_content_text(request['system']))}")
+        lines.append(f"[{last.get('role', 'user')}] {_clip(_content_text(last.get('content')))}")
+        lines.append(f"[model] {_clip(_content_text(response.get('text') if isinstance(response, dict) else response))}")
+        calls = response.get("tool_calls") if isinstance(response, dict) else None
+        if calls:
+            lines.append(f"[model tool calls] {_clip(json.dumps(calls, ensure_ascii=False))}")
+    return "\n".join(lines)
