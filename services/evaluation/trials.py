@@ -1,7 +1,7 @@
 """One Harbor trial (a task × an attempt) on the gym's own sandbox service.
 
 :func:`run_trial` is what the evaluation service calls. It builds Harbor's ``TrialConfig``
-with the gym's environment (:class:`~services.evaluation.harbor_env.GymSandboxEnvironment`,
+with the gym's environment (:class:`~services.evaluation.harbor.environment.GymSandboxEnvironment`,
 by import path) and the agent the request names — the gym's
 :class:`~services.evaluation.harbor_agent.HarnessAgent`, or Harbor's own ``oracle`` (the
 task's solution) or ``nop`` (an empty answer) — runs Harbor's ``Trial`` and maps its
@@ -12,12 +12,12 @@ that wrote no reward all end up in ``TrialOutcome.error``. And it always kills t
 sandbox: Harbor stops the environment itself, and afterwards a sandbox whose kill did not go
 through is killed again and, when a create was cut short before its answer (it can leave a
 sandbox Harbor never heard of), every sandbox the sandbox key still has running under this
-trial's name (:meth:`~services.evaluation.harbor_env.TrialSandboxes.sweep`).
+trial's name (:meth:`~services.evaluation.harbor.trial_sandboxes.TrialSandboxes.sweep`).
 
 The two keys are minted by the caller (the evaluation service) for this trial's job: the
 sandbox key (sandbox only, with a model door) and the door key (inference of one model).
 Neither is written into Harbor's trial directory; they reach the environment through
-:func:`~services.evaluation.harbor_env.trial_sandboxes`.
+:func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from harbor.models.trial.result import TrialResult  # noqa: E402
 from harbor.trial.single_step import SingleStepTrial  # noqa: E402
 from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 
-from storage.private_files import lock_down, private_dir  # noqa: E402
+from kit.private_files import lock_down, private_dir  # noqa: E402
 from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
@@ -59,10 +59,10 @@ from services.evaluation.harbor_agent import (  # noqa: E402
     RUN_STDOUT,
     TRAJECTORY_FILE,
 )
-from services.evaluation.harbor_env import SandboxCredentials, trial_sandboxes  # noqa: E402
+from services.evaluation.harbor.trial_sandboxes import SandboxCredentials, trial_sandboxes  # noqa: E402
 
 log = logging.getLogger("rsigym.evaluation.trials")
-ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor_env:GymSandboxEnvironment"
+ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor.environment:GymSandboxEnvironment"
 HARNESS_AGENT_IMPORT_PATH = "services.evaluation.harbor_agent:HarnessAgent"
 TRIAL_METADATA_KEY = "harbor.trial_name"
 """The sandbox metadata the environment stamps with the trial's name (used to find leftovers)."""
@@ -134,7 +134,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
             await asyncio.shield(sandboxes.sweep({TRIAL_METADATA_KEY: trial_name}))
 
     paths = TrialPaths(trial_dir=req.trials_dir / trial_name)
-    lock_down(paths.trial_dir)  # what Harbor wrote, made the gym's alone (storage/private_files.py)
+    lock_down(paths.trial_dir)  # what Harbor wrote, made the gym's alone (kit/private_files.py)
     if result is not None and result.exception_info is not None and error is None:
         info = result.exception_info
         error = f"{info.exception_type}: {info.exception_message}"

@@ -346,7 +346,7 @@ def test_set_up_deferred_to_the_first_command_holds_or_fails_the_trial(
 def test_empty_directories_reach_the_verifier_and_the_reads(served: Served, tasks: dict[str, TaskRef],
                                                             tmp_path: Path) -> None:
     """An upload's empty directories are made with the next command, or just before the next read
-    (services/evaluation/harbor_env.py): the agent leaves an empty directory and an empty file in
+    (services/evaluation/harbor/environment.py): the agent leaves an empty directory and an empty file in
     /app, Harbor carries /app to the verifier's sandbox (the directory's make waits for the
     verifier's next command), and the verifier scores 1 only if both arrived."""
     task = tmp_path / "empties"
@@ -374,7 +374,7 @@ def test_the_verifier_sees_the_agents_app_and_no_stale_reward(served: Served, ta
     sandbox and again in the verifier's fresh one (its Dockerfile is replayed there too). Harbor
     resets both directories before the verifier runs, and the environment skips a reset or the
     removal of stale rewards only where it knows there is nothing to remove
-    (services/evaluation/harbor_env.py). The oracle deletes the image's file; test.sh writes a
+    (services/evaluation/harbor/environment.py). The oracle deletes the image's file; test.sh writes a
     reward only for a right answer with that file gone, and writes nothing otherwise. So the oracle
     scores 1 only if the verifier's /app is the agent's, and nop (no answer) gets no reward at all
     rather than the stale 1."""

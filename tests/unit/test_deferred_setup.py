@@ -1,5 +1,5 @@
 """What the trial environment does with set-up it deferred when the sandbox's files are read before
-any command runs (services/evaluation/harbor_env.py, ``_run_setup``): one or two directories to
+any command runs (services/evaluation/harbor/environment.py, ``_run_setup``): one or two directories to
 make go by the files API, anything more — or anything that is not a directory to make — in one
 process start; a make that fails raises and leaves the set-up pending, and nothing is read before
 the set-up has run. The sandbox here is a recording stand-in: no Harbor, no gateway."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from services.evaluation.harbor_env import GymSandboxEnvironment
+from services.evaluation.harbor.environment import GymSandboxEnvironment
 
 
 class Files:

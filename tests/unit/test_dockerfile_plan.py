@@ -13,24 +13,24 @@ from typing import Any
 
 import pytest
 
-from services.evaluation import harbor_env
+from services.evaluation.harbor import image_plan
 
 
 def test_the_converter_warnings_go_to_the_log_and_stdout_is_never_swapped(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\nSTOPSIGNAL SIGTERM\nCOPY a.txt /app/\n")
-    real = harbor_env.parse_dockerfile
+    real = image_plan.parse_dockerfile
     seen: list[Any] = []
 
     def parse(text: str, builder: Any) -> Any:
         seen.append(sys.stdout)  # what any other thread would be printing to right now
         return real(text, builder)
 
-    monkeypatch.setattr(harbor_env, "parse_dockerfile", parse)
+    monkeypatch.setattr(image_plan, "parse_dockerfile", parse)
     before = sys.stdout
-    with caplog.at_level(logging.DEBUG, logger=harbor_env.log.name):
-        plan = harbor_env.read_image_plan(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger=image_plan.log.name):
+        plan = image_plan.read_image_plan(tmp_path)
     assert seen == [before] and sys.stdout is before
     assert [c.sources for c in plan.copies] == [["a.txt"]]
     assert "Unsupported instruction: STOPSIGNAL" in caplog.text  # the converter's warning, logged

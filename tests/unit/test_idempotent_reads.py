@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from services.evaluation import harbor_env
-from services.evaluation.harbor_env import READ_ATTEMPTS, idempotent
+from services.evaluation.harbor import sandbox_sdk
+from services.evaluation.harbor.sandbox_sdk import READ_ATTEMPTS, idempotent
 
 
 class Flaky:
@@ -29,7 +29,7 @@ def no_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     async def instant(_s: float) -> None:
         return None
 
-    monkeypatch.setattr(harbor_env.asyncio, "sleep", instant)
+    monkeypatch.setattr(sandbox_sdk.asyncio, "sleep", instant)
 
 
 def test_a_reset_connection_is_read_again() -> None:

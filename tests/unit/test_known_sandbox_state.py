@@ -1,5 +1,5 @@
 """What the trial environment skips because it already knows the answer
-(services/evaluation/harbor_env.py): Harbor's resets of directories that are absent or empty, a
+(services/evaluation/harbor/environment.py): Harbor's resets of directories that are absent or empty, a
 ``chmod +x`` of a file it has just written, an ``rm -f`` of files in a directory it has just found
 empty in a sandbox where nothing has ever run, the second listing of a directory that
 ``is_dir`` has just listed, and the second read of a file — or the write of the bytes just read
@@ -23,7 +23,8 @@ from e2b.exceptions import FileNotFoundException, InvalidArgumentException, Sand
 from harbor.environments.base import BaseEnvironment
 from harbor.models.task.config import EnvironmentConfig
 
-from services.evaluation.harbor_env import GymSandboxEnvironment, _ImagePlan
+from services.evaluation.harbor.environment import GymSandboxEnvironment
+from services.evaluation.harbor.image_plan import ImagePlan
 
 
 @dataclass
@@ -119,7 +120,7 @@ def _env(tree: dict[str, Any] | None = None) -> tuple[GymSandboxEnvironment, lis
     log: list[tuple[str, str]] = []
     env._start_knowing_nothing()
     env._sandbox = Sandbox(dict(tree or {}), log)  # type: ignore[assignment]
-    env._plan = _ImagePlan()
+    env._plan = ImagePlan()
     env._persistent_env = {}
     env.task_env_config = EnvironmentConfig()
     env._output_callbacks = contextvars.ContextVar("output_callbacks", default=())
@@ -309,7 +310,7 @@ def test_reads_are_fresh_after_a_command_a_write_or_a_size_that_differs(tmp_path
 
 
 def test_big_reads_are_not_kept(tmp_path: Path) -> None:
-    from services.evaluation.harbor_env import REMEMBERED_READ_BYTES
+    from services.evaluation.harbor.environment import REMEMBERED_READ_BYTES
 
     env, log = _env({"/out": "dir", "/out/big.bin": "file"})
     env._sandbox.files.data["/out/big.bin"] = b"b" * (REMEMBERED_READ_BYTES + 1)  # type: ignore[union-attr]

@@ -5,7 +5,7 @@ the SDK it relies on, so an SDK upgrade that moves them fails here with a clear 
 
 from __future__ import annotations
 
-from services.evaluation.harbor_env import sdk_sandbox
+from services.evaluation.harbor.sandbox_sdk import sdk_sandbox
 
 VIEW = {"templateID": "base", "sandboxID": "sbx_abc", "clientID": "rsigym", "envdVersion": "0.2.0",
         "envdAccessToken": "tok_secret", "domain": None}

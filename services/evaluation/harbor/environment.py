@@ -9,32 +9,30 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   every request (the door key goes to the sandbox service in that body and never into the
   sandbox; the sandbox sees only the URL); and ``rsigymDirs``, Harbor's log directories (mode
   777, what a Docker run bind-mounts) and the working directory, made inside the sandbox before
-  the create answers, which names every directory it made.
+  the create answers, which names every directory it made. The keys come from
+  :func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`.
 * **drive** — the unmodified ``e2b`` SDK, its handle built from the create's answer as the SDK's
-  own ``AsyncSandbox.create`` builds it (:func:`sdk_sandbox`; the gateway is its API and daemon
-  URL), as Harbor's own E2B environment does: ``commands.run`` for exec, the files
-  API for transfers (directories as one listing plus per-file reads, and batched multipart
-  writes — no tar needed in the image), ``kill`` on stop.
-* **image** — there is no Docker here. The task's ``environment/Dockerfile`` is read with the
-  ``e2b`` package's own Dockerfile converter and *replayed*: the sandbox template stands in
-  for ``FROM``; ``WORKDIR`` / ``COPY`` / ``ADD`` (local files) / ``ENV`` / ``ARG`` are applied
-  at start (the bundled benchmarks copy ``environment/app/`` into ``/app``). An instruction
-  that needs a real image build (``RUN``, ``COPY --from``, a multi-stage file) is refused
-  before any sandbox is created, rather than silently skipped.
+  own ``AsyncSandbox.create`` builds it (:mod:`~services.evaluation.harbor.sandbox_sdk`; the
+  gateway is its API and daemon URL), as Harbor's own E2B environment does: ``commands.run`` for
+  exec, the files API for transfers (directories as one listing plus per-file reads, and batched
+  multipart writes — no tar needed in the image), ``kill`` on stop.
+* **image** — there is no Docker here: the task's Dockerfile is replayed at start
+  (:mod:`~services.evaluation.harbor.image_plan`).
 * **set-up** — what the environment does to the sandbox that nothing observes until a command
   runs or a file is read (directories an upload leaves empty or Harbor resets, the modes of
-  uploaded executables) is deferred and run at the head of the next command, in
-  the same process start, or alone just before a read (each start is ~15–25 ms of a trial).
+  uploaded executables) is deferred (:mod:`~services.evaluation.harbor.deferred_setup`).
 * **known answers** — the environment keeps what it knows of the sandbox's files since the last
   process start (files it wrote, directories it found empty or the create made, whether any
   process ever ran) and skips what that answers: Harbor's resets of directories that are absent
   or empty (no look for one the create made or made a parent of, else a look by the files API —
   one listing of "/" for every directory whose first component is missing — the making
-  deferred), the listing of such a directory when Harbor collects it, ``chmod +x`` of a file it has just written, ``rm -f`` of
-  files in a directory it has just found empty where nothing has ever run, the second listing
-  of a directory ``is_dir`` has just listed, and the second read of a file it has just read —
-  or the write of the very bytes it has just read back (Harbor reads the oracle's log, downloads
-  its directory, then uploads the log back). Anything it does not know runs as Harbor asked.
+  deferred), the listing of such a directory when Harbor collects it, ``chmod +x`` of a file it
+  has just written, ``rm -f`` of files in a directory it has just found empty where nothing has
+  ever run, the second listing of a directory ``is_dir`` has just listed, and the second read of
+  a file it has just read — or the write of the very bytes it has just read back (Harbor reads
+  the oracle's log, downloads its directory, then uploads the log back). Anything it does not
+  know runs as Harbor asked. Harbor's commands are recognised by their text, pinned to the
+  Harbor release they were read from (:mod:`~services.evaluation.harbor.known_commands`).
 
 What our sandboxes do not offer, and how it shows: one unprivileged uid per sandbox (Harbor's
 ``user=`` is accepted and ignored; the root filesystem is the sandbox's own and writable apart
@@ -42,178 +40,51 @@ from the read-only system directories, so ``/tests``, ``/logs``, ``/solution`` w
 root); no PTY and no directory watches (unused here); **no network**: trials run with none,
 whatever the task's ``network_mode`` says (``public`` is Harbor's default and Harbor does not
 validate it), because the gym's rule is that a trial reaches the model through its door only.
-
-Credentials never enter Harbor's config (it writes ``config.json`` / ``result.json`` /
-``lock.json`` into the trial directory): the caller binds them for the duration of a trial
-with :func:`trial_sandboxes`, a context variable the environment reads at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
-import logging
 import os
 import posixpath
-import secrets
 import shlex
-import ssl
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
-from urllib.parse import urlencode
+from typing import Any
 
 import httpx
-from e2b import AsyncSandbox, CommandExitException, ConnectionConfig, FileType
+from e2b import AsyncSandbox, CommandExitException, FileType
 from e2b.exceptions import FileNotFoundException, SandboxException
 from e2b.sandbox.filesystem.filesystem import WriteEntry
-from e2b.template import dockerfile_parser as _dockerfile_parser
-from e2b.template.dockerfile_parser import DockerfileSyntaxError, parse_dockerfile
 from harbor.environments.base import BaseEnvironment, EnvironmentPath, ExecResult, SandboxBuildFailedError
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.environments.definition import effective_exec_cwd, require_agent_environment_definition
 from harbor.environments.options import EnvironmentOptions
 from harbor.models.task.config import NetworkMode
 from harbor.utils.path_safety import validate_output_path
-from packaging.version import Version
 from pydantic import Field
 
+from services.evaluation.harbor.deferred_setup import MKDIR, SETUP_FAILED, SetupStep, guarded_head
+from services.evaluation.harbor.image_plan import ImagePlan, expand_sources, read_image_plan
+from services.evaluation.harbor.known_commands import AGENT_SESSION_SUFFIX, chmod_x_path, rm_f_paths
+from services.evaluation.harbor.sandbox_sdk import idempotent, read_bytes, sdk_sandbox
+from services.evaluation.harbor.trial_sandboxes import TrialSandboxes, current_trial
 from services.sandbox.schemas import MAX_DIRS, normal_dir_path
 
 ENVIRONMENT_TYPE = "rsigym-sandbox"
-CREATE_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=60.0, pool=60.0)
-_CLEANUP_TIMEOUT = httpx.Timeout(10.0, read=30.0)
 UPLOAD_BATCH_FILES = 200
 UPLOAD_BATCH_BYTES = 8 * 1024 * 1024
 LIST_DEPTH = 64
 _BOOT_TIMEOUT_S = 60
-_ARGS_PER_COMMAND = 200
-"""Paths per ``mkdir`` / ``chmod`` in the deferred set-up (a long list is split)."""
 _MKDIR_CALLS_BEFORE_A_READ = 2
 """Deferred directories made by as many files-API calls before a read, rather than a process start."""
-SETUP_FAILED = 97
-"""Exit status of a command whose deferred setup (directories, modes) failed before it ran."""
-SETUP_MARK = "rsigym-sandbox-setup-failed"
-"""Written to stderr with :data:`SETUP_FAILED` and a nonce of the call, so neither a command's own
-exit 97 nor its output (a verifier running an agent's program, say) can pass for a failed set-up."""
-
-READ_ATTEMPTS = 3
-"""A read of the sandbox's files (idempotent) is tried this often when the connection fails."""
 REMEMBERED_READ_BYTES = 256 * 1024
 """Reads the environment keeps (see ``GymSandboxEnvironment._reads``): files this small or smaller, …"""
 REMEMBERED_READS_TOTAL = 4 * 1024 * 1024
 """… up to this much in all; beyond it, reads are not kept."""
-
-log = logging.getLogger("rsigym.evaluation.harbor_env")
-T = TypeVar("T")
-
-
-async def _read_bytes(sandbox: AsyncSandbox, path: str) -> bytearray:
-    return await sandbox.files.read(path, format="bytes")
-
-
-async def idempotent(read: Callable[[], Awaitable[T]], what: str) -> T:
-    """``read()`` again when its connection failed before an answer (a pooled keep-alive
-    connection the server had just closed: "connection reset by peer"). For reads only: Harbor
-    collects artifacts best-effort, so one reset read scored a correct answer 0 (seen on a loaded
-    box). An HTTP answer, error or not, is final."""
-    for attempt in range(1, READ_ATTEMPTS + 1):
-        try:
-            return await read()
-        except httpx.TransportError as err:
-            if attempt == READ_ATTEMPTS:
-                raise
-            log.info("reading %s: %s; trying again", what, err)
-            await asyncio.sleep(0.05 * attempt)
-    raise AssertionError("unreachable")
-
-
-# ----------------------------------------------------------------------------- credentials
-
-
-@dataclass(frozen=True)
-class SandboxCredentials:
-    """What a trial's environment needs to open its sandbox; never serialized."""
-
-    sandbox_key: str
-    """The platform-minted key the sandbox is created (and metered) with: sandbox only, with a door."""
-    door_key: str
-    """The key the door puts on the sandbox's inference calls: one model, inference only."""
-
-    def __repr__(self) -> str:  # keep keys out of logs and tracebacks
-        return "SandboxCredentials(sandbox_key=***, door_key=***)"
-
-
-class TrialSandboxes:
-    """What one trial's environments share, and what they leave behind.
-
-    One HTTP client for the trial's own calls to the sandbox API (creating an ``httpx`` client
-    builds a TLS context: ~28 ms on this box, twice per trial), and the account of every
-    sandbox the trial asked for: a create whose answer never came (cut short, timed out) may
-    have left a sandbox nobody knows the id of; a sandbox whose kill did not go through is
-    still running. :meth:`sweep` kills by id what is known and lists by the trial's metadata
-    only when something is not.
-    """
-
-    def __init__(self, credentials: SandboxCredentials, gateway_url: str) -> None:
-        self.credentials = credentials
-        self.client = httpx.AsyncClient(timeout=CREATE_TIMEOUT, verify=_tls_context())
-        self._base = gateway_url.rstrip("/") + "/sandbox"
-        self.unanswered = 0
-        """Creates sent whose outcome is unknown."""
-        self.running: set[str] = set()
-        """Sandboxes created and not (known to be) killed."""
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"X-API-Key": self.credentials.sandbox_key}
-
-    async def sweep(self, metadata: dict[str, str]) -> None:
-        """Kill what the trial may have left running (nothing to do after a clean trial)."""
-        try:
-            ids = set(self.running)
-            if self.unanswered:
-                listed = await self.client.get(f"{self._base}/v2/sandboxes", headers=self.headers,
-                                               params={"metadata": urlencode(metadata)}, timeout=_CLEANUP_TIMEOUT)
-                if listed.status_code == 200:
-                    ids |= {s["sandboxID"] for s in listed.json() if isinstance(s, dict) and "sandboxID" in s}
-            for sid in ids:
-                response = await self.client.delete(f"{self._base}/sandboxes/{sid}", headers=self.headers,
-                                                    timeout=_CLEANUP_TIMEOUT)
-                if response.status_code in (204, 404):
-                    self.running.discard(sid)
-        except Exception as exc:  # noqa: BLE001 - best effort: the sandbox's own timeout still ends it
-            log.warning("trial sandbox sweep failed (%s); left to the sandboxes' own timeout", exc)
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    """httpx's default verification context, built once (a gateway may be served over TLS)."""
-    return httpx.create_ssl_context()
-
-
-_TRIAL: contextvars.ContextVar[TrialSandboxes | None] = contextvars.ContextVar(
-    "rsigym_trial_sandboxes", default=None)
-
-
-@contextlib.asynccontextmanager
-async def trial_sandboxes(credentials: SandboxCredentials, gateway_url: str) -> AsyncIterator[TrialSandboxes]:
-    """Give environments started in this context (this asyncio task and the tasks it creates)
-    these credentials, one client, and one account of their sandboxes."""
-    trial = TrialSandboxes(credentials, gateway_url)
-    token = _TRIAL.set(trial)
-    try:
-        yield trial
-    finally:
-        _TRIAL.reset(token)
-        await trial.client.aclose()
-
-
-# ----------------------------------------------------------------------------- options
 
 
 class GymSandboxOptions(EnvironmentOptions):
@@ -226,192 +97,9 @@ class GymSandboxOptions(EnvironmentOptions):
     metadata: dict[str, str] = Field(default_factory=dict, description="Extra sandbox metadata.")
 
 
-# ----------------------------------------------------------------------------- Dockerfile replay
-
-
-@dataclass
-class _Copy:
-    sources: list[str]
-    dest: str
-    mode: int | None
-
-
-@dataclass
-class _ImagePlan:
-    """What the sandbox must look like at start: the Dockerfile minus what the template is."""
-
-    workdir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    copies: list[_Copy] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-
-
-class _PlanBuilder:
-    """The callback interface of ``e2b.template.dockerfile_parser.parse_dockerfile``."""
-
-    _DEFAULT_USERS = ("root", "user")
-
-    def __init__(self) -> None:
-        self.plan = _ImagePlan()
-        self._workdir = "/"
-        self._started = False
-        self._pending: _Copy | None = None
-
-    def run_cmd(self, command: Any, user: str | None = None) -> _PlanBuilder:
-        text = command if isinstance(command, str) else " ".join(command)
-        self.plan.refused.append(f"RUN {text[:120]}")
-        return self
-
-    def copy(self, src: str, dest: str, force_upload: Any = None, user: str | None = None, mode: int | None = None,
-             resolve_symlinks: Any = None, gzip: Any = None) -> _PlanBuilder:
-        dest_abs = dest if dest.startswith("/") else str(PurePosixPath(self._workdir) / dest) + (
-            "/" if dest.endswith("/") else "")
-        last = self.plan.copies[-1] if self.plan.copies else None
-        if last is not None and last is self._pending and last.dest == dest_abs and last.mode == mode:
-            last.sources.append(src)  # one COPY with several sources arrives as several calls
-        else:
-            self._pending = _Copy([src], dest_abs, mode)
-            self.plan.copies.append(self._pending)
-        return self
-
-    def set_workdir(self, workdir: str) -> _PlanBuilder:
-        # The converter sets Docker's default ("/") first and, when the file has no WORKDIR,
-        # E2B's default ("/home/user") last; only a WORKDIR of the file itself counts.
-        self._pending = None
-        first, self._started = not self._started, True
-        if first or (workdir == "/home/user" and self.plan.workdir is None):
-            return self
-        self._workdir = workdir if workdir.startswith("/") else str(PurePosixPath(self._workdir) / workdir)
-        self.plan.workdir = self._workdir
-        return self
-
-    def set_user(self, user: str) -> _PlanBuilder:
-        self._pending = None
-        if user not in self._DEFAULT_USERS:
-            self.plan.ignored.append(f"USER {user} (sandboxes run every command as their own uid)")
-        return self
-
-    def set_envs(self, envs: dict[str, str]) -> _PlanBuilder:
-        self._pending = None
-        self.plan.env.update(envs)
-        return self
-
-    def set_start_cmd(self, start_cmd: str, ready_cmd: Any) -> _PlanBuilder:
-        self.plan.ignored.append("CMD/ENTRYPOINT (Harbor drives the sandbox by exec)")
-        return self
-
-
-def read_image_plan(environment_dir: Path) -> _ImagePlan:
-    """The replay plan of ``environment/Dockerfile`` (an empty plan when there is none)."""
-    dockerfile = environment_dir / "Dockerfile"
-    if not dockerfile.is_file():
-        return _ImagePlan()
-    builder = _PlanBuilder()
-    try:
-        parse_dockerfile(dockerfile.read_text(encoding="utf-8"), builder)
-    except (DockerfileSyntaxError, ValueError) as exc:
-        raise SandboxBuildFailedError(f"{dockerfile}: {exc}") from exc
-    text = dockerfile.read_text(encoding="utf-8")
-    if any(line.strip().upper().startswith(("COPY --FROM", "ADD --FROM")) for line in text.splitlines()):
-        builder.plan.refused.append("COPY --from (needs another build stage)")
-    for copy in builder.plan.copies:
-        for src in copy.sources:
-            if "://" in src:
-                builder.plan.refused.append(f"ADD {src} (downloads need network)")
-    return builder.plan
-
-
-def _converter_print(*values: object, **_: Any) -> None:
-    text = " ".join(str(v) for v in values).strip()
-    if text:
-        log.debug("dockerfile: %s", text)
-
-
-# The converter print()s its warnings. They used to be caught by redirecting sys.stdout around the
-# parse — from a trial's worker thread, which swaps the whole process's stdout: anything printing
-# meanwhile in another thread (an operator CLI in the same process) lost its output, or had its
-# stream closed under it. Its own module's ``print`` goes to the log instead; nothing global moves.
-_dockerfile_parser.print = _converter_print  # type: ignore[attr-defined]
-
-
-def _expand_sources(environment_dir: Path, pattern: str) -> list[Path]:
-    root = environment_dir.resolve()
-    base = (root / pattern.lstrip("/")).resolve() if not any(c in pattern for c in "*?[") else None
-    if base is not None:
-        matches = [base] if base.exists() else []
-    else:
-        matches = sorted(p.resolve() for p in root.glob(pattern.lstrip("/")))
-    for m in matches:
-        if not m.is_relative_to(root):
-            raise SandboxBuildFailedError(f"COPY source {pattern!r} is outside the environment directory")
-    if not matches:
-        raise SandboxBuildFailedError(f"COPY source {pattern!r} not found in {environment_dir}")
-    return matches
-
-
-# ----------------------------------------------------------------------------- the environment
-
-
-_MKDIR = "command -p mkdir -p"
-
-
-@dataclass(frozen=True)
-class _Step:
-    """One deferred set-up step (see :meth:`GymSandboxEnvironment._defer`): ``command -- paths``."""
-
-    command: str
-    """``mkdir -p`` or a ``chmod`` with its mode."""
-    paths: tuple[str, ...]
-
-    @property
-    def makes(self) -> tuple[str, ...] | None:
-        """The directories it makes; ``None`` for a mode to set."""
-        return self.paths if self.command == _MKDIR else None
-
-    @property
-    def shell(self) -> str:
-        return f"{self.command} -- " + " ".join(shlex.quote(p) for p in self.paths)
-
-
-def setup_script(steps: list[_Step]) -> str:
-    """The deferred steps as one shell line, in as few programs as it takes: every directory in
-    one ``mkdir -p`` first, then one ``chmod`` per mode (in the steps' own order if a path has
-    more than one mode coming). Making directories first changes nothing: the only modes a
-    directory is given here are 777 (each program start in a sandbox is ~1 ms)."""
-    made = list(dict.fromkeys(d for step in steps if step.makes for d in step.paths))
-    modes: dict[str, list[str]] = {}
-    for step in steps:
-        if not step.makes:
-            modes.setdefault(step.command, []).extend(step.paths)
-    named = [p for paths in modes.values() for p in set(paths)]
-    groups = list(modes.items()) if len(named) == len(set(named)) else [
-        (step.command, list(step.paths)) for step in steps if not step.makes]
-    lines = []
-    for command, paths in ([(_MKDIR, made)] if made else []) + groups:
-        paths = list(dict.fromkeys(paths))
-        for i in range(0, len(paths), _ARGS_PER_COMMAND):
-            lines.append(_Step(command, tuple(paths[i:i + _ARGS_PER_COMMAND])).shell)
-    return " && ".join(lines)
-
-
 def _inside(path: str, directory: str) -> bool:
     """``path`` names something strictly inside ``directory`` (lexically, ``..`` resolved)."""
     return posixpath.normpath(path).startswith(posixpath.normpath(directory).rstrip("/") + "/")
-
-
-def sdk_sandbox(view: dict[str, Any], *, api_key: str, api_url: str, sandbox_url: str) -> AsyncSandbox:
-    """The e2b SDK's handle on a sandbox from the answer to its create, built as the SDK's own
-    ``AsyncSandbox.create`` builds it from that answer. ``AsyncSandbox.connect`` would ask the
-    gateway for the same view again (``POST /v2/sandboxes/{id}/connect``): two of a trial's ~25
-    requests, ~3.5 ms each in the server, for nothing. The access token travels as the SDK puts
-    it, in the daemon's ``X-Access-Token`` header."""
-    sandbox_id, token = view["sandboxID"], view["envdAccessToken"]
-    config = ConnectionConfig(api_key=api_key, api_url=api_url, sandbox_url=sandbox_url, extra_sandbox_headers={
-        "X-Access-Token": token, "E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ConnectionConfig.envd_port)})
-    return AsyncSandbox(sandbox_id=sandbox_id, sandbox_domain=view.get("domain"), envd_version=Version(view["envdVersion"]),
-                        envd_access_token=token, traffic_access_token=view.get("trafficAccessToken"),
-                        connection_config=config)
 
 
 class GymSandboxEnvironment(BaseEnvironment):
@@ -421,7 +109,7 @@ class GymSandboxEnvironment(BaseEnvironment):
     options: GymSandboxOptions
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._plan = _ImagePlan()
+        self._plan = ImagePlan()
         self._sandbox: AsyncSandbox | None = None
         self._trial: TrialSandboxes | None = None
         self.sandbox_id: str | None = None
@@ -434,7 +122,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         """What this environment knows of its sandbox's files (nothing yet), which lets it skip a
         call or a process start where the answer is known: set-up waiting to run, files it wrote,
         directories it found empty, and whether any process has run there."""
-        self._setup: list[_Step] = []
+        self._setup: list[SetupStep] = []
         """Shell steps (mkdir -p, chmod) not yet run: they run at the head of the next command, or
         alone before anything reads the sandbox's files (see :meth:`_defer`)."""
         self._written: dict[str, int | None] = {}
@@ -500,7 +188,7 @@ class GymSandboxEnvironment(BaseEnvironment):
     def is_agent_environment(self) -> bool:
         """The agent's sandbox, not the fresh one Harbor starts for the verifier (session
         ``<trial>__verifier__<key>``): only the agent's gets the model door."""
-        return self.session_id == f"{self.trial_paths.trial_dir.name}__env"
+        return self.session_id == self.trial_paths.trial_dir.name + AGENT_SESSION_SUFFIX
 
     @property
     def workdir(self) -> str | None:
@@ -509,7 +197,7 @@ class GymSandboxEnvironment(BaseEnvironment):
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
-        trial = _TRIAL.get()
+        trial = current_trial()
         if trial is None:
             raise RuntimeError("no sandbox credentials are bound; run the trial inside trial_sandboxes(...)")
         credentials = trial.credentials
@@ -630,9 +318,9 @@ class GymSandboxEnvironment(BaseEnvironment):
         """Set-up that nothing observes until a command runs or a file is read — a directory to
         make, a mode to set — waits to run at the head of the next command (or alone, before a
         read: :meth:`_run_setup`). Each step is idempotent (``mkdir -p``, ``chmod``)."""
-        self._setup.append(_Step(command, tuple(paths)))
+        self._setup.append(SetupStep(command, tuple(paths)))
         self._forget_empty(paths)
-        if command != _MKDIR:
+        if command != MKDIR:
             for path in paths:
                 if path in self._known_dirs:
                     self._known_dirs[path] = None
@@ -651,7 +339,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         # ``mkdir -p`` twice is once, and of a directory known to exist is nothing
         dirs = [d for d in dict.fromkeys(dirs) if d not in pending and d not in self._known_dirs]
         if dirs:
-            self._defer(_MKDIR, dirs)
+            self._defer(MKDIR, dirs)
 
     def _known_chmod_x(self, command: str) -> bool:
         """``chmod +x FILE`` (Harbor's, before it runs a task's ``solve.sh`` or ``test.sh``) of a
@@ -660,16 +348,9 @@ class GymSandboxEnvironment(BaseEnvironment):
         nothing; it joins the deferred set-up (or is nothing at all when the mode the file was
         given already lets everyone execute it) and saves a process start (~10-15 ms). Any other
         command runs."""
-        if not command.startswith("chmod +x "):  # before any parsing: every command comes through here
+        path = chmod_x_path(command)
+        if path is None or path not in self._written:
             return False
-        try:
-            words = shlex.split(command)
-        except ValueError:
-            return False
-        if len(words) != 3 or words[:2] != ["chmod", "+x"] or not words[2].startswith("/") \
-                or words[2] not in self._written:
-            return False
-        path = words[2]
         mode = self._written[path]
         if mode is None or mode & 0o111 != 0o111:
             self._defer("command -p chmod +x", [path])
@@ -681,15 +362,9 @@ class GymSandboxEnvironment(BaseEnvironment):
         file is inside a directory :meth:`empty_dirs` has just found empty, in a sandbox where no
         process has ever run: nothing but this environment has touched its files, so there is
         nothing to remove and the command is nothing at all. Any other command runs."""
-        if self._process_starts or not self._known_empty_dirs or not command.startswith("rm -f "):
+        if self._process_starts or not self._known_empty_dirs:
             return False
-        try:
-            words = shlex.split(command)
-        except ValueError:
-            return False
-        if words[:2] != ["rm", "-f"]:
-            return False
-        files = words[3:] if words[2:3] == ["--"] else words[2:]
+        files = rm_f_paths(command) or []
         return bool(files) and all(
             f.startswith("/") and f == posixpath.normpath(f) and any(_inside(f, d) for d in self._known_empty_dirs)
             for f in files)
@@ -788,12 +463,11 @@ class GymSandboxEnvironment(BaseEnvironment):
     async def _with_setup(self, script: str, *, cwd: str | None, env: dict[str, str] | None = None,
                           timeout_sec: float | None = None) -> ExecResult:
         """Run the deferred set-up, then ``script``, in one process. If a step fails the process
-        exits :data:`SETUP_FAILED` with :data:`SETUP_MARK` and this call's nonce on stderr before
+        exits :data:`SETUP_FAILED` with this call's mark on stderr (:func:`guarded_head`) before
         the script's own lines run, and this raises. Set-up that may not have run (the call
         failed or was cancelled) runs again with what comes next: every step is idempotent."""
         setup, self._setup = self._setup, []
-        mark = f"{SETUP_MARK}-{secrets.token_hex(8)}"
-        head = "{ " + setup_script(setup) + f"; }} || {{ echo {mark} >&2; exit {SETUP_FAILED}; }}\n"
+        head, mark = guarded_head(setup)
         try:
             result = await self._run_plain(head + script, cwd=cwd, env=env, timeout_sec=timeout_sec)
         except BaseException:
@@ -904,7 +578,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         if kept is not None and (size is None or size == len(kept)):
             return kept
         changes = self._changes
-        data = bytes(await idempotent(functools.partial(_read_bytes, self._require(), path), path))
+        data = bytes(await idempotent(functools.partial(read_bytes, self._require(), path), path))
         if self._reads_at != changes:
             self._reads, self._reads_bytes, self._reads_at = {}, 0, changes
         self._reads_bytes -= len(self._reads.pop(path, b""))  # a newer read replaces a kept one
@@ -1000,7 +674,7 @@ class GymSandboxEnvironment(BaseEnvironment):
 
     async def _replay_copies(self) -> None:
         for copy in self._plan.copies:
-            sources = [p for s in copy.sources for p in _expand_sources(self.environment_dir, s)]
+            sources = [p for s in copy.sources for p in expand_sources(self.environment_dir, s)]
             into_dir = copy.dest.endswith("/") or len(sources) > 1 or await self._path_type(copy.dest) == FileType.DIR
             files: list[tuple[str, Path]] = []
             dirs: list[str] = [copy.dest.rstrip("/") or "/"] if into_dir else []
@@ -1038,7 +712,3 @@ def _error_message(response: httpx.Response) -> str:
     except ValueError:
         pass
     return response.text[:500]
-
-
-__all__ = ["GymSandboxEnvironment", "GymSandboxOptions", "SandboxCredentials", "TrialSandboxes", "read_image_plan",
-           "trial_sandboxes"]
