@@ -396,6 +396,7 @@ def test_cli_keys_create_takes_the_agent_rate_from_the_policy_file(live: Any, tm
     """``rsigym keys create`` takes token rates where it takes the rollout one: the policy file."""
     from typer.testing import CliRunner
 
+    from ops.cli import keys
     from ops.cli import main as cli
 
     url, client, _ = live
@@ -405,7 +406,7 @@ def test_cli_keys_create_takes_the_agent_rate_from_the_policy_file(live: Any, tm
         assert r.status_code == 201, r.text
         return r.json()
 
-    monkeypatch.setattr(cli, "_call", call)
+    monkeypatch.setattr(keys, "admin_request", call)
     policy = tmp_path / "policy.toml"
     policy.write_text("[services.rollout]\ntokens_per_minute = 5000\n[services.agent]\ntokens_per_minute = 1\n")
     out = CliRunner().invoke(cli.app, ["keys", "create", "--policy-file", str(policy), "--budget", "1",

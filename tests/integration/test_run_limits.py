@@ -118,6 +118,7 @@ def test_deadline_requests_are_validated(gym: Any) -> None:
 def test_cli_keys_create_deadline(gym: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
+    from ops.cli import keys
     from ops.cli import main as cli
 
     client = client_for(gym)
@@ -127,7 +128,7 @@ def test_cli_keys_create_deadline(gym: Any, monkeypatch: pytest.MonkeyPatch) -> 
         assert r.status_code == 201, r.text
         return r.json()
 
-    monkeypatch.setattr(cli, "_call", call)
+    monkeypatch.setattr(keys, "admin_request", call)
     before = datetime.now(UTC)
     out = CliRunner().invoke(cli.app, ["keys", "create", "--track", "joint", "--budget", "1", "--deadline", "2h", "--json"])
     assert out.exit_code == 0, out.output

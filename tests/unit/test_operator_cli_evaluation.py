@@ -20,7 +20,7 @@ from rsigym import Gym
 from typer.testing import CliRunner
 
 from ops.cli.main import app as operator_cli
-from ops.cli.main import watched_records
+from ops.cli.scoring import watched_records
 from services.evaluation.report import build_report_rows
 from kit.ids import new_id
 from kit.settings import StoreSettings

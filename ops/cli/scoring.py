@@ -1,0 +1,218 @@
+"""``rsigym score RUN`` (end, audit, then score a run's final submission) and ``rsigym report``
+(the RSI-Index from every finished score)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from kit.display_text import PlainTable, inert
+from ops.cli.admin_client import AdminClient, AdminError
+from ops.cli.audits import run_audit
+from ops.cli.common import (DataDirOpt, JsonOpt, PollOpt, UrlOpt, console, err_console, print_error, print_note,
+                            with_admin)
+from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
+from services.evaluation.report import INITIAL_RUN, build_report_rows
+
+
+def _score_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _scores_table(rows: list[dict[str, Any]]) -> Table:
+    table = PlainTable("score id", "run", "benchmark", "split", "model", "harness", "attempts", "status", "progress", "score")
+    for r in rows:
+        p = r.get("progress") or {}
+        progress = f"{p.get('done', 0)}/{p.get('total', 0)}" if p else "-"
+        table.add_row(r["id"], r["run_id"], r["benchmark"], r["split"], r["model"], r["harness"], str(r["attempts"]),
+                      r["status"], progress, _score_text(r.get("score")))
+    return table
+
+
+def watched_records(started: list[dict[str, Any]], scores: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The score records ``rsigym score RUN --wait`` waits for: the ones just started, and the
+    initial system's records for the same benchmarks, split and attempts (a baseline that was
+    already cached is not in ``started``)."""
+    ids = {r["id"] for r in started}
+    wanted = {(r["benchmark"], r["split"], r["attempts"]) for r in started if r["run_id"] == run_id}
+    return [r for r in scores if r["id"] in ids
+            or (r["run_id"] == INITIAL_RUN and (r["benchmark"], r["split"], r["attempts"]) in wanted)]
+
+
+def _wait_for_scores(started: list[dict[str, Any]], run_id: str, poll: float, data_dir: Path | None,
+                     url: str | None) -> list[dict[str, Any]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars: dict[str, Any] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=err_console) as progress:
+        while True:
+            watched = watched_records(started, with_admin(data_dir, url, lambda c: c.scores()), run_id)
+            for r in watched:
+                p = r.get("progress") or {}
+                if r["id"] not in bars:
+                    label = f"{r['run_id']} {r['benchmark']}/{r['split']} avg@{r['attempts']}"
+                    bars[r["id"]] = progress.add_task(escape(inert(label)), total=p.get("total") or None, status="")
+                progress.update(bars[r["id"]], completed=p.get("done", 0), total=p.get("total") or None,
+                                status=escape(inert(f"{r['status']} {_score_text(r.get('score'))}")))
+            if all(r["status"] in FINAL for r in watched):
+                return watched
+            time.sleep(poll)
+
+
+def score(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run (its root key id) to score.")],
+    attempts: Annotated[int, typer.Option("--attempts", min=1, max=10, help="Attempts per task (avg@k).")] = 3,
+    benchmark: Annotated[list[str] | None, typer.Option("--benchmark", help="Only this benchmark (repeatable).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split scored (hidden from agents).")] = "official",
+    wait: Annotated[bool, typer.Option("--wait", help="Show progress until the run's and the initial system's "
+                                                      "scores are final (exit 1 if one failed).")] = False,
+    poll: PollOpt = 2.0,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """End the run if it is open, audit its final submission, then score that submission (avg@k
+    on the official split of every ready benchmark).
+
+    The final submission is the run's latest before it ended: an open run is ended first
+    (deadline now: its keys are refused with run_ended, submissions closed), so the audited
+    submission is the scored one. Billed to the operator's own key, not the run's. The initial
+    system (base model + minimal harness) is scored the same way once per benchmark, split and
+    attempts, and cached. The submission is scored on a visible split (dev) as well, and with
+    --wait the run is audited again once the scores are in: the audit's score-gap check flags an
+    official score that beats the dev score by more than sampling noise."""
+    shown = err_console if as_json else console
+    if with_admin(data_dir, url, lambda c: c.latest_submission(run_id)) is None:
+        print_error(f"run {run_id} has submitted nothing: nothing scored, the run left as it is")
+        raise typer.Exit(1)
+    ended = with_admin(data_dir, url, lambda c: end_open_run(c, run_id))
+    if ended is not None:
+        shown.print(f"run {run_id} was open: ended it now ({ended}); its keys are refused (run_ended) and its "
+                    "submissions closed, so its latest submission is final")
+    verdict = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url)  # every score comes with its audit
+    submission_id = (verdict.get("submission") or {}).get("id")
+    shown.print(f"audit of {run_id}'s final submission {escape(inert(str(submission_id)))}: "
+                f"[bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
+    started = with_admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split,
+                                                      submission_id=submission_id))
+    # The score-gap check compares the official score with the same system's dev score.
+    started_dev = with_admin(data_dir, url, lambda c: score_visible_splits(c, run_id, attempts, benchmark, split,
+                                                                        submission_id))
+    watched = _wait_for_scores(started + started_dev, run_id, poll, data_dir, url) if wait else started + started_dev
+    rows = [r for r in watched if r["split"] == split]
+    after = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url) if wait else None
+    if after is not None:
+        shown.print(f"audit of {run_id} with its scores (score gap): [bold]{after['status']}[/bold]")
+    if as_json:
+        typer.echo(json.dumps({"data": rows, "audit": {"status": verdict["status"],
+                                                       "hacking_rate": verdict["hacking_rate"],
+                                                       "audit_id": verdict.get("audit_id"),
+                                                       "submission_id": submission_id},
+                               "run_ended_now": ended is not None,
+                               "dev_scores": [r for r in watched if r["split"] != split],
+                               "audit_after_scoring": None if after is None else {
+                                   "status": after["status"], "hacking_rate": after["hacking_rate"],
+                                   "audit_id": after.get("audit_id")}}, indent=2))
+    else:
+        console.print(_scores_table(watched))
+        if not wait:
+            err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done "
+                              f"(`rsigym audit {run_id}` then checks the official score against the dev score)")
+    if wait and any(r["status"] != "succeeded" for r in watched):
+        raise typer.Exit(1)
+
+
+def score_visible_splits(client: AdminClient, run_id: str, attempts: int, benchmarks: list[str] | None, split: str,
+                         submission_id: str | None) -> list[dict[str, Any]]:
+    """Score the submission on a visible split (``dev`` where there is one) of every benchmark
+    whose ``split`` is hidden, for the audit's score-gap check (services/records/audits/score_gap.py)."""
+    by_split: dict[str, list[str]] = {}
+    for b in client.benchmarks():
+        splits = b.get("splits") or {}
+        if b.get("status") != "ready" or (benchmarks and b["name"] not in benchmarks) \
+                or not (splits.get(split) or {}).get("hidden"):
+            continue
+        visible = [n for n, info in splits.items() if not (info or {}).get("hidden")]
+        if visible:
+            by_split.setdefault("dev" if "dev" in visible else visible[0], []).append(b["name"])
+    return [row for name, names in by_split.items()
+            for row in client.score(run_id, attempts=attempts, benchmarks=names, split=name, submission_id=submission_id)]
+
+
+def end_open_run(client: AdminClient, run_id: str) -> str | None:
+    """End the run now if its deadline is unset or ahead (the deadline route, ``deadline_s`` 0);
+    the new deadline, or None when the run had already ended (its deadline is left as it was)."""
+    ends_at = client.key(run_id).get("ends_at")
+    if ends_at is not None and datetime.fromisoformat(ends_at) <= datetime.now(UTC):
+        return None
+    return str(client.set_deadline(run_id, 0).get("ends_at"))
+
+
+def report(
+    out: Annotated[Path, typer.Option("--out", help="Directory for report.md, report.json and charts.")] = Path(
+        "rsigym-report"),
+    split: Annotated[str, typer.Option("--split", help="The split whose scores are reported.")] = "official",
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """The RSI-Index per run and per agent, from every finished score.
+
+    Each run's integrity is its newest audit's verdict (or "not audited"); its timeline (time to
+    first training job, research hours, experiments, spend) goes into the files, with the spend
+    by service over time drawn as timeline-<run>.png.
+
+    Prints the tables and writes report.md, report.json, one PNG chart per benchmark and one
+    timeline chart per run into --out; --json prints report.json's content instead of the tables."""
+    from services.evaluation.report import group_rows, scored_submissions, to_json, write_report
+
+    scores, keys = with_admin(data_dir, url, lambda c: (c.scores(), c.keys()))
+    rows, notes = build_report_rows(scores, keys, split)
+    for note in notes:
+        print_note(note)
+    if not rows:
+        err_console.print("no scored runs with an initial-system score yet: `rsigym score RUN --wait` first")
+        raise typer.Exit(1)
+    grouped = group_rows(rows)
+    audits, timelines, integrity_default = with_admin(
+        data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped], scored_submissions(rows)))
+    files = write_report(grouped, out, err_console if as_json else console, audits=audits, timelines=timelines,
+                         integrity_default=integrity_default)
+    if as_json:
+        typer.echo(json.dumps(to_json(files.report), indent=2))
+    else:
+        written = [files.markdown, files.json, *files.charts.values(), *files.timeline_charts.values()]
+        console.print("written: " + ", ".join(str(p) for p in written))
+
+
+def _report_records(client: AdminClient, run_ids: list[str],
+                    scored: dict[str, set[str | None]]) -> tuple[Any, list[Any], str]:
+    """The runs' newest audits of their scored submissions and their timelines for `rsigym report`.
+    A part that cannot be read is named on stderr and left out: integrity then reads "unknown",
+    never "not audited"."""
+    from services.evaluation.report import INTEGRITY_UNKNOWN, NOT_AUDITED, newest_audits, timeline_from_api
+
+    try:
+        records = client.audits()
+        audits, default = newest_audits(records, scored), NOT_AUDITED
+        for run_id in sorted(set(newest_audits(records)) & set(run_ids) - set(audits)):
+            print_note(f"{run_id}: no audit of its scored submission ({', '.join(sorted(map(str, scored.get(run_id, ()))))}"
+                  f"); integrity shown as {NOT_AUDITED} (`rsigym score {run_id}` audits what it scores)")
+    except AdminError as err:
+        print_note(f"audits could not be read ({err.type}: {err.message}); integrity shown as unknown")
+        audits, default = {}, INTEGRITY_UNKNOWN
+    timelines = []
+    for run_id in run_ids:
+        try:
+            timelines.append(timeline_from_api(client.timeline(run_id)))
+        except AdminError as err:
+            print_note(f"no timeline for {run_id} ({err.type}: {err.message})")
+    return audits, timelines, default
