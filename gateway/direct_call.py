@@ -1,23 +1,23 @@
-"""A proxied call handed to a service's hot-route handler in process (embedded mode).
+"""The seam's in-process implementation (gateway/service_call.py): a proxied call to one of a
+service's hot routes handed to that route's handler in process (embedded mode), with the
+gateway's :class:`~kit.identity.Identity` itself; any other call goes on to the transport that
+runs the service's whole app (:class:`DirectTransport`).
 
-In embedded mode the gateway reaches a service through the in-process streaming transport
-(gateway/asgi_transport.py): an httpx request, a task that runs the service's whole ASGI app (its
-error, telemetry and body-limit middleware, then its direct-route dispatcher), a queue, an httpx
-response. For the few routes a service serves past its router (kit/direct_routes.py: the
-rollout service's chat completion, the sandbox's file routes), the gateway calls that route's
-handler itself, in its own task. It is the same handler the service's dispatcher would call, on a
-request whose scope is the one the transport builds (decoded path, raw path, query, the
-headers, the body, the service's app). The gateway's ``forward`` hands the call's
-:class:`~kit.identity.Identity` itself, in the scope (``IN_PROCESS_IDENTITY``), instead of
-signing it: nothing crosses a socket or the transport, so there is no signature to check, and
-nothing a caller sends can set a scope key. A call given signed headers and no identity (as the
-tests give) is verified by the handler as any other.
+Through the in-process streaming transport (gateway/asgi_transport.py) a call is an httpx request,
+a task that runs the service's whole ASGI app (its error, telemetry and body-limit middleware,
+then its direct-route dispatcher), a queue, an httpx response. For the few routes a service serves
+past its router (kit/direct_routes.py: the rollout service's chat completion, the sandbox's file
+routes), the gateway calls that route's handler itself, in its own task. It is the same handler
+the service's dispatcher would call, on a request whose scope is the one the transport builds
+(decoded path, raw path, query, the headers, the body, the service's app), and the identity is in
+the scope (``IN_PROCESS_IDENTITY``) instead of signed headers: nothing crosses a socket or the
+transport, so there is no signature to check, and nothing a caller sends can set a scope key.
 
 What is left out is what the gateway has already done:
 
 * bounding the body: it is read, within the route's own limit, and the service's limit is the
   largest of the gateway's;
-* refusing an unsigned caller before its body is read: this body is in memory, and signed.
+* refusing an unsigned caller before its body is read: this body is in memory, and vouched for.
 
 A response returned whole (a JSON answer) comes back as it is (:class:`DirectResponse`). A streamed
 one (an SSE completion: a ``StreamingResponse``) is read straight from its body iterator by the
@@ -29,8 +29,8 @@ refusal is answered by the service's own exception handlers and an unexpected er
 catch-all handler: the gateway sees the answer the service's app would have given.
 
 Measured (docs/performance.md): 0.12-0.35 ms less of the gym process's CPU per sequential chat
-completion, and 0.5 ms less of what the gateway adds in ``gateway_vs_litellm.py`` (2026-12-05);
-a stream's first byte 0.2 ms sooner, read without the transport (2026-12-06).
+completion, 0.5 ms less of what the gateway adds in ``gateway_vs_litellm.py``, and a stream's
+first byte 0.2 ms sooner, read without the transport.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from gateway.asgi_transport import SENDS_RAISE_WHEN_GONE, body_receive, http_scope, open_app
+from gateway.service_call import ServiceCall, ServiceTransport, Upstream
 from kit.direct_routes import Handler, error_answer
-from kit.identity import IN_PROCESS_IDENTITY, Identity
+from kit.identity import IN_PROCESS_IDENTITY
 
 
 class DirectResponse:
@@ -129,22 +130,19 @@ class DirectService:
             return None
         return self.routes.get((method, path))
 
-    async def call(self, handler: Handler, method: str, target: str, headers: Mapping[str, str],
-                   body: bytes, identity: Identity | None = None) -> DirectResponse | DirectStream | httpx.Response:
-        """Run ``handler`` on the call; see the module docstring. ``identity``: the gateway's, handed
-        to the handler as it is (None: the handler verifies the signed ``headers``). Returns a
-        :class:`DirectResponse` (a whole answer), a :class:`DirectStream` (a streamed one) or, for
-        an answer with background work, the transport's streaming :class:`httpx.Response`."""
-        path, _, query = target.partition("?")
-        raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
-        raw.append((b"content-length", str(len(body)).encode()))
-        scope = http_scope(method, path, path.encode("ascii"), query.encode("ascii"),
+    async def call(self, handler: Handler, call: ServiceCall) -> DirectResponse | DirectStream | httpx.Response:
+        """Run ``handler`` on ``call``, handed its identity as it is; see the module docstring.
+        Returns a :class:`DirectResponse` (a whole answer), a :class:`DirectStream` (a streamed one)
+        or, for an answer with background work, the transport's streaming :class:`httpx.Response`."""
+        path, _, query = call.target.partition("?")
+        raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in call.headers.items()]
+        raw.append((b"content-length", str(len(call.body)).encode()))
+        scope = http_scope(call.method, path, path.encode("ascii"), query.encode("ascii"),
                            [(b"host", self.server[0].encode("ascii")), *raw], self.client, self.server,
                            spec_version=SENDS_RAISE_WHEN_GONE)  # a streamed answer's send raises once its reader has gone
         scope["app"] = self.app
-        if identity is not None:
-            scope[IN_PROCESS_IDENTITY] = identity
-        request = Request(scope, body_receive(body, asyncio.Event()))  # a caller that stays
+        scope[IN_PROCESS_IDENTITY] = call.identity
+        request = Request(scope, body_receive(call.body, asyncio.Event()))  # a caller that stays
         try:
             response = await handler(request)
         except Exception as err:  # noqa: BLE001 - answered as the service's app answers it, or raised
@@ -159,3 +157,20 @@ class DirectService:
         if isinstance(response, StreamingResponse) and response.background is None:
             return DirectStream(response)
         return await open_app(response, scope, b"", None)
+
+
+class DirectTransport:
+    """The seam for a service of this process: a call to one of its hot routes is handed to the
+    route's handler (:meth:`DirectService.call`), any other goes on to ``app_transport``, which
+    runs the service's whole app (signed, as across any boundary)."""
+
+    def __init__(self, service: DirectService, app_transport: ServiceTransport):
+        self.service = service
+        self.app_transport = app_transport
+
+    async def send(self, call: ServiceCall) -> Upstream:
+        handler = self.service.handler(call.method, call.target, call.path)
+        if handler is None:
+            return await self.app_transport.send(call)
+        answer: Upstream = await self.service.call(handler, call)
+        return answer

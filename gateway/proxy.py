@@ -1,6 +1,7 @@
-"""Forwarding one call: authenticate → policy → concurrency slot → reserve → forward
-(signed) → settle → cost headers. Any failure before the service has done billable work
-releases the reservation; nothing leaves a hold or a slot behind.
+"""Forwarding one call: authenticate → policy → concurrency slot → reserve → forward (the call
+and the gateway's identity, handed to the service's transport: gateway/service_call.py) → settle
+→ cost headers. Any failure before the service has done billable work releases the reservation;
+nothing leaves a hold or a slot behind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
-from urllib.parse import quote
 
 import anyio
 import httpx
@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from gateway.access_log import note_key
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
-from gateway.service_link import Upstream
+from gateway.service_call import ServiceCall, Upstream
 from billing import rate_limits
 from kit.body_limits import parse_json_object
 from kit.canonical import canonical_body
@@ -40,7 +40,7 @@ from kit.errors import (
 )
 from services.records.events import CALL_REFUSED
 from kit.http import ClosingStreamingResponse, request_id_of
-from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity, sign
+from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from access.keys import Principal
 from billing.ledger import Balance, Reservation
 from billing.money import format_usd, nusd_to_usd
@@ -328,8 +328,6 @@ def _identity(call: _Call, estimate: int) -> Identity:
 
 
 async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw: bytes, identity: Identity) -> Upstream:
-    query = request.scope.get("query_string", b"").decode("latin-1")
-    target = sub_path + (f"?{query}" if query else "")
     headers = {
         "content-type": request.headers.get("content-type", "application/json"),
         "accept": request.headers.get("accept", "*/*"),
@@ -337,12 +335,10 @@ async def _send(gw: Gateway, request: Request, service: str, sub_path: str, raw:
         "x-request-id": identity.request_id,
         **{h: request.headers[h] for h in _FORWARD_REQUEST_HEADERS if h in request.headers},
     }
-    link = gw.links[service]
-    wire = wire_path(sub_path) + (f"?{query}" if query else "")
-    if not link.in_process(request.method, wire, sub_path):  # a hot route in process is handed the identity itself
-        headers.update(sign(identity, gw.internal_secret, request.method, target, raw))
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    call = ServiceCall(request.method, sub_path, query, headers, raw, identity, gw.internal_secret)
     try:
-        return await link.send(request.method, wire, headers, raw, path=sub_path, identity=identity)
+        return await gw.links[service].send(call)
     except httpx.HTTPError as err:
         log.warning("service %s unreachable (%s): %s", service, identity.request_id, type(err).__name__)
         raise ServiceUnavailable(f"the {service} service is unavailable; nothing was charged") from err
@@ -405,15 +401,6 @@ async def _pass_through(call: _Call, upstream: Upstream) -> AsyncIterator[bytes]
         await call.close(None)
 
 
-def wire_path(path: str) -> str:
-    """A (decoded) path as it travels to a service: what a URL cannot carry as it is (``?``, ``#``,
-    ``%``, control characters, non-ASCII) percent-encoded and dot segments kept from being resolved,
-    so the service routes and verifies exactly the path that was signed: an odd id is looked up
-    and not found, never a broken URL (a 500), a truncated path or another route."""
-    segments = (quote(s, safe="!$&'()*+,;=:@") for s in path.split("/"))
-    return "/".join(s.replace(".", "%2E") if s in (".", "..") else s for s in segments)
-
-
 async def operator_call(gw: Gateway, service: str, method: str, path: str, request_id: str,
                         body: bytes = b"", query: str = "") -> httpx.Response:
     """A signed call made for the operator (audits, benchmarks, scoring): not a run, not metered.
@@ -422,10 +409,9 @@ async def operator_call(gw: Gateway, service: str, method: str, path: str, reque
         raise NotFound(f"the {service} service is not part of this gym")
     identity = Identity(request_id=request_id, key_id="operator", run_id="operator", service=service,
                         operation="operator", operator=True, issued_at=time.time())
-    headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity",
-               **sign(identity, gw.internal_secret, method, path + (f"?{query}" if query else ""), body)}
+    headers = {"x-request-id": request_id, "content-type": "application/json", "accept-encoding": "identity"}
+    call = ServiceCall(method, path, query, headers, body, identity, gw.internal_secret)
     try:
-        return await gw.links[service].client.request(method, wire_path(path) + (f"?{query}" if query else ""),
-                                                 headers=headers, content=body)
+        return await gw.links[service].client.request(method, call.target, headers=call.signed_headers(), content=body)
     except httpx.HTTPError as err:
         raise ServiceUnavailable(f"the {service} service is unavailable") from err

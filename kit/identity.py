@@ -28,7 +28,8 @@ COST_TRAILER_PREFIX = b": rsigym-cost="
 MAX_SKEW_S = 300.0
 IN_PROCESS_IDENTITY = "rsigym.identity"
 """The ASGI scope key under which the embedded gateway hands its :class:`Identity` itself to a
-service's hot-route handler that it calls in process (gateway/direct_call.py). Such a call
+service's hot-route handler that it calls in process (gateway/direct_call.py's transport; every
+other transport signs). Such a call
 crosses no socket and no transport, so there is nothing to sign or verify: the object was made
 by the gateway's own ``forward`` for this call. Nothing a caller sends can set a scope key: a call
 that arrives over HTTP or through the in-process transport carries only headers, and

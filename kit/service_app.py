@@ -27,9 +27,10 @@ from kit.identity import IDENTITY_HEADER, IN_PROCESS_IDENTITY, SIGNATURE_HEADER,
 
 
 async def require_identity(request: Request) -> Identity:
-    """Refuse any call that did not come through the gateway (see kit.identity). A hot
-    route called in process by the embedded gateway is handed the gateway's identity object
-    (``IN_PROCESS_IDENTITY``); every other call is verified from its signed headers."""
+    """Refuse any call that did not come through the gateway (see kit.identity): the one check of
+    a call's identity, run by every route, direct or routed. A hot route called in process by the
+    embedded gateway is handed the gateway's identity object (``IN_PROCESS_IDENTITY``, set only by
+    gateway/direct_call.py's transport); every other call is verified from its signed headers."""
     given = request.scope.get(IN_PROCESS_IDENTITY)
     if isinstance(given, Identity):
         request.state.request_id = given.request_id

@@ -1,12 +1,13 @@
 """A hot route taken in process by the embedded gateway (gateway/direct_call.py) answers exactly
 what the service's whole app answers through the in-process transport.
 
-The same signed calls go through two links to one service app: one that hands the service's direct
-routes to their handler in process, one that runs the app through the transport (as every call
-did before). Status, body (all but the request id) and headers must match, for a good call, a
-forged signature, a body altered after signing, one the endpoint refuses, one that makes it fail,
-a streamed answer, one the service breaks off, a route that is not direct and an odd path. No call the signature refuses may
-reach the endpoint, and a stream whose reader goes away stops its producer.
+The same calls go through two links to one service app: one that hands the service's direct
+routes to their handler in process, with the identity object, one that runs the app through the
+transport, signed (as every call did before). Status, body (all but the request id) and headers
+must match, for a good call, one the endpoint refuses, one that makes it fail, a query, a streamed
+answer, one the service breaks off, a route that is not direct and an odd path. A call signed with
+another key is refused before it reaches the endpoint, identity headers a caller slips in set
+nothing, and a stream whose reader goes away stops its producer.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.asgi_transport import StreamingASGITransport
-from gateway.direct_call import DirectResponse, DirectService, DirectStream
-from gateway.proxy import wire_path
-from gateway.service_link import ServiceLink
+from gateway.direct_call import DirectResponse, DirectService, DirectStream, DirectTransport
+from gateway.service_call import ServiceCall
+from gateway.service_link import ServiceLink, SignedTransport
 from kit.errors import InvalidRequest
 from kit.http import json_object
-from kit.identity import Identity, sign
+from kit.identity import IN_PROCESS_IDENTITY, Identity, sign
 from kit.service_app import CurrentIdentity, create_service_app
 
 SECRET = "kit-secret"
@@ -95,67 +96,67 @@ def _link(direct: bool) -> tuple[ServiceLink, Counting]:
     return ServiceLink("http://kit.internal", StreamingASGITransport(counting), TIMEOUT, direct=helper), counting
 
 
-def _signed(path: str, body: bytes, *, secret: str = SECRET, query: str = "") -> dict[str, str]:
-    identity = Identity(request_id="req_kit", key_id="key_kit", run_id="key_kit", service="kit", operation="echo",
-                        policies=[], issued_at=time.time())
-    target = path + (f"?{query}" if query else "")
-    return {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": "req_kit",
-            **sign(identity, secret, "POST", target, body)}
+def _identity(key_id: str = "key_kit") -> Identity:
+    return Identity(request_id="req_kit", key_id=key_id, run_id=key_id, service="kit", operation="echo",
+                    policies=[], issued_at=time.time())
 
 
-def _calls() -> list[tuple[str, str, dict[str, str], bytes]]:
-    """(decoded path, query, headers, body) as the gateway's forward sends them."""
+HEADERS = {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": "req_kit"}
+
+
+def _call(path: str, body: bytes, *, query: str = "", headers: dict[str, str] | None = None,
+          secret: str = SECRET, identity: Identity | None = None) -> ServiceCall:
+    """A call as the gateway's forward builds it (``path`` decoded, ``headers`` unsigned)."""
+    return ServiceCall("POST", path, query, headers or HEADERS, body, identity or _identity(), secret)
+
+
+def _calls() -> list[ServiceCall]:
     good = json.dumps({"hello": "world"}).encode()
-    calls = [("/v1/echo", "", _signed("/v1/echo", good, secret="forged"), good),
-             ("/v1/echo", "", _signed("/v1/echo", good), good.replace(b"world", b"earth")),  # altered after signing
-             ("/v1/echo", "", _signed("/v1/other", good), good)]  # signed for another path
-    for body in ({"refuse": True}, {"crash": True}, {"hello": "world"}):
-        raw = json.dumps(body).encode()
-        calls.append(("/v1/echo", "", _signed("/v1/echo", raw), raw))
-    calls.append(("/v1/echo", "a=1&b=%20c", _signed("/v1/echo", good, query="a=1&b=%20c"), good))
-    calls.append(("/v1/stream", "", _signed("/v1/stream", b'{"n":4}'), b'{"n":4}'))
-    calls.append(("/v1/stream", "", _signed("/v1/stream", b'{"n":4,"fail_at":2}'), b'{"n":4,"fail_at":2}'))
-    calls.append(("/v1/routed", "", _signed("/v1/routed", good), good))
-    calls.append(("/v1/echo/..", "", _signed("/v1/echo/..", good), good))  # not a direct route as it travels
+    calls = [_call("/v1/echo", json.dumps(body).encode()) for body in ({"refuse": True}, {"crash": True}, {"hello": "world"})]
+    calls.append(_call("/v1/echo", good, query="a=1&b=%20c"))
+    calls.append(_call("/v1/stream", b'{"n":4}'))
+    calls.append(_call("/v1/stream", b'{"n":4,"fail_at":2}'))
+    calls.append(_call("/v1/routed", good))
+    calls.append(_call("/v1/echo/..", good))  # not a direct route as it travels
     return calls
+
+
+async def _read(r: Any) -> tuple[int, Any, dict[str, str], list[dict[str, Any]]]:
+    chunks = []
+    try:
+        async for chunk in r.aiter_raw():
+            chunks.append(chunk)
+    except httpx.HTTPError as err:  # a stream the service broke off
+        chunks.append(f"<{type(err).__name__}>".encode())
+    raw = b"".join(chunks)
+    await r.aclose()
+    payload: Any = raw.decode()
+    if r.headers.get("content-type", "").startswith("application/json"):
+        payload = json.loads(raw)
+        payload.pop("request_id", None)
+        if isinstance(payload.get("error"), dict):
+            payload["error"]["message"] = payload["error"]["message"].split(" (request ")[0]
+    kept = {h: r.headers[h] for h in ("content-type", "x-cost-nusd", "cache-control") if h in r.headers}
+    return r.status_code, payload, kept, list(reached)
 
 
 async def _answers(direct: bool) -> tuple[list[tuple[int, Any, dict[str, str], list[dict[str, Any]]]], int]:
     link, counting = _link(direct)
     answers = []
-    for path, query, headers, body in _calls():
+    for call in _calls():
         reached.clear()
-        target = wire_path(path) + (f"?{query}" if query else "")
-        r = await link.send("POST", target, headers, body, path=path)
-        chunks = []
-        try:
-            async for chunk in r.aiter_raw():
-                chunks.append(chunk)
-        except httpx.HTTPError as err:  # a stream the service broke off
-            chunks.append(f"<{type(err).__name__}>".encode())
-        raw = b"".join(chunks)
-        await r.aclose()
-        payload: Any = raw.decode()
-        if r.headers.get("content-type", "").startswith("application/json"):
-            payload = json.loads(raw)
-            payload.pop("request_id", None)
-            if isinstance(payload.get("error"), dict):
-                payload["error"]["message"] = payload["error"]["message"].split(" (request ")[0]
-        kept = {h: r.headers[h] for h in ("content-type", "x-cost-nusd", "cache-control") if h in r.headers}
-        answers.append((r.status_code, payload, kept, list(reached)))
+        answers.append(await _read(await link.send(call)))
     return answers, counting.calls
 
 
 def test_a_hot_route_in_process_answers_what_the_whole_app_answers() -> None:
     (through_app, entered_app), (in_process, entered_direct) = asyncio.run(_answers(False)), asyncio.run(_answers(True))
-    assert [a[0] for a in in_process] == [401, 401, 401, 400, 500, 200, 200, 200, 200, 200, 404]
+    assert [a[0] for a in in_process] == [400, 500, 200, 200, 200, 200, 200, 404]
     assert in_process == through_app
-    for _status, _payload, _headers, hits in in_process[:3]:
-        assert hits == []  # the signature refused them before the endpoint ran
-    assert in_process[5][1] == {"key": "key_kit", "echo": {"hello": "world"}}
-    assert in_process[6][3][0]["query"] == "a=1&b=%20c"
-    assert in_process[7][1] == "".join(f"data: {i}\n\n" for i in range(4))
-    assert in_process[8][1] == "data: 0\n\ndata: 1\n\n<RemoteProtocolError>"  # broken off, as over the transport
+    assert in_process[2][1] == {"key": "key_kit", "echo": {"hello": "world"}}
+    assert in_process[3][3][0]["query"] == "a=1&b=%20c"
+    assert in_process[4][1] == "".join(f"data: {i}\n\n" for i in range(4))
+    assert in_process[5][1] == "data: 0\n\ndata: 1\n\n<RemoteProtocolError>"  # broken off, as over the transport
     # every call entered the whole app before; now only the route that is not direct and the odd path
     assert (entered_app, entered_direct) == (len(_calls()), 2)
 
@@ -163,8 +164,7 @@ def test_a_hot_route_in_process_answers_what_the_whole_app_answers() -> None:
 def test_a_whole_answer_comes_back_without_the_transport() -> None:
     async def go() -> Any:
         link, _ = _link(True)
-        raw = b'{"hello":"world"}'
-        return await link.send("POST", "/v1/echo", _signed("/v1/echo", raw), raw, path="/v1/echo")
+        return await link.send(_call("/v1/echo", b'{"hello":"world"}'))
 
     assert isinstance(asyncio.run(go()), DirectResponse)
 
@@ -173,8 +173,7 @@ async def _two_chunks_then_close(stall_s: float = 0.0) -> tuple[Any, list[bytes]
     """Open a long stream, read two chunks, wait ``stall_s``, close it: (the response, the chunks
     read, the chunks its producer had made before the close)."""
     link, _ = _link(True)
-    raw = b'{"n":100000}'
-    r = await link.send("POST", "/v1/stream", _signed("/v1/stream", raw), raw, path="/v1/stream")
+    r = await link.send(_call("/v1/stream", b'{"n":100000}'))
     got = []
     async for chunk in r.aiter_raw():
         got.append(chunk)
@@ -206,40 +205,57 @@ def test_a_stream_whose_reader_goes_away_stops_its_producer() -> None:
     assert stream_ends == ["closed"], "the producer ran on after its reader went away"
 
 
-def _identity(key_id: str) -> Identity:
-    return Identity(request_id="req_own", key_id=key_id, run_id=key_id, service="kit", operation="echo",
-                    policies=[], issued_at=time.time())
-
-
-def _unsigned() -> dict[str, str]:
-    return {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": "req_own"}
-
-
-def test_the_gateway_hands_its_identity_in_process_and_nothing_unsigned_crosses_the_transport() -> None:
-    """``forward`` hands a hot route its identity object and signs nothing (nothing crosses a
-    socket or the transport). The same unsigned call to a route that takes the transport, with
-    the identity object beside it, is refused: an identity object never travels, only a signature
-    does, so a call that leaves the process unsigned fails closed."""
+def test_the_identity_is_handed_in_process_and_signed_across_the_app() -> None:
+    """The link decides how the identity travels: a hot route is handed the object, a call that
+    enters the whole app is signed with the call's key. Signed with another key, the app refuses it
+    before its endpoint runs; the in-process handler is given the object and checks no signature."""
     good = b'{"hello":"world"}'
 
-    async def go() -> list[tuple[int, Any, list[dict[str, Any]]]]:
+    async def go() -> list[tuple[int, Any, dict[str, str], list[dict[str, Any]]]]:
         link, counting = _link(True)
+        assert isinstance(link.transport, DirectTransport) and isinstance(link.transport.app_transport, SignedTransport)
         answers = []
         for path in ("/v1/echo", "/v1/routed"):
-            reached.clear()
-            assert link.in_process("POST", path, path) is (path == "/v1/echo")
-            r = await link.send("POST", path, _unsigned(), good, path=path, identity=_identity("key_given"))
-            answers.append((r.status_code, json.loads(await r.aread()), list(reached)))
-            await r.aclose()
-        # and with no identity object, an unsigned call to the hot route is refused as before
-        reached.clear()
-        r = await link.send("POST", "/v1/echo", _unsigned(), good, path="/v1/echo")
-        answers.append((r.status_code, json.loads(await r.aread()), list(reached)))
-        assert counting.calls == 1  # only the route that is not direct entered the whole app
+            for secret in (SECRET, "another-key"):
+                reached.clear()
+                answers.append(await _read(await link.send(_call(path, good, secret=secret))))
+        assert counting.calls == 2  # only the route that is not direct entered the whole app
         return answers
 
-    (hot, hot_body, hot_hits), (routed, routed_body, routed_hits), (bare, bare_body, bare_hits) = asyncio.run(go())
-    assert (hot, hot_body) == (200, {"key": "key_given", "echo": {"hello": "world"}})
-    assert len(hot_hits) == 1
-    assert (routed, routed_body["error"]["type"], routed_hits) == (401, "authentication_error", [])
-    assert (bare, bare_body["error"]["type"], bare_hits) == (401, "authentication_error", [])
+    hot, hot_other_key, routed, routed_other_key = asyncio.run(go())
+    assert hot[:2] == hot_other_key[:2] == (200, {"key": "key_kit", "echo": {"hello": "world"}})
+    assert (routed[0], routed[1], len(routed[3])) == (200, {"routed": True}, 1)
+    assert (routed_other_key[0], routed_other_key[1]["error"]["type"]) == (401, "authentication_error")
+    assert routed_other_key[3] == []  # refused before the endpoint ran
+
+
+def test_identity_headers_a_caller_slips_in_set_nothing() -> None:
+    """Headers that carry another key's identity, signed with the gym's own secret, change nothing:
+    in process the handler reads the object, across the app the call's own signature replaces them."""
+    good = b'{"hello":"world"}'
+    slipped = {**HEADERS, **sign(_identity("key_other"), SECRET, "POST", "/v1/echo", good)}
+
+    async def go(direct: bool) -> tuple[int, Any, dict[str, str], list[dict[str, Any]]]:
+        link, _ = _link(direct)
+        reached.clear()
+        return await _read(await link.send(_call("/v1/echo", good, headers=slipped, identity=_identity("key_own"))))
+
+    for direct in (True, False):
+        status, payload, _, _ = asyncio.run(go(direct))
+        assert (status, payload) == (200, {"key": "key_own", "echo": {"hello": "world"}}), direct
+
+
+def test_an_unsigned_call_to_a_hot_route_through_the_app_is_refused() -> None:
+    """What reaches the service's app carries only headers: unsigned, its hot route refuses it
+    before the endpoint runs, whatever identity object its caller held."""
+    async def go() -> tuple[int, Any, list[dict[str, Any]]]:
+        _, counting = _link(False)
+        transport = StreamingASGITransport(counting)
+        reached.clear()
+        request = httpx.Request("POST", "http://kit.internal/v1/echo", headers=HEADERS, content=b'{"hello":"world"}',
+                                extensions={IN_PROCESS_IDENTITY: _identity()})
+        r = await transport.handle_async_request(request)
+        return r.status_code, json.loads(await r.aread()), list(reached)
+
+    status, body, hits = asyncio.run(go())
+    assert (status, body["error"]["type"], hits) == (401, "authentication_error", [])
