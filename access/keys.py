@@ -30,7 +30,7 @@ from access.fanout import STATUS_EVENTS
 from kit.ids import hash_secret, new_api_key, new_id
 from billing.ledger import balance_of, chain_of
 from billing.money import nusd_to_usd
-from access.policy import Policy, ServicePolicy
+from access.policy import Policy, ServicePolicy, narrowed
 from storage.store import Store
 from storage.tables import ApiKey, utcnow
 
@@ -116,9 +116,7 @@ class KeyRegistry:
                 _require_active(chain)
                 if parent.depth + 1 > MAX_CHILD_DEPTH:
                     raise Conflict(f"child keys nest at most {MAX_CHILD_DEPTH} deep")
-                policy = policy.inheriting_limits(Policy.model_validate(parent.policy))
-                for ancestor in chain:
-                    policy.assert_within(Policy.model_validate(ancestor.policy), platform=platform)
+                policy = narrowed(policy, [Policy.model_validate(k.policy) for k in chain], platform=platform)
                 check_record_owners(s, parent, policy)
                 root_id, depth, track = parent.root_id, parent.depth + 1, parent.track
             elif budget_nusd is None:
@@ -253,10 +251,7 @@ class KeyRegistry:
         with self.store.transaction() as s:
             chain = chain_of(s, key_id)
             if len(chain) > 1:
-                policy = policy.inheriting_limits(Policy.model_validate(chain[-2].policy))
-            for ancestor in chain[:-1]:
-                policy.assert_within(Policy.model_validate(ancestor.policy))
-            if len(chain) > 1:
+                policy = narrowed(policy, [Policy.model_validate(k.policy) for k in chain[:-1]])
                 check_record_owners(s, chain[-2], policy)
             s.execute(
                 update(ApiKey).where(ApiKey.id == key_id)

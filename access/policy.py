@@ -15,6 +15,12 @@ is not ``1``, ``16.0`` is not ``16`` and ``{"value": 16}`` is not ``16``: nothin
 rule through a type trick. Fixed fields are filled in when absent and refused when different.
 A request is checked against every policy of the key's chain, root first, so a child key can
 never do more than its parent even if its own policy said otherwise.
+
+A section's knobs are the common ones (:class:`PolicyKnobs`: models, caps, field rules) and the
+extras each service declares in its spec (``internet``, ``door``, ``detail``, ``cross_run``,
+``owners``); the sections are registered in access/sections.py, and a section or knob it does not
+know is refused. A child key's policy is held within its parent's knob by knob, each by the
+narrowing rule its owner declares with it (kit/policy_knobs.py).
 """
 
 from __future__ import annotations
@@ -22,12 +28,16 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from access.sections import LIMITED_ONLY, SECTIONS, SectionExtras
 from kit.errors import PermissionDenied
+from kit.policy_knobs import Allowlist, Cap, Narrowing, PolicyExtras, narrowing_of
+from kit.spec import NO_DEFAULT
 
 _MISSING = object()
 
@@ -132,52 +142,75 @@ class FieldRule(RootModel[Any]):
         return "open" if self.kind == "open" else f"{self.kind} {json.dumps(self.arg)}"
 
 
-class ServicePolicy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FieldRulesWithin(Narrowing):
+    """The ``fields`` knob: a child's rule on a path its parent constrains is within the parent's,
+    and a child's fixed fill never lands above or below a parent's rule path."""
 
-    models: list[str] | Literal["*"] = "*"
-    """Model allowlist (inference, rollout, evaluation)."""
-    max_concurrency: int | None = Field(default=None, ge=0)
-    tokens_per_minute: int | None = Field(default=None, ge=0)
+    def check(self, child: Any, parent: Any, *, where: str, platform: bool) -> None:
+        for path, rule in parent.items():
+            mine = child.get(path)
+            if mine is not None and not mine.within(rule):
+                raise PermissionDenied(f"child rule for {path} is wider than the parent's ({rule.describe()})",
+                                       param=path)
+        # A child's fixed fill above or below a parent's rule path would change what that rule
+        # sees after the parent has checked it ({"lora": {"fixed": {"rank": 64}}} vs lora.rank).
+        for path, rule in child.items():
+            if rule.kind != "fixed":
+                continue
+            for theirs in parent:
+                a, b = path.split("."), theirs.split(".")
+                if a != b and (a[: len(b)] == b or b[: len(a)] == a):
+                    raise PermissionDenied(
+                        f"child fixed rule on {path} overlaps the parent's rule on {theirs}; constrain {theirs} itself",
+                        param=path,
+                    )
+
+
+class PolicyKnobs(PolicyExtras):
+    """The knobs every section has: the gateway applies them itself, whatever the service."""
+
+    models: Annotated[list[str] | Literal["*"],
+                      Allowlist("child models must be a subset of the parent's", platform_may_widen=True)] = "*"
+    """Model allowlist (inference, rollout, evaluation). A platform mint (an evaluation job's model
+    door) may name one of the run's checkpoints where the parent lists base models: the service
+    checked it against the parent's allowlist (on its base) before minting, and inference checks
+    every key of the chain."""
+    max_concurrency: Annotated[int | None, Field(ge=0),
+                               Cap("child concurrency must not exceed the parent's")] = None
+    tokens_per_minute: Annotated[int | None, Field(ge=0),
+                                 Cap("child tokens_per_minute must not exceed the parent's")] = None
     """Rollout and the agent route: worst-case tokens (prompt bound + max_tokens) this key may
     reserve per clock minute; every ancestor's limit applies too (billing/rate_limits.py).
     None: no limit of its own."""
-    fields: dict[str, FieldRule] = Field(default_factory=dict)
-    internet: bool = False
-    """Sandbox internet access."""
-    detail: Literal["full", "aggregate"] = "full"
-    """What evaluation results the key may see."""
-    cross_run: bool = False
-    """Inference: may use another run's checkpoints named explicitly in ``models`` — the
-    platform's scoring keys only (an operator scores a run's submission on the operator's
-    budget). Like ``door``, never passed from parent to child by anyone but the platform."""
-    door: bool = False
-    """Sandbox: may open a model door (one loopback port that leads to inference only, with a
-    key the sandbox never sees). Granted by the platform to evaluation-job keys, never by a
-    parent to a child: a key nobody minted with it cannot get it."""
-    owners: list[str] | None = None
-    """Records only: the keys whose experiments, events and annotations this key may read
-    besides its own subtree (a reviewer names the workers it reviews; each named key's subtree
-    is included). None: its own subtree only. A root key reads its whole run regardless. At mint
-    time the named keys must be of the same run and readable by the parent
-    (access/keys.py); here a child may name only owners its parent names."""
+    fields: Annotated[dict[str, FieldRule], FieldRulesWithin()] = Field(default_factory=dict)
+    """Request field rules by dotted path (see the module's docstring)."""
 
     def allows_model(self, model: Any) -> bool:
         return self.models == "*" or (isinstance(model, str) and model in self.models)
 
 
-LIMITED_ONLY = frozenset({"agent"})
-"""Routes no run key's policy grants, only limits: the agent route (the research agent's own
-model, ``/agent/v1``) is granted by the run's agent-model meter (billing/agent_meter.py),
-whose policy the gateway applies to the body. A run key's (or child's) ``services.agent`` sets
-its ``tokens_per_minute`` on that route (billing/rate_limits.py); a parent without the
-entry has no limit there, so a child (or a task narrowing its track) may add one."""
+class ServicePolicy(SectionExtras, PolicyKnobs):
+    """One section of a policy: the common knobs and every section's declared extras
+    (access/sections.py), so a policy keeps one JSON shape."""
+
+
+NARROWING: dict[str, Narrowing] = {name: narrowing_of(name, field) for name, field in ServicePolicy.model_fields.items()}
+"""Each knob's narrowing rule, as its owner declared it."""
 
 
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     services: dict[str, ServicePolicy] = Field(default_factory=dict)
+
+    @field_validator("services", mode="before")
+    @classmethod
+    def _known_sections(cls, value: Any) -> Any:
+        unknown = [name for name in value if name not in SECTIONS] if isinstance(value, dict) else []
+        if unknown:
+            raise PydanticCustomError("unknown_policy_section", f"unknown policy section {unknown[0]!r}; the sections "
+                                      f"are {', '.join(sorted(SECTIONS))}")
+        return value
 
     def service(self, name: str) -> ServicePolicy | None:
         return self.services.get(name)
@@ -208,76 +241,41 @@ class Policy(BaseModel):
     # -- narrowing (child keys) -------------------------------------------------------------
 
     def inheriting_limits(self, parent: Policy) -> Policy:
-        """This policy with each capped setting it leaves out (``max_concurrency``,
-        ``tokens_per_minute`` of a service it names) taken from ``parent``: a child that says
-        nothing about a cap gets its parent's, rather than being refused for not stating one."""
+        """This policy with each knob it leaves out in a section it names taken from ``parent``
+        where the knob's rule says so (a cap: a child that says nothing about it gets its
+        parent's, rather than being refused for not stating one)."""
         services: dict[str, ServicePolicy] = {}
         for name, mine in self.services.items():
             theirs = parent.services.get(name)
-            inherited = {limit: getattr(theirs, limit) for limit in ("max_concurrency", "tokens_per_minute")
-                         if theirs is not None and getattr(mine, limit) is None and getattr(theirs, limit) is not None}
+            inherited: dict[str, Any] = {}
+            for knob, rule in NARROWING.items() if theirs is not None else ():
+                own = getattr(mine, knob)
+                if (value := rule.inherited(own, getattr(theirs, knob))) is not own:
+                    inherited[knob] = value
             services[name] = mine.model_copy(update=inherited) if inherited else mine
         return Policy(services=services)
 
     def assert_within(self, parent: Policy, *, platform: bool = False) -> None:
-        """Refuse a child policy that grants anything its parent does not (``platform``: the
-        gym itself mints the key and may add a model door)."""
+        """Refuse a child policy that grants anything its parent does not, knob by knob by each
+        knob's narrowing rule (``platform``: the gym itself mints the key and may add a model door)."""
         for name, child in self.services.items():
             granted = parent.services.get(name)
             if granted is None and name in LIMITED_ONLY:
                 granted = ServicePolicy()  # no entry: not limited there (the meter grants the route)
             if granted is None:
                 raise PermissionDenied(f"the parent key is not granted the {name} service", param=f"services.{name}")
-            where = f"services.{name}"
-            # A platform mint (an evaluation job's model door) may name one of the run's checkpoints
-            # where the parent lists base models: the service checked it against the parent's
-            # allowlist (on its base) before minting, and inference checks every key of the chain.
-            if not platform and granted.models != "*" and (
-                child.models == "*" or not set(child.models) <= set(granted.models)
-            ):
-                raise PermissionDenied("child models must be a subset of the parent's", param=f"{where}.models")
-            if child.internet and not granted.internet:
-                raise PermissionDenied("the parent key has no sandbox internet", param=f"{where}.internet")
-            if child.cross_run and not granted.cross_run and not platform:
-                raise PermissionDenied("cross-run model access is granted by the platform only",
-                                       param=f"{where}.cross_run")
-            if child.door and not granted.door and not platform:
-                raise PermissionDenied("model doors are granted by the platform only", param=f"{where}.door")
-            if granted.detail == "aggregate" and child.detail == "full":
-                raise PermissionDenied("the parent key sees aggregate results only", param=f"{where}.detail")
-            if granted.owners is not None and child.owners is not None and not set(child.owners) <= set(granted.owners):
-                raise PermissionDenied("child records owners must be a subset of the parent's", param=f"{where}.owners")
-            if granted.max_concurrency is not None and (
-                child.max_concurrency is None or child.max_concurrency > granted.max_concurrency
-            ):
-                raise PermissionDenied("child concurrency must not exceed the parent's", param=f"{where}.max_concurrency")
-            if granted.tokens_per_minute is not None and (
-                child.tokens_per_minute is None or child.tokens_per_minute > granted.tokens_per_minute
-            ):
-                raise PermissionDenied("child tokens_per_minute must not exceed the parent's",
-                                       param=f"{where}.tokens_per_minute")
-            for path, rule in granted.fields.items():
-                mine = child.fields.get(path)
-                if mine is not None and not mine.within(rule):
-                    raise PermissionDenied(
-                        f"child rule for {path} is wider than the parent's ({rule.describe()})", param=path
-                    )
-            # A child's fixed fill above or below a parent's rule path would change what that rule
-            # sees after the parent has checked it ({"lora": {"fixed": {"rank": 64}}} vs lora.rank).
-            for path, rule in child.fields.items():
-                if rule.kind != "fixed":
-                    continue
-                for theirs in granted.fields:
-                    a, b = path.split("."), theirs.split(".")
-                    if a != b and (a[: len(b)] == b or b[: len(a)] == a):
-                        raise PermissionDenied(
-                            f"child fixed rule on {path} overlaps the parent's rule on {theirs}; constrain {theirs} itself",
-                            param=path,
-                        )
+            for knob, rule in NARROWING.items():
+                rule.check(getattr(child, knob), getattr(granted, knob), where=f"services.{name}.{knob}",
+                           platform=platform)
 
 
-NO_DEFAULT = object()
-"""What a ``default_of`` lookup answers for a field whose effective default it cannot tell."""
+def narrowed(policy: Policy, ancestors: Sequence[Policy], *, platform: bool = False) -> Policy:
+    """``policy`` for a key minted below ``ancestors`` (root first, the parent last): what it leaves
+    out inherited from its parent, refused if it grants anything any ancestor does not."""
+    policy = policy.inheriting_limits(ancestors[-1])
+    for ancestor in ancestors:
+        policy.assert_within(ancestor, platform=platform)
+    return policy
 
 
 def fill_left_out(policies: list[Policy], service: str, body: dict[str, Any],

@@ -17,11 +17,14 @@ from pydantic import BaseModel
 
 from kit.canonical import Spellings, spellings_of
 from kit.config import GymConfig
-from access.policy import NO_DEFAULT
+from kit.policy_knobs import PolicyExtras
 from services.records.record_anchor import anchor_for
 from kit.settings import GymSettings, ProviderSecrets
 from storage.store import Store
 
+
+NO_DEFAULT = object()
+"""What :meth:`Operation.default_of` answers for a field whose effective default it cannot tell."""
 
 Estimator = Callable[[dict[str, Any], "ServiceContext", Any], int]
 """(validated body, service context, principal) → worst-case cost in nano-USD."""
@@ -104,7 +107,7 @@ class Operation:
     def default_of(self, path: str, body: dict[str, Any], config: GymConfig) -> Any:
         """The value the service uses for ``path`` (canonical, dotted) when the body leaves it
         out: the declared :attr:`defaults`, else the schema's own non-``None`` default (through
-        nested models); :data:`~access.policy.NO_DEFAULT` when neither tells."""
+        nested models); :data:`NO_DEFAULT` when neither tells."""
         if self.defaults is not None:
             declared = self.defaults(body, config)
             if path in declared:
@@ -138,6 +141,9 @@ class ServiceSpec:
     operator_operations: tuple[Operation, ...] = ()
     """What only the operator reaches, through the gateway's admin API (gateway/admin.py);
     never matched for a run key. Declared so that spec and router list the same routes."""
+    policy: type[PolicyExtras] = PolicyExtras
+    """The knobs this service adds to its section of a key's policy, each with its narrowing rule
+    (kit/policy_knobs.py); the section's common knobs are access/policy.py's."""
 
     def match(self, method: str, path: str) -> Operation | None:
         return next((op for op in self.operations if op.matches(method, path)), None)

@@ -1,12 +1,22 @@
-"""What the gateway knows of the evaluation service: its routes. Nothing is metered per call:
-an evaluation job's trials create sandboxes and call the model through the gateway with keys
-minted for the job, so sandbox seconds and tokens are metered where they are spent
-(see services/evaluation/jobs.py). Light: no app, router, harbor or backend import."""
+"""What the gateway knows of the evaluation service: its routes and policy knob. Nothing is
+metered per call: an evaluation job's trials create sandboxes and call the model through the
+gateway with keys minted for the job, so sandbox seconds and tokens are metered where they are
+spent (see services/evaluation/jobs.py). Light: no app, router, harbor or backend import."""
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from kit.policy_knobs import Levels, PolicyExtras
 from kit.spec import Operation, ServiceSpec
 from services.evaluation.schemas import JobRequest, SubmissionRequest
+
+
+class EvaluationPolicy(PolicyExtras):
+    detail: Annotated[Literal["full", "aggregate"],
+                      Levels("the parent key sees aggregate results only", ("aggregate", "full"))] = "full"
+    """What evaluation results the key may see."""
+
 
 SPEC = ServiceSpec(
     name="evaluation",
@@ -31,4 +41,5 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/operator/runs/{run_id}/submissions", "operator.runs.submissions"),
         Operation("POST", "/v1/operator/runs/{run_id}/end", "operator.runs.end"),
     ),
+    policy=EvaluationPolicy,
 )

@@ -1,11 +1,25 @@
-"""What the gateway knows of the records service: its routes. Nothing is metered per call:
-reading the run's record and writing annotations cost nothing (the platform writes events
-itself, in the transactions of the actions they record). Light: no app or router import."""
+"""What the gateway knows of the records service: its routes and policy knob. Nothing is
+metered per call: reading the run's record and writing annotations cost nothing (the platform
+writes events itself, in the transactions of the actions they record). Light: no app or router
+import."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from kit.policy_knobs import NamedSubset, PolicyExtras
 from kit.spec import Operation, ServiceSpec
 from services.records.schemas import AnnotationEnvelope, ExperimentRequest
+
+
+class RecordsPolicy(PolicyExtras):
+    owners: Annotated[list[str] | None, NamedSubset("child records owners must be a subset of the parent's")] = None
+    """The keys whose experiments, events and annotations this key may read besides its own
+    subtree (a reviewer names the workers it reviews; each named key's subtree is included).
+    None: its own subtree only. A root key reads its whole run regardless. At mint time the
+    named keys must be of the same run and readable by the parent (access/keys.py); here a
+    child may name only owners its parent names."""
+
 
 SPEC = ServiceSpec(
     name="records",
@@ -28,4 +42,5 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/operator/audits", "operator.audits"),
         Operation("POST", "/v1/operator/runs/{run_id}/audit", "operator.runs.audit"),
     ),
+    policy=RecordsPolicy,
 )

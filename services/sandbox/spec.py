@@ -1,4 +1,5 @@
-"""What the gateway knows of the sandbox service: its routes, served under ``/sandbox``.
+"""What the gateway knows of the sandbox service: its routes, served under ``/sandbox``, and
+its policy knobs.
 
 An agent points the unmodified E2B SDK at ``E2B_API_URL=<gym>/sandbox`` and
 ``E2B_SANDBOX_URL=<gym>/sandbox/envd`` with ``E2B_API_KEY=<run key>``. Control-plane calls
@@ -10,11 +11,21 @@ sandbox time is metered by the second, ahead, by the service itself
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from kit.config import GymConfig
+from kit.policy_knobs import OnlyOff, PlatformGranted, PolicyExtras
 from kit.spec import Operation, ServiceSpec
 from services.sandbox.schemas import CreateSandbox
+
+
+class SandboxPolicy(PolicyExtras):
+    internet: Annotated[bool, OnlyOff("the parent key has no sandbox internet")] = False
+    """Sandbox internet access."""
+    door: Annotated[bool, PlatformGranted("model doors are granted by the platform only")] = False
+    """May open a model door (one loopback port that leads to inference only, with a key the
+    sandbox never sees). Granted by the platform to evaluation-job keys, never by a parent to a
+    child: a key nobody minted with it cannot get it."""
 
 
 def _op(method: str, path: str, name: str, **kw: Any) -> Operation:
@@ -54,4 +65,5 @@ SPEC = ServiceSpec(
     operator_operations=(
         Operation("POST", "/operator/runs/{run_id}/end", "operator.runs.end"),
     ),
+    policy=SandboxPolicy,
 )

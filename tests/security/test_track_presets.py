@@ -247,6 +247,7 @@ def test_cli_keys_create_offline_modifier_and_named_budget(tgym: Gym, monkeypatc
 
     from typer.testing import CliRunner
 
+    from ops.cli import keys
     from ops.cli import main as cli
 
     client = client_for(tgym)
@@ -258,7 +259,7 @@ def test_cli_keys_create_offline_modifier_and_named_budget(tgym: Gym, monkeypatc
         assert r.status_code == 201, r.text
         return r.json()
 
-    monkeypatch.setattr(cli, "_call", call)
+    monkeypatch.setattr(keys, "admin_request", call)
     out = CliRunner().invoke(cli.app, ["keys", "create", "--track", "data", "--offline", "--budget", "large", "--json"])
     assert out.exit_code == 0, out.output
     made = json.loads(out.output)
