@@ -3,7 +3,7 @@
 Served as the gym serves (uvicorn, the gym's HTTP protocol and its options), it takes each
 ``POST /v1/chat/completions``, puts the provider's key on it (the one thing any proxy must do),
 sends it to the upstream on the gym's provider client (services/rollout/backends/http1.py: pooled
-keep-alive connections; aiohttp until 2026-12-06), and relays the answer as it arrives (status,
+keep-alive connections), and relays the answer as it arrives (status,
 content type, body chunk by chunk): no authentication, no
 policy, no ledger, no metering, no logs. What it adds over a direct call is what the server and
 client stack alone add on this box — the part of the gym's added latency no work of the gym's

@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: the project root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kit.ids import new_id
-from kit.jobs import PoolDispatcher
+from jobs.lifecycle import PoolDispatcher
 from access.keys import KeyRegistry
 from billing.money import usd_to_nusd
 from kit.config import GymConfig

@@ -12,9 +12,9 @@ Four ways, interleaved, on SQLite and on PostgreSQL (a fresh schema, dropped aft
   * **core** — the same log given a session of a store that is not its own runs the same four
     statements through the session's connection (SQLAlchemy Core execution; the baseline of the
     prepared path, docs/performance.md).
-Every chain is verified at the end, the anchored ones against their anchor. (The append before
-2026-12-04 built its statements per call and ran them through ``Session.execute``: 2.07 ms p50 on
-SQLite and 4.57 on PostgreSQL where the prepared path took 0.69 and 2.63 in the same run.)
+Every chain is verified at the end, the anchored ones against their anchor. (An earlier append
+built its statements per call and ran them through ``Session.execute``: about 3× the prepared
+path's time on SQLite and 1.7× on PostgreSQL.)
 
     .venv/bin/python bench/event_append.py [--events 400] [--store sqlite,postgres]
 """

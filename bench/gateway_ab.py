@@ -10,11 +10,10 @@ load. Each gym is ``rsigym up``'s server (tests/fakes/gym_process.py) started fr
 ``teacher`` to the same stand-in and meter every call on their own SQLite store.
 
 The rounds run in ``--legs`` legs (default 2), each with both gyms' processes started afresh, the
-one started first alternating from leg to leg. On 2026-12-06's machine (a 2-vCPU VM) the process
-started first ran slower for its whole life: an A/A run (one tree against itself, one leg) gave
-B − A −0.44 to −0.58 ms p50, and +0.38 ms with the start order reversed, the slower process using
-~25 % more CPU time for the same calls (same RSS, no page faults, pinning both to one CPU changed
-nothing). Each leg's own B − A is printed, so such a bias shows, and the pooled figure cancels it.
+one started first alternating from leg to leg. On one machine (a 2-vCPU VM) the process started
+first ran slower for its whole life: an A/A run (one tree against itself, one leg) gave B − A of
+about −0.5 ms p50, and +0.4 ms with the start order reversed, the slower process using ~25 % more
+CPU time for the same calls (same RSS, no page faults, pinning both to one CPU changed nothing). Each leg's own B − A is printed, so such a bias shows, and the pooled figure cancels it.
 
 With ``--stream`` each call is a streamed completion (``--stream-tokens`` tokens), and what each
 gym adds is paired for the time to the first body byte and to the end of the stream.

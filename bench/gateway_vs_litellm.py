@@ -7,7 +7,7 @@ process (served as ``rsigym up`` serves it, with the same ``teacher``: auth, pol
 on SQLite, the OpenAI pass-through; bench/_common.py:gym_process), so no target shares the client's
 GIL. A fourth target is the floor under any gateway on the gym's stack: a pass-through that only
 puts the provider's key on each call and relays it, served as the gym serves (uvicorn, the gym's
-h11 protocol) on the gym's provider client (aiohttp) — no auth, no policy, no ledger
+HTTP protocol) on the gym's provider client (services/rollout/backends/http1.py) — no auth, no policy, no ledger
 (bench/_passthrough.py). Then interleaves identical chat completions direct / LiteLLM / gym /
 floor (the order rotates each round) with one sequential keep-alive httpx client per target,
 first plain, then ``"stream": true``. Prints p50 / p99 of each target, what LiteLLM, the gym and the

@@ -11,9 +11,9 @@ callers (``--callers``, default 1, 64, 1000), runs for ``--seconds``:
   reservation and settlement its own transaction and commit), on a second :class:`Store` on the
   same database: the in-run before/after of storage/group_commit.py;
 * ``hop`` and ``async``: the same ledger called by coroutines on one event loop (one task per
-  caller; uvloop, the loop the gym's server runs on, since 2026-12-06), as the gateway calls it:
+  caller; uvloop, the loop the gym's server runs on), as the gateway calls it:
   ``hop`` through a worker thread per call (``Store.call``, the
-  gateway's path before 2026-12-03), ``async`` by ``Ledger.reserve_async`` /
+  gateway's earlier path), ``async`` by ``Ledger.reserve_async`` /
   ``settle_with_balance_async`` (``GroupCommit.run_async``: queued without a thread each, batches
   led by the store's writer thread; on SQLite a caller with no company runs its work on the loop
   itself) — the gateway's path now; keys of their own;

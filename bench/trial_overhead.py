@@ -60,7 +60,7 @@ from e2b import AsyncSandbox
 from ops.builder import build_embedded
 from kit.config import SandboxTemplate
 from kit.ids import new_id
-from kit.jobs import PoolDispatcher
+from jobs.lifecycle import PoolDispatcher
 from access.keys import KeyRegistry
 from billing.money import usd_to_nusd
 from access.policy import Policy
