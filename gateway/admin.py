@@ -8,8 +8,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ops import timeline
-from ops.admin_lists import DEFAULT_LIMIT, KINDS, list_rows
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
@@ -19,7 +17,6 @@ from kit.http import TextJsonRoute, request_id_of
 from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
 from billing.deadlines import resolve_ends_at
 from billing import agent_meter
-from services.records import agent_turns
 from kit.errors import PermissionDenied, Unprocessable, validated
 from billing.money import usd_to_nusd
 from access.policy import Policy
@@ -154,26 +151,6 @@ async def audit_dataset(dataset_id: str, request: Request) -> Response:
                     media_type=upstream.headers.get("content-type", "application/json"))
 
 
-# -- what runs made, across runs (datasets, jobs, checkpoints, sandboxes, submissions) --
-
-
-def _list_route(kind: str) -> Any:
-    async def list_kind(request: Request, run_id: str | None = None, key_id: str | None = None,
-                        status: str | None = None, limit: int = DEFAULT_LIMIT, cursor: str | None = None) -> dict[str, Any]:
-        gw = gateway_of(request)
-        return await gw.store.call(partial(list_rows, gw.store, kind, run_id=run_id, key_id=key_id, status=status,
-                                           limit=limit, cursor=cursor))
-
-    list_kind.__doc__ = (f"Every run's {kind}, newest first: ``?run_id=``, ``?key_id=``, ``?status=``, "
-                         "``?limit=`` (≤ 500) and ``?cursor=`` (the page's ``next_cursor``).")
-    list_kind.__name__ = f"list_{kind.replace('-', '_')}"
-    return list_kind
-
-
-for _kind, _spec in KINDS.items():
-    router.add_api_route(_spec.path, _list_route(_kind), methods=["GET"])
-
-
 # -- evaluation: benchmarks, scoring (forwarded to the evaluation service as the operator) --
 
 
@@ -238,29 +215,11 @@ async def audits(request: Request) -> Response:
     return await _to_service(request, "records", "GET", "/v1/operator/audits")
 
 
-@router.get("/runs/{run_id}/trajectory")
-async def run_trajectory(run_id: str, request: Request, text: bool = False) -> Any:
-    """The research agent's trajectory: every call it made on the agent route, in order
-    (``?text=true``: rendered as plain text, what the audits' judge reads)."""
-    gw = gateway_of(request)
-    turns = await gw.store.call(partial(agent_turns.run_turns, gw.store, run_id))
-    if text:
-        return Response(agent_turns.render_text(turns), media_type="text/plain; charset=utf-8")
-    return {"run_id": run_id, "data": turns}
-
-
-@router.get("/runs/{run_id}/timeline")
-async def run_timeline(run_id: str, request: Request) -> dict[str, Any]:
-    """When the run started, time to its first training job, research hours, experiments and
-    spend by service over time (computed from the store; declared before ``/runs/{run_id}/{what}``)."""
-    gw = gateway_of(request)
-    return await gw.store.call(timeline.run_timeline, gw.store, run_id)
-
-
 @router.get("/runs/{run_id}/jobs")
 async def run_jobs(run_id: str, request: Request) -> dict[str, Any]:
     """The run's queued and running training and evaluation jobs with their progress (read
-    from the store; declared before ``/runs/{run_id}/{what}``)."""
+    from the store; declared before ``/runs/{run_id}/{what}``, as are the operator side's
+    trajectory and timeline routes, ops/admin_routes.py)."""
     gw = gateway_of(request)
     return {"run_id": run_id, "data": await gw.store.call(running_jobs, gw.store, run_id)}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -17,7 +17,6 @@ from gateway import admin, agent_model, agent_routes, openai_routes
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
 from gateway.context import Gateway
-from ops.dashboard import mount_dashboard
 from gateway.health import StoreHealth
 from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
@@ -45,7 +44,8 @@ async def _reaper(gw: Gateway) -> None:
             log.warning("reaper skipped a round: %s", err.message)
 
 
-def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: Any = None) -> FastAPI:
+def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: Any = None,
+                       operator: Callable[[FastAPI, Gateway], None] | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(_reaper(gw)) if run_reaper else None
@@ -87,11 +87,14 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     async def metrics() -> Response:
         return Response(await gw.store.call(gw.metrics.render), media_type="text/plain; version=0.0.4")
 
+    if operator is not None:
+        # The operator side's routes and dashboard (ops/builder.py: the gateway imports no operator
+        # code): before the admin router's ``/runs/{run_id}/{what}`` and the proxy's catch-all route.
+        operator(app, gw)
     app.include_router(admin.router)
     app.include_router(agent_routes.router)
     app.include_router(agent_model.router)  # /agent/v1/…: before the proxy's catch-all route
     app.include_router(openai_routes.router)  # /openai/v1/…: one base URL for every model, before the catch-all
-    mount_dashboard(app, gw)  # /admin/ui: before the proxy's catch-all route
 
     @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
     async def proxy(service: str, path: str, request: Request) -> Response:

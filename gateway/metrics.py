@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kit.errors import StoreUnavailable
-from kit.jobs import finished_counts, queue_figures
+from jobs.lifecycle import finished_counts, queue_figures
 from storage.store import Store
 
 log = logging.getLogger("rsigym.gateway")

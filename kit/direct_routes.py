@@ -3,8 +3,8 @@ makes thousands of times.
 
 A route reached through FastAPI is matched against every route before it, has its dependencies
 solved, and runs inside the exception and exit-stack middleware; for the rollout service's chat
-completion that frame was ~0.4 ms a call under cProfile, and skipping it took 0.47 ms p50 off what
-the gateway adds, paired per round (docs/performance.md). The
+completion that frame was a large part of the call under cProfile, and skipping it cut what the
+gateway adds, paired per round (docs/performance.md). The
 gateway's :class:`gateway.proxy_dispatch.ProxyDispatch` and a service's direct routes
 (:func:`kit.service_app.create_service_app`) take such a call straight to its handler
 instead. They sit inside the app's own middleware (request id, access log, body limits), so

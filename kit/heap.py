@@ -13,9 +13,9 @@ collected as before.
 A young (generation 0) pass runs after every 700 net allocations of tracked objects by default,
 and walks every young object still alive. A server with many calls in flight keeps thousands of
 them alive (each call's coroutine, futures, request objects), so most passes walk live objects
-and free nothing: at 1,000 concurrent ledger calls the event loop's CPU a call was 32.6 µs with
-CPython's defaults and 16.4 with the collector off, 17.9 with this threshold (docs/performance.md,
-"What the ledger does less of"). Refcounting frees everything
+and free nothing: at 1,000 concurrent ledger calls this threshold brings the event loop's CPU a
+call near what it is with the collector off, about half of it with CPython's defaults
+(docs/performance.md, "Ledger throughput"). Refcounting frees everything
 that is not in a cycle as soon as it is dropped, so a pass every :data:`YOUNG_THRESHOLD`
 allocations instead only delays freeing garbage cycles, by at most that many objects.
 """

@@ -18,8 +18,8 @@ it has not seen the end of in memory:
 
 A whole answer's status line and headers leave in one write with its body (:class:`HeadWithBody`).
 
-Until 2026-12-05 the gym ran uvicorn's h11 protocol (pure Python) for these bounds; httptools
-parses the same requests for ~0.1-0.25 ms less CPU per call on this box (docs/performance.md).
+The gym ran uvicorn's h11 protocol (pure Python) for these bounds before; httptools parses the
+same requests for less CPU per call (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import httpx
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from storage.private_files import traversable_dir
+from kit.private_files import traversable_dir
 
 
 def default_data_dir() -> Path:
@@ -168,7 +168,7 @@ class JobSettings(BaseSettings):
     ``backend``: ``embedded`` runs them on in-process threads (``rsigym up``); ``celery`` sends
     them as Celery tasks to ``rsigym worker`` processes (see services/worker/). A running job's
     worker renews ``heartbeat_at`` every ``heartbeat_interval_s``; a job whose heartbeat is older
-    than ``heartbeat_ttl_s`` belongs to a dead worker and is reaped (kit/jobs.py)."""
+    than ``heartbeat_ttl_s`` belongs to a dead worker and is reaped (jobs/lifecycle.py)."""
 
     model_config = SettingsConfigDict(env_prefix="RSIGYM_JOBS_", extra="ignore")
 
@@ -180,7 +180,7 @@ class JobSettings(BaseSettings):
     """How often a resumable job (training, evaluation) is re-queued after its worker died before it is failed."""
     publish_ahead: int = Field(default=1, ge=1)
     """Celery: jobs per queue published to the broker and not yet taken by a worker. The rest wait
-    in the store and are published in fair order (kit/jobs.py) as workers take jobs."""
+    in the store and are published in fair order (jobs/lifecycle.py) as workers take jobs."""
     republish_after_s: float = Field(default=900.0, gt=0)
     """Celery: a published job no worker took within this time is published again (a lost task)."""
 

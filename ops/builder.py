@@ -20,10 +20,11 @@ from gateway.direct_call import DirectService
 from gateway.service_link import ServiceLink
 from kit.config import GymConfig, load_config
 from kit.no_proxy import keep_off_proxies
-from storage.private_files import private_dir, write_private
+from kit.private_files import private_dir, write_private
 from kit.redact import install_log_redaction
 from kit.settings import GymSettings, ProviderSecrets, StoreSettings, plain_gateway_url
 from kit.spec import ServiceContext
+from ops.admin_routes import mount_operator
 from storage.store import Store, sqlite_url
 
 SERVICES = ("rollout", "training", "inference", "sandbox", "evaluation", "records")
@@ -146,7 +147,7 @@ def build_embedded(
     specs = {name: module.SPEC for name, module in modules.items()}
     closers = [close for a in service_apps.values() if (close := getattr(a.state, "close", None)) is not None]
     gw = Gateway(context=context, admin_token=admin_token, specs=specs, links=links, closers=closers)
-    return Gym(create_gateway_app(gw, run_reaper=run_reaper), gw, admin_token, service_apps)
+    return Gym(create_gateway_app(gw, run_reaper=run_reaper, operator=mount_operator), gw, admin_token, service_apps)
 
 
 def build_gateway(
@@ -174,7 +175,7 @@ def build_gateway(
     links = {name: ServiceLink(url, httpx.AsyncHTTPTransport(), UPSTREAM_TIMEOUT) for name, url in service_urls.items()}
     specs = {name: modules[name].SPEC for name in service_urls}
     gw = Gateway(context=context, admin_token=admin_token, specs=specs, links=links)
-    return Gym(create_gateway_app(gw), gw, admin_token, {})
+    return Gym(create_gateway_app(gw, operator=mount_operator), gw, admin_token, {})
 
 
 def build_service(

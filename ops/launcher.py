@@ -52,7 +52,7 @@ from ops.launcher_relay import _pipe  # the same byte pipe the in-namespace rela
 from kit.config import GymConfig
 from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from kit.host_uids import HostUidPool, kill_uid, pid_running
-from storage.private_files import open_private, restrict_umask, write_private
+from kit.private_files import open_private, restrict_umask, write_private
 from services.sandbox import seccomp
 
 AGENTS = Path(__file__).with_name("agents.toml")

@@ -45,16 +45,45 @@ import asyncio
 import collections
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from kit.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 
-if TYPE_CHECKING:
-    from storage.store import Store, Work
-
 T = TypeVar("T")
 log = logging.getLogger("rsigym.store")
+
+
+class Transaction(Protocol):
+    """What a batch needs of one transaction: the store's ``Work`` (storage/store.py)."""
+
+    @property
+    def pipelines(self) -> bool: ...
+
+    def pipeline(self) -> AbstractContextManager[Sequence[Any]]:
+        """Statements sent inside go out without waiting; yields them (each with ``answered``)."""
+        ...
+
+
+W = TypeVar("W", bound=Transaction)
+W_co = TypeVar("W_co", bound=Transaction, covariant=True)
+
+
+class Transactions(Protocol[W_co]):
+    """The store a :class:`GroupCommit` batches for (:class:`storage.store.Store`): it opens the
+    transactions and owns the writer thread's kept connection; this module only orders callers."""
+
+    def in_transaction(self) -> bool: ...
+
+    def begin(self) -> AbstractContextManager[W_co]: ...
+
+    def run_unwaiting(self, fn: Callable[[W_co], T]) -> T: ...
+
+    def keeping_connection(self) -> AbstractContextManager[None]: ...
+
+    def release_kept(self) -> None: ...
+
 WRITER_IDLE_S = 5.0
 """The writer thread leaves after this long with nothing to lead (a new one starts when needed)."""
 KEEP_IDLE_S = 1.0
@@ -74,10 +103,10 @@ class Pipelined(Generic[T]):
 
     __slots__ = ("send",)
 
-    def __init__(self, send: Callable[[Work], Callable[[], T]]):
+    def __init__(self, send: Callable[[Any], Callable[[], T]]):
         self.send = send
 
-    def __call__(self, work: Work) -> T:
+    def __call__(self, work: Any) -> T:
         return self.send(work)()
 
 
@@ -89,7 +118,7 @@ class _Unit(Generic[T]):
     __slots__ = ("fn", "clean", "taken", "lead", "result", "error", "wake", "loop", "future", "orphaned",
                  "resolved", "deadline")
 
-    def __init__(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
+    def __init__(self, fn: Callable[[Any], T], clean: tuple[type[BaseException], ...],
                  loop: asyncio.AbstractEventLoop | None = None):
         self.fn, self.clean = fn, clean
         self.taken = False
@@ -154,10 +183,10 @@ class _Abort(Exception):
         self.unit = unit
 
 
-class GroupCommit:
-    """One per :class:`Store`; see the module docstring."""
+class GroupCommit(Generic[W]):
+    """One per store (``W``: its transaction type); see the module docstring."""
 
-    def __init__(self, store: Store, *, max_batch: int, wait_s: float, inline: bool = False):
+    def __init__(self, store: Transactions[W], *, max_batch: int, wait_s: float, inline: bool = False):
         self._store = store
         self.max_batch = max(1, max_batch)
         self.wait_s = wait_s
@@ -187,7 +216,7 @@ class GroupCommit:
         """Batches committed (of more than one unit): a figure for benches and tests."""
         self.units = 0
 
-    def run(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...] = ()) -> T:
+    def run(self, fn: Callable[[W], T], clean: tuple[type[BaseException], ...] = ()) -> T:
         if self._store.in_transaction():
             # This thread already holds a transaction on this store (and, on SQLite, the
             # writer's turn): waiting for a leader that needs what it holds would never end.
@@ -203,7 +232,7 @@ class GroupCommit:
         self._lead()
         return unit.outcome()
 
-    async def run_async(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...] = (),
+    async def run_async(self, fn: Callable[[W], T], clean: tuple[type[BaseException], ...] = (),
                         orphaned: Callable[[T], None] | None = None) -> T:
         """:meth:`run` for a caller on an event loop: no worker thread of its own (see the module
         docstring). ``orphaned(result)`` runs, on a thread of its own, when this coroutine was
@@ -233,7 +262,7 @@ class GroupCommit:
             with self._lock:
                 self._awaiting -= 1
 
-    async def _queued(self, fn: Callable[[Work], T], clean: tuple[type[BaseException], ...],
+    async def _queued(self, fn: Callable[[W], T], clean: tuple[type[BaseException], ...],
                       orphaned: Callable[[T], None] | None) -> T:
         """:meth:`run_async`'s work queued for a batch that the writer thread leads."""
         unit: _Unit[T] = _Unit(fn, clean, asyncio.get_running_loop())
@@ -465,13 +494,13 @@ class GroupCommit:
         return None
 
     @staticmethod
-    def _pipelined(work: Work, units: list[_Unit[Any]]) -> None:
+    def _pipelined(work: Transaction, units: list[_Unit[Any]]) -> None:
         """Run a run of :class:`Pipelined` units: every first statement sent in one pipeline,
         then each unit finished in order. A failure aborts the batch in the name of the unit
         whose statement the server did not answer (the one that failed: the pipeline stops
         there), which then runs alone, as any unit that fails a batch."""
         finishes: list[Callable[[], Any]] = []
-        sent: list[Any] = []
+        sent: Sequence[Any] = []
         sending = units[0]
         try:
             with work.pipeline() as sent:

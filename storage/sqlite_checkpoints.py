@@ -3,10 +3,9 @@
 In WAL mode a commit appends pages to the ``-wal`` file; a *checkpoint* copies them back into the
 database and syncs both files. By default SQLite runs one inside whichever commit takes the WAL
 past 1,000 pages, so every few hundred ledger writes one reservation or settlement waited ~3 ms
-for two ``fsync``s (measured in the gym's own process: a reservation's p99 2.9 ms against a p50
-of 0.2 ms, spikes every ~0.3 s under sequential calls). Turning that off alone is worse: a WAL
-that is never checkpointed grows without bound and every read searches a longer index
-(reservations 0.21 → 0.33 ms p50 over 2,000 calls).
+for two ``fsync``s: the reservations' p99 was these waits. Turning that off alone is worse: a
+WAL that is never checkpointed grows without bound and every read searches a longer index (every
+reservation slower).
 
 So a store on SQLite keeps one :class:`Checkpointer`: a thread with its own connection that,
 after writes, runs ``PRAGMA wal_checkpoint(PASSIVE)`` — it copies what it can without taking any
@@ -17,8 +16,8 @@ unchanged: a commit is in the WAL before it returns, checkpointed or not.
 
 How often: about as often as SQLite itself would, once ``TARGET_FRAMES`` (1,000) frames wait to be
 copied, and at the latest ``MAX_DELAY_S`` after a write. Every checkpoint costs two ``fsync``s and
-a thread's wake-up whatever it copies. Until 2026-12-05 the thread checkpointed 0.1 s after any
-write, so a gym serving a steady trickle of calls ran ~10 checkpoints a second, each copying a few
+a thread's wake-up whatever it copies. Checkpointing 0.1 s after any write (as this thread once
+did) made a gym serving a steady trickle of calls run ~10 checkpoints a second, each copying a few
 dozen frames, on the same cores as the calls; now ~1 (docs/performance.md, "SQLite checkpoints off
 the request path"). The thread learns how many frames wait without taking a lock: it reads them
 from the WAL index (the ``-shm`` file, whose layout SQLite documents for the unix VFS: ``mxFrame``

@@ -29,7 +29,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from kit.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 from access.fanout import KeyEvents
 from storage.group_commit import GroupCommit
-from storage.private_files import FILE_MODE, open_private, private_dir
+from kit.private_files import FILE_MODE, open_private, private_dir
 from kit.settings import StoreSettings
 from storage.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 
@@ -60,7 +60,7 @@ def sqlite_url(data_dir: Path) -> str:
 def _private_sqlite_file(path: Path) -> None:
     """The SQLite file made (empty: a valid database) 0600 in a 0700 directory before SQLite opens
     it, so its -wal and -shm files, which SQLite creates with the database's own mode, are 0600 as
-    well; those of an older gym are set to 0600 here (storage/private_files.py)."""
+    well; those of an older gym are set to 0600 here (kit/private_files.py)."""
     private_dir(path.parent)
     os.close(open_private(path, os.O_RDWR | os.O_CREAT))
     for suffix in ("-wal", "-shm", "-journal"):
@@ -377,7 +377,7 @@ class Store:
         self._held = _Held()
         self._unwaiting_conn: PoolProxiedConnection | None = None
         """SQLite: the connection of transactions that must not wait (:meth:`_unwaiting`)."""
-        self.group = GroupCommit(
+        self.group: GroupCommit[Work] = GroupCommit(
             self,
             max_batch=self.settings.group_commit_max,
             wait_s=max(self.settings.pool_timeout_s, self.settings.sqlite_busy_timeout_ms / 1000),

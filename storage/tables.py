@@ -157,7 +157,7 @@ class LedgerEntry(Base):
         ),
         # Each index is written by every reservation; these three are shaped so that a call
         # writes as few index entries, in as few places, as the reads below need (docs/performance.md,
-        # "Ledger indexes"): a run's rows and a key's rows from one (run, key) index, not one each;
+        # "Ledger throughput"): a run's rows and a key's rows from one (run, key) index, not one each;
         # the reaper's open holds only while they are open (a settlement deletes its entry and
         # writes none); a job's holds only for rows that have a ref (gateway calls have none).
         Index("ix_ledger_run_key", "run_id", "key_id"),

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from ops.dashboard.lineage import platform_lineage
 from kit.errors import NotFound
-from kit.jobs import queue_figures
+from jobs.lifecycle import queue_figures
 from billing.money import nusd_to_usd
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry

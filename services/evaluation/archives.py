@@ -41,7 +41,7 @@ from typing import IO, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from kit.errors import Conflict, GymError, InvalidRequest, Unprocessable
-from storage.private_files import DIR_MODE, EXEC_MODE, FILE_MODE, lock_down
+from kit.private_files import DIR_MODE, EXEC_MODE, FILE_MODE, lock_down
 
 MANIFEST_NAME = "harness.toml"
 MiB = 2**20
@@ -388,7 +388,7 @@ def _write_file(tf: tarfile.TarFile, member: tarfile.TarInfo, entry: _Entry, tar
     """Stream one regular file out, never past its header size; the manifest's bytes are returned."""
     source = tf.extractfile(member)
     assert source is not None
-    mode = EXEC_MODE if entry.executable else FILE_MODE  # the gym's alone (storage/private_files.py)
+    mode = EXEC_MODE if entry.executable else FILE_MODE  # the gym's alone (kit/private_files.py)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     written = 0
     keep = bytearray() if entry.name == MANIFEST_NAME else None

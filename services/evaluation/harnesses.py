@@ -22,7 +22,7 @@ from sqlalchemy import select
 from kit.errors import Conflict, NotFound
 from services.records.events import HARNESS_UPLOADED, EventLog
 from kit.ids import new_id
-from storage.private_files import private_dir
+from kit.private_files import private_dir
 from billing.storage_quota import StorageQuota, tree_bytes
 from storage.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from kit.display_text import inert
 from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
 from services.records.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
-from kit.jobs import Dispatcher, JobRunnerBase, PoolDispatcher
+from jobs.lifecycle import Dispatcher, JobRunnerBase, PoolDispatcher
 from access.keys import KeyRegistry
 from access.policy import Policy
 from kit.settings import JobSettings
@@ -69,7 +69,7 @@ def job_score(rewards: dict[str, list[float | None]]) -> float | None:
 
 
 class EvaluationRunner(JobRunnerBase):
-    """Evaluation jobs on the common job lifecycle (kit/jobs.py). They resume: a job
+    """Evaluation jobs on the common job lifecycle (jobs/lifecycle.py). They resume: a job
     whose worker died is queued again and the next worker runs only the trials not yet recorded."""
 
     table = EvaluationJob

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage.private_files import EXEC_MODE, write_private
+from kit.private_files import EXEC_MODE, write_private
 from services.evaluation.benchmarks import Benchmark, Generated, Split, TaskRef, load_benchmark, pool_questions
 from services.evaluation.task_generators import TaskSpec, generator, public_draw, render_task
 from services.evaluation.task_generators.rendering import question_key

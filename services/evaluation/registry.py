@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import select
 
 from kit.errors import Conflict, NotFound, Unprocessable
-from storage.private_files import lock_down, private_dir
+from kit.private_files import lock_down, private_dir
 from storage.store import Store
 from kit.config import AuditConfig
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
@@ -41,6 +41,7 @@ from services.evaluation.official_splits import (
     operator_seed,
 )
 from services.evaluation.tables import BenchmarkRow, TrialResultRow
+from services.records.audits.contamination import scan, task_items
 
 
 def benchmark_view(row: BenchmarkRow, *, operator: bool) -> dict[str, Any]:
@@ -55,8 +56,6 @@ def benchmark_view(row: BenchmarkRow, *, operator: bool) -> dict[str, Any]:
 def check_pool_disjoint(bench: Benchmark, audit: AuditConfig) -> int:
     """Rows in the pool; ``ValueError`` naming the rows the contamination scanner (with the gym's
     audit settings) matches to a task of ``bench``."""
-    from services.records.audits.contamination import scan, task_items
-
     questions = pool_questions(bench)
     if not questions:
         return 0

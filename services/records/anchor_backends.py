@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 
-from storage.private_files import open_private, private_dir
+from kit.private_files import open_private, private_dir
 
 GENESIS = "0" * 64
 FILE_NAME = "record-anchor.log"

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from kit.errors import NotFound
 from services.records.events import CHECKPOINT_REGISTERED, EventLog
 from kit.ids import new_id
-from storage.private_files import lock_down, private_dir
+from kit.private_files import lock_down, private_dir
 from billing.storage_quota import StorageQuota, tree_bytes
 from storage.store import Store
 from storage.tables import Base, UTCDateTime, utcnow

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from kit.errors import NotFound, PayloadTooLarge, Unprocessable
 from services.records.events import DATASET_REGISTERED, EventLog
 from kit.ids import new_id
-from storage.private_files import private_dir
+from kit.private_files import private_dir
 from billing.storage_quota import StorageQuota
 from storage.store import Store
 from services.models.training_text import structure_problem, training_example

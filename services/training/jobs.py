@@ -15,10 +15,10 @@ from services.training.checkpoints import Checkpoint, CheckpointRegistry
 from kit.config import BaseModel_, GymConfig
 from kit.errors import NotFound
 from services.records.events import TRAINING_JOB, EventLog
-from kit.jobs import JobRunnerBase
+from jobs.lifecycle import JobRunnerBase
 from billing.ledger import Ledger, StepMeter
 from billing.money import nusd_to_usd
-from storage.private_files import append_private, lock_down, private_dir
+from kit.private_files import append_private, lock_down, private_dir
 from kit.redact import redact
 from storage.store import Store
 from storage.tables import LedgerEntry, utcnow
@@ -65,7 +65,7 @@ def queue_for(base: BaseModel_) -> str:
 
 
 class JobRunner(JobRunnerBase):
-    """Training jobs on the common job lifecycle (kit/jobs.py).
+    """Training jobs on the common job lifecycle (jobs/lifecycle.py).
 
     A job whose worker died is queued again (at most ``RSIGYM_JOBS_MAX_RESUMES`` times, then it
     fails) and the worker that takes it continues from its last checkpoint (:meth:`_resume_point`):
@@ -100,7 +100,7 @@ class JobRunner(JobRunnerBase):
         self.ledger = Ledger(store, config.ledger)
 
     def _log(self, job_id: str, line: str) -> None:
-        private_dir(self.logs_dir)  # files at rest are the gym's alone (storage/private_files.py)
+        private_dir(self.logs_dir)  # files at rest are the gym's alone (kit/private_files.py)
         append_private(self.logs_dir / f"{job_id}.log", f"{utcnow().isoformat(timespec='seconds')} {redact(line)}\n")
 
     def _after_final(self, job_id: str, status: str, error: str | None) -> None:
@@ -144,7 +144,7 @@ class JobRunner(JobRunnerBase):
         tmp = final.with_name(f".{final.name}.partial")
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            private_dir(tmp.parent)  # files at rest are the gym's alone (storage/private_files.py)
+            private_dir(tmp.parent)  # files at rest are the gym's alone (kit/private_files.py)
             trainer.save_state(tmp)
             tmp.mkdir(parents=True, exist_ok=True)  # a trainer with nothing to save still marks the step
             lock_down(tmp)  # written under the process's umask

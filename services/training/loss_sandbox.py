@@ -47,7 +47,7 @@ from typing import Any
 from kit.config import SandboxConfig
 from kit.errors import Unprocessable
 from kit.host_uids import HostUidPool, bwrap_drop, kill_uid
-from storage.private_files import write_private
+from kit.private_files import write_private
 from kit.redact import redact
 from services.sandbox import seccomp
 from services.sandbox.metering import nusd_per_second

@@ -56,7 +56,7 @@ class TrainingJob(Base):
     worker: Mapped[str | None] = mapped_column(String(120))
     """The worker that claimed it (host:pid:nonce); only that worker may finish it while it runs."""
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    """Renewed while the job runs; a stale one means its worker died (kit/jobs.py)."""
+    """Renewed while the job runs; a stale one means its worker died (jobs/lifecycle.py)."""
     claims: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """How many times a worker has taken it (a resumed job is taken again)."""
     error: Mapped[str | None] = mapped_column(Text)
@@ -64,7 +64,7 @@ class TrainingJob(Base):
     queued_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
     """When it last entered the queue (created, or re-queued); None on rows older than 0011: created_at."""
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    """When the fair scheduler handed it to a worker (kit/jobs.py); None while it waits its turn."""
+    """When the fair scheduler handed it to a worker (jobs/lifecycle.py); None while it waits its turn."""
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

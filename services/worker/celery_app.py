@@ -5,7 +5,7 @@ RSIGYM_WORKER_QUEUE_PREFIX in front. The broker is RSIGYM_WORKER_BROKER_URL (Red
 
 A task carries only a job id; everything else is in the store. Tasks are acknowledged late and
 rejected when their worker is lost, so Redis hands a killed worker's task to another worker; the
-task body (:meth:`kit.jobs.JobRunnerBase.execute`) is idempotent — a job that is final,
+task body (:meth:`jobs.lifecycle.JobRunnerBase.execute`) is idempotent — a job that is final,
 or running elsewhere with a fresh heartbeat, is left alone — so a redelivered or duplicate task
 does nothing, and a job whose worker died is reaped by the heartbeat TTL.
 """
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery
 
 from kit.errors import ServiceUnavailable
+from jobs.lifecycle import DISPATCHERS, JobRunnerBase
 from kit.settings import WorkerSettings
-
-if TYPE_CHECKING:
-    from kit.jobs import JobRunnerBase
 
 log = logging.getLogger("rsigym.worker")
 
@@ -104,3 +102,9 @@ class CeleryDispatcher:
 
     def shutdown(self) -> None:
         """Nothing runs here; the workers own the jobs."""
+
+
+@DISPATCHERS.register("celery")
+def _celery_dispatcher(workers: int, name: str) -> CeleryDispatcher:
+    """Whatever the runner's pool size and name: the workers are elsewhere."""
+    return CeleryDispatcher()

@@ -3,7 +3,7 @@
 It builds its runners exactly as the services do (same GymSettings, StoreSettings, gym config
 and data dir), so a job runs the same code in a worker as in the embedded gym's thread pool. The
 pool is threads: a job is one task; ``kill -9`` of the worker process kills its jobs with it,
-and their heartbeats stop (kit/jobs.py reaps them).
+and their heartbeats stop (jobs/lifecycle.py reaps them).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from celery import Celery
 
 from kit.config import GymConfig, load_config
-from kit.jobs import QUEUES, JobRunnerBase
+from jobs.lifecycle import QUEUES, JobRunnerBase
 from kit.no_proxy import keep_off_proxies
-from storage.private_files import private_dir
+from kit.private_files import private_dir
 from kit.redact import install_log_redaction
 from kit.settings import GymSettings, ProviderSecrets, StoreSettings, WorkerSettings
 from kit.spec import ServiceContext

@@ -2,7 +2,7 @@
 and, later, in the middle of an evaluation job (distributed mode: PostgreSQL, Redis; the
 services and the gateway in this process, the workers as their own processes).
 
-The gym notices a dead worker by its job's heartbeat (kit/jobs.py): a running job
+The gym notices a dead worker by its job's heartbeat (jobs/lifecycle.py): a running job
 whose ``heartbeat_at`` is older than ``RSIGYM_JOBS_HEARTBEAT_TTL_S`` is reaped by the next round
 of any reaper (the services' and every worker's, each ``RSIGYM_JOBS_REAP_INTERVAL_S``) — here
 within 6 + 2 s of the kill (production defaults: 30 + 10 s), with no worker alive at all. Both

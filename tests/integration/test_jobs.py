@@ -1,4 +1,4 @@
-"""The job lifecycle (kit/jobs.py) on SQLite and PostgreSQL: one claim per job, finish
+"""The job lifecycle (jobs/lifecycle.py) on SQLite and PostgreSQL: one claim per job, finish
 once, a dead worker's job reaped with its ledger holds released, a training job resumed from its
 last checkpoint with each step billed once, an evaluation resumed without re-running recorded
 trials, and the queue figures the gateway exports."""
@@ -23,7 +23,7 @@ from kit.config import GymConfig
 from services.records.events import TRAINING_JOB, RecordEvent
 from kit.identity import Identity
 from kit.ids import new_id
-from kit.jobs import JobRunnerBase, PoolDispatcher, queue_figures
+from jobs.lifecycle import JobRunnerBase, PoolDispatcher, queue_figures
 from access.keys import KeyRegistry
 from billing.ledger import Ledger
 from billing.money import usd_to_nusd

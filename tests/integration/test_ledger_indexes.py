@@ -1,5 +1,5 @@
 """The ledger's indexes are shaped so a reservation writes few entries (docs/performance.md,
-"Ledger indexes"); every read of the ledger must still find its rows by an index, on both
+"Ledger throughput"); every read of the ledger must still find its rows by an index, on both
 stores, and with the plan PostgreSQL would cache for a prepared statement. A read whose terms
 stop matching an index (a partial index's ``status = 'reserved'`` bound as a parameter, a key's
 rows asked for without their run) turns into a scan of the whole ledger: these tests see it."""
@@ -19,7 +19,7 @@ from sqlalchemy import event, update
 from ops.dashboard.queries import run_detail
 from ops.timeline import run_timeline
 from kit.config import GymConfig
-from kit.jobs import JobRunnerBase
+from jobs.lifecycle import JobRunnerBase
 from access.keys import KeyRegistry
 from billing.ledger import Ledger
 from access.presets import preset_policy

@@ -3,10 +3,10 @@
 An agent (or its flaky network) sends a streamed completion and closes the socket at once, or
 a moment later, again and again. The gym in its own process (``rsigym up``'s server) must close
 every such call: each reservation settled or released, nothing left reserved on the key, no call
-counted in flight. Written on 2026-12-05 against a form of the in-process hot route that read the
+counted in flight. Written against a first form of the in-process hot route that read the
 service's stream in the gateway's own task: its first run there found 75 of 80 reservations held
 and 75 calls in flight three seconds after (nine runs after it did not), and that form was
-reverted (docs/performance.md).
+reverted; the form the gateway reads such streams with now (gateway/direct_call.py) passes it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 
 import rsigym
 from kit.ids import new_id
-from kit.jobs import JobRunnerBase
+from jobs.lifecycle import JobRunnerBase
 from kit.settings import JobSettings
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry, utcnow

@@ -53,20 +53,19 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import select
 
 from services.evaluation.benchmarks import Benchmark, TaskRef, load_benchmark
+from services.evaluation.read import registered_benchmark_paths
 from services.models.chat_format import SPECIAL_TOKENS
 from services.models.training_text import training_text
 from services.records.audits.findings import CheckResult, Finding
+from storage.store import Store
 
 if TYPE_CHECKING:
-    from storage.store import Store
-    from services.evaluation.registry import BenchmarkRegistry
     from services.records.audits.context import AuditContext
 
 U64 = npt.NDArray[np.uint64]
@@ -374,20 +373,25 @@ def _items_of(bench: str, split: str, task: TaskRef) -> list[Item]:
     return out
 
 
-def benchmark_items(source: Store | BenchmarkRegistry | Benchmark | Path | str | Iterable[Benchmark | Path | str],
+@runtime_checkable
+class BenchmarkSource(Protocol):
+    """A registry of benchmarks (evaluation's ``BenchmarkRegistry``): its rows and each loaded."""
+
+    def list(self) -> Sequence[Any]:
+        """Rows with a ``name``."""
+        ...
+
+    def load(self, name: str) -> Benchmark: ...
+
+
+def benchmark_items(source: Store | BenchmarkSource | Benchmark | Path | str | Iterable[Benchmark | Path | str],
                     ) -> list[Item]:
-    """Items of every benchmark in ``source``: a Store or BenchmarkRegistry (every registered
+    """Items of every benchmark in ``source``: a Store or BenchmarkSource (every registered
     benchmark, from its registered copy), a Benchmark, a benchmark directory or ``.tar.gz``, a
     directory of benchmark directories (like ``benchmarks/``), or an iterable of these."""
-    from storage.store import Store
-    from services.evaluation.registry import BenchmarkRegistry
-    from services.evaluation.tables import BenchmarkRow
-
     if isinstance(source, Store):
-        with source.transaction() as s:
-            paths = [row.path for row in s.scalars(select(BenchmarkRow).order_by(BenchmarkRow.name))]
-        return [i for p in paths for i in task_items(load_benchmark(p))]
-    if isinstance(source, BenchmarkRegistry):
+        return [i for p in registered_benchmark_paths(source) for i in task_items(load_benchmark(p))]
+    if isinstance(source, BenchmarkSource):
         return [i for row in source.list() for i in task_items(source.load(row.name))]
     if isinstance(source, Benchmark):
         return task_items(source)

@@ -34,7 +34,7 @@ from kit.display_text import markdown_inline
 from services.records.events import AUDIT_RESULT, DATASET_REGISTERED, TRAINING_JOB
 from services.records.experiments import Experiment
 from kit.ids import new_id
-from storage.private_files import write_private
+from kit.private_files import write_private
 from storage.tables import utcnow
 from services.records.audits import agent_view
 from services.records.audits.context import AuditContext

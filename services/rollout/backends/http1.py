@@ -3,10 +3,9 @@ written in one ``write``, the answer parsed by httptools (the C parser uvicorn s
 with), its body read whole or chunk by chunk with backpressure.
 
 Why not aiohttp, which did this before: its ``ClientSession._request`` and request and response
-objects cost a call ~90-120 µs of CPU and ~100-120 µs of wall time more than this (sequential
-keep-alive calls to the stand-in provider on a 2-core box, ``bench/provider_client.py``; CPU
-ratio 0.47), and the gateway's added latency fell by ~0.3 ms p50 with it (``bench/gateway_ab.py``,
-docs/performance.md). Everything a provider call needs of it is here; what is not (a proxy from
+objects cost a call about twice this client's CPU (sequential keep-alive calls to the stand-in
+provider, ``bench/provider_client.py``), and the gateway's added latency fell with it
+(``bench/gateway_ab.py``, docs/performance.md). Everything a provider call needs of it is here; what is not (a proxy from
 the environment) keeps aiohttp (services/rollout/backends/openai_compatible.py). The framing is
 httptools's, a maintained C parser (llhttp) that uvicorn serves the gym with; what is written
 here is the connection pool and its rules.

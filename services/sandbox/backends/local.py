@@ -61,7 +61,7 @@ from typing import Any
 from kit.config import SandboxTemplate
 from kit.errors import GymError, ServiceUnavailable, Unprocessable
 from kit.host_uids import HostUidPool, kill_uid, pids_of_uid
-from storage.private_files import open_private, traversable_dir, write_private
+from kit.private_files import open_private, traversable_dir, write_private
 from services.sandbox import seccomp
 from services.sandbox.backends.base import STREAM_LINE_LIMIT, SandboxSpec
 from services.sandbox.cgroups import SandboxCgroup
@@ -306,7 +306,7 @@ class LocalBackend:
             argv = [*prefix, *self._argv(spec, uid, base, filter_fd, info_fd, pooled=pooled)]
             with os.fdopen(open_private(base / "agent.log"), "wb") as errors:
                 # umask: what the sandbox's own processes create is as in any Linux box (and E2B's),
-                # whatever the gym's own (0077: storage/private_files.py)
+                # whatever the gym's own (0077: kit/private_files.py)
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
                     pass_fds=(filter_fd, info_fd), start_new_session=True, env={"PATH": "/usr/bin:/bin"},

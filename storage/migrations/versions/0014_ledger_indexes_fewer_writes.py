@@ -4,7 +4,7 @@ Every reservation wrote five index entries (id, key_id, run_id, ref_id, (status,
 every settlement moved its (status, expires_at) entry. Now: the primary key, one (run_id, key_id)
 entry, and an expires_at entry while the hold is open (the settlement deletes it); ref_id only
 for rows that have one. The reads that used the old indexes use these (docs/performance.md,
-"Ledger indexes").
+"Ledger throughput").
 
 Revision ID: 0014
 Revises: 0013

@@ -1,7 +1,7 @@
 """The in-process worker pool that long jobs (training, evaluation) run on in embedded mode.
 
 It counts what it has been given, so a test or a shutdown can wait until every job is done, and
-what it is running, so the job scheduler (kit/jobs.py) hands it a job only when a
+what it is running, so the job scheduler (jobs/lifecycle.py) hands it a job only when a
 worker is free — jobs never wait in the pool's own first-come queue, where fairness across runs
 could not apply.
 """

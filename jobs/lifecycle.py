@@ -10,7 +10,7 @@ can resume (training from its last checkpoint, evaluation from its recorded tria
 ``reserved``: the step or trial the dead worker was in is not the agent's cost).
 
 Where the work runs is the dispatcher's business: embedded mode keeps an in-process thread pool
-(:class:`kit.workers.JobPool`); distributed mode sends a Celery task to the job's
+(:class:`jobs.workers.JobPool`); distributed mode sends a Celery task to the job's
 queue (services/worker/). The same :meth:`JobRunnerBase.execute` runs in both.
 
 Queued jobs wait in the store, not in the pool or the broker: :meth:`JobRunnerBase.pump` hands
@@ -42,12 +42,13 @@ from typing import Any, ClassVar, Protocol, cast
 from sqlalchemy import CursorResult, func, or_, select, text, true, update
 from sqlalchemy.orm import Session, aliased
 
+from kit.backends import Registry
 from kit.errors import GymError, storage_full
 from billing.ledger import Ledger
 from kit.settings import JobSettings
 from storage.store import Store
 from storage.tables import OPEN_ROW, LedgerEntry, utcnow
-from kit.workers import JobPool
+from jobs.workers import JobPool
 
 log = logging.getLogger("rsigym.jobs")
 
@@ -88,12 +89,17 @@ class PoolDispatcher:
         self.pool.shutdown()
 
 
-def default_dispatcher(settings: JobSettings, workers: int, name: str) -> Dispatcher:
-    if settings.backend == "celery":
-        from services.worker.celery_app import CeleryDispatcher
+DispatcherFactory = Callable[[int, str], Dispatcher]
+"""``(workers, name) -> Dispatcher``: a runner's dispatcher for its ``workers`` and thread name."""
 
-        return CeleryDispatcher()
-    return PoolDispatcher(workers, name)
+DISPATCHERS: Registry[DispatcherFactory] = Registry("job dispatcher", lazy={"celery": "services.worker.celery_app"})
+"""Dispatchers by ``RSIGYM_JOBS_BACKEND``; ``celery`` registers itself in services/worker/ (the kit
+imports no service: the registry names the module)."""
+DISPATCHERS.register("embedded")(PoolDispatcher)
+
+
+def default_dispatcher(settings: JobSettings, workers: int, name: str) -> Dispatcher:
+    return DISPATCHERS.get(settings.backend)(workers, name)
 
 
 @dataclass
