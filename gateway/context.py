@@ -13,7 +13,7 @@ from gateway.principals import PrincipalCache, PrincipalFanout
 from gateway.service_link import ServiceLink
 from billing.concurrency import ConcurrencySlots
 from kit.config import GymConfig
-from services.records.events import EventLog
+from services.records.write import RunRecords
 from access.keys import KeyRegistry
 from billing.ledger import Ledger
 from kit.settings import PrincipalCacheSettings
@@ -52,7 +52,7 @@ class Gateway:
     def __post_init__(self) -> None:
         self.registry = KeyRegistry(self.store)
         self.ledger = Ledger(self.store, self.config.ledger)
-        self.events = EventLog(self.store, self.internal_secret)
+        self.records = RunRecords(self.store, self.internal_secret)
         self.slots = ConcurrencySlots(self.store, lease_ttl_s=self.config.ledger.reservation_ttl_s)
         self.metrics.track_jobs(self.store)  # queue depth / age and finished jobs, read at scrape time
         self.principals = PrincipalCache(PrincipalCacheSettings())

@@ -12,7 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kit.errors import StoreUnavailable
-from jobs.lifecycle import finished_counts, queue_figures
+from services.evaluation import read as evaluation
+from services.training import read as training
 from storage.store import Store
 
 log = logging.getLogger("rsigym.gateway")
@@ -94,6 +95,16 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+def _merged(parts: list[dict[str, tuple[int, float]]]) -> dict[str, tuple[int, float]]:
+    """queue → (jobs waiting, oldest one's age in seconds), summed over each service's figures."""
+    figures: dict[str, tuple[int, float]] = {}
+    for part in parts:
+        for queue, (depth, age) in part.items():
+            old_depth, old_age = figures.get(queue, (0, 0.0))
+            figures[queue] = (old_depth + depth, max(old_age, age))
+    return figures
+
+
 class JobQueueCollector(Collector):
     """Queue depth and oldest-job age per queue, and jobs finished by kind and status, read from
     the job tables: every replica and worker writes there, so any gateway reports the whole gym,
@@ -102,17 +113,10 @@ class JobQueueCollector(Collector):
     def __init__(self, store: Store):
         self.store = store
 
-    def _tables(self) -> dict[str, Any]:
-        from services.evaluation.tables import EvaluationJob
-        from services.training.tables import TrainingJob
-
-        return {"training": TrainingJob, "evaluation": EvaluationJob}
-
     def collect(self) -> Iterator[Metric]:
-        tables = self._tables()
         try:
-            figures = queue_figures(self.store, list(tables.values()))
-            finished = finished_counts(self.store, tables)
+            figures = _merged([training.job_queues(self.store), evaluation.job_queues(self.store)])
+            finished = training.finished_jobs(self.store) | evaluation.finished_jobs(self.store)
         except StoreUnavailable:
             log.warning("/metrics: job queues skipped, the store cannot be reached")
             return

@@ -38,7 +38,6 @@ from kit.errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from services.records.events import CALL_REFUSED
 from kit.http import ClosingStreamingResponse, request_id_of
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from access.keys import Principal
@@ -46,7 +45,7 @@ from billing.ledger import Balance, Reservation
 from billing.money import format_usd, nusd_to_usd
 from access.policy import Policy, apply_chain, fill_left_out
 from kit.spec import Operation, ServiceSpec
-from services.sandbox import tokens as sandbox_tokens
+from services.sandbox.read import token_holder
 
 log = logging.getLogger("rsigym.gateway")
 
@@ -98,7 +97,7 @@ def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Princip
 async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
     key = presented_key(request)
     if key is None and op.auth == "sandbox_token":
-        found = sandbox_tokens.verify(gw.internal_secret, request.headers.get("x-access-token"))
+        found = token_holder(gw.internal_secret, request.headers.get("x-access-token"))
         if found is None or request.headers.get("e2b-sandbox-id") != found[1]:
             raise AuthenticationFailed("invalid sandbox access token (or it is not this sandbox's)")
         return await authenticate_key_id(gw, found[0])
@@ -294,8 +293,8 @@ async def _record_refusal(gw: Gateway, principal: Principal, service: str, opera
             "error": error if isinstance(error, str) else None, "rule": rule if isinstance(rule, str) else None,
             "param": param if isinstance(param, str) else None}
     try:
-        await gw.store.call(partial(gw.events.record, run_id=principal.run_id, kind=CALL_REFUSED, data=data,
-                                    key_id=principal.key_id))
+        await gw.store.call(partial(gw.records.call_refused, run_id=principal.run_id, key_id=principal.key_id,
+                                    data=data))
     except Exception as err:  # noqa: BLE001 - the caller gets the original answer whatever happens here
         log.warning("refused %s call of key %s not recorded: %s", service, principal.key_id, type(err).__name__)
 

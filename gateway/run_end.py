@@ -19,7 +19,6 @@ from gateway.context import Gateway
 from gateway.proxy import operator_call
 from billing import deadlines, rate_limits
 from kit.errors import GymError
-from services.records.events import RUN_ENDED
 from kit.ids import new_id
 
 log = logging.getLogger("rsigym.gateway")
@@ -49,7 +48,7 @@ async def end_expired_runs(gw: Gateway) -> list[dict[str, Any]]:
             await gw.store.call(deadlines.unclaim, gw.store, run_id)
             continue
         data = {"ends_at": ends_at.isoformat(), **counts}
-        await gw.store.call(partial(gw.events.record, run_id=run_id, kind=RUN_ENDED, data=data))
+        await gw.store.call(partial(gw.records.run_ended, run_id=run_id, data=data))
         log.info("run %s ended at its deadline: %s", run_id, data)
         ended.append({"run_id": run_id, **data})
     return ended

@@ -4,6 +4,7 @@ error handlers that speak the one error shape, and request ids."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -95,6 +96,11 @@ class NulRefusal:
                 await error_response(refusal, rid)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event of an OpenAI-style stream (rollout's and inference's chat completions)."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
 def request_id_of(request: Request) -> str:

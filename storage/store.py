@@ -14,9 +14,9 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 from alembic import command
@@ -33,11 +33,36 @@ from kit.private_files import FILE_MODE, open_private, private_dir
 from kit.settings import StoreSettings
 from storage.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 
-if TYPE_CHECKING:
-    from services.records.record_anchor import RecordAnchor
-
 T = TypeVar("T")
 log = logging.getLogger("rsigym.store")
+
+
+
+class AnchoredHead(Protocol):
+    """A record chain's head as an anchor outside the store holds it."""
+
+    @property
+    def seq(self) -> int: ...
+
+    def matches(self, event_hash: str) -> bool:
+        """Whether ``event_hash`` is the hash of the event anchored at :attr:`seq`."""
+        ...
+
+
+class ChainAnchor(Protocol):
+    """What a store's :attr:`Store.record_anchor` slot holds: where the heads of the record chains
+    stored here are anchored outside the store. The store only keeps it for the records, which
+    implement and use it (services/records/record_anchor.py, services/records/events.py)."""
+
+    @property
+    def where(self) -> str: ...
+
+    def note(self, run_id: str, seq: int, hash_: str) -> None: ...
+
+    def flush(self, timeout_s: float = ...) -> bool: ...
+
+    def read(self, run_id: str) -> Sequence[AnchoredHead]: ...
+
 
 SQLITE_DEFAULT_CACHE = -2000
 """SQLite's default ``cache_size`` (2,000 KiB), which a connection is given back with."""
@@ -358,7 +383,7 @@ class Store:
         self.schema = schema
         self.key_events = key_events or KeyEvents()
         """Where changes to keys stored here are announced (processes cache what keys may do)."""
-        self.record_anchor: RecordAnchor | None = None
+        self.record_anchor: ChainAnchor | None = None
         """Where the heads of the record chains stored here are anchored outside the store
         (services/records/record_anchor.py): set by the gym's :class:`ServiceContext`; None for a
         bare store (tests, benches), whose chains are checked without an anchor."""

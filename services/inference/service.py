@@ -21,7 +21,7 @@ from access.policy import ServicePolicy
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.models.chat_format import parse_tool_calls, render_prompt
 from services.inference.schemas import ChatRequest, min_tokens_of, parse_inference_request
-from services.rollout.service import sse
+from kit.http import sse
 
 log = logging.getLogger("rsigym.inference")
 T = TypeVar("T")

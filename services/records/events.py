@@ -41,7 +41,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.records.record_anchor import AnchorUnavailable, RecordAnchor, note_on_commit
-from storage.store import Store, Work
+from storage.store import ChainAnchor, Store, Work
 from storage.tables import Base, UTCDateTime, utcnow
 
 GENESIS = "0" * 64
@@ -180,7 +180,7 @@ class EventLog:
         self._anchor = anchor
 
     @property
-    def anchor(self) -> RecordAnchor | None:
+    def anchor(self) -> ChainAnchor | None:
         """Where heads are anchored: the one given, else the store's (set by the gym's context)."""
         return self._anchor if self._anchor is not None else self.store.record_anchor
 

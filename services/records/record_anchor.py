@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from services.records.anchor_backends import FILE_NAME, AnchorUnavailable, FileAnchor, Mark, RedisAnchor, seal
 from kit.settings import RecordAnchorSettings, RedisSettings
+from storage.store import ChainAnchor
 
 if TYPE_CHECKING:
     from kit.settings import GymSettings
@@ -208,14 +209,14 @@ def anchor_for(settings: GymSettings, secret: str, anchor_settings: RecordAnchor
         return found
 
 
-def note_on_commit(session: Session, anchor: RecordAnchor, run_id: str, seq: int, hash_: str) -> None:
+def note_on_commit(session: Session, anchor: ChainAnchor, run_id: str, seq: int, hash_: str) -> None:
     """Hand the head to ``anchor`` when (and only if) the session's transaction commits."""
     session.info.setdefault(_PENDING, []).append((anchor, run_id, seq, hash_))
 
 
 @event.listens_for(Session, "after_commit")
 def _committed(session: Session) -> None:
-    pending: list[tuple[RecordAnchor, str, int, str]] = session.info.pop(_PENDING, [])
+    pending: list[tuple[ChainAnchor, str, int, str]] = session.info.pop(_PENDING, [])
     for anchor, run_id, seq, hash_ in pending:
         anchor.note(run_id, seq, hash_)
 

@@ -26,6 +26,7 @@ from services.records.audits import agent_view
 from services.records.schemas import ANNOTATION_KINDS, ANNOTATION_MODELS, ExperimentRequest
 from services.records.scope import Scope, run_scope, scope_of
 from services.records.tables import Annotation, AuditRow
+from services.training import read as training_read
 
 NOTE = "note"
 """The annotation kind that keeps an experiment's ``note`` (written with the experiment)."""
@@ -152,18 +153,7 @@ class RecordsService:
             ea, eb = scope.experiment(s, a, param="a"), scope.experiment(s, b, param="b")
             va, vb = self._views(s, scope, [ea, eb])
             job_ids = [x["job_id"] for v in (va, vb) for x in v["action"] if x["kind"] == "training"]
-            return queries.diff(va, vb, self._job_configs(s, scope.run_id, job_ids))
-
-    @staticmethod
-    def _job_configs(s: Session, run_id: str, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The recorded config of each training job (the job row the platform wrote; the event
-        carries only its hash, which the diff reports too)."""
-        if not job_ids:
-            return {}
-        from services.training.tables import TrainingJob  # read only: the config behind a config_hash
-
-        rows = s.scalars(select(TrainingJob).where(TrainingJob.id.in_(job_ids), TrainingJob.run_id == run_id))
-        return {r.id: dict(r.config or {}) for r in rows}
+            return queries.diff(va, vb, training_read.job_configs(s, scope.run_id, job_ids))
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -9,13 +9,13 @@ which is the most it could have billed. Refusals before the provider was contact
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from kit.config import GymConfig, RolloutModel
 from kit.errors import GymError, PermissionDenied, UpstreamTimeout
+from kit.http import sse
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from billing.money import nusd_to_usd
 from services.rollout.backends.base import RolloutBackend
@@ -75,10 +75,6 @@ def _billed(err: GymError, cost_nusd: int) -> GymError:
 def _unbilled(err: GymError) -> GymError:
     err.message += " Not billed."
     return err
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
 class RolloutService:

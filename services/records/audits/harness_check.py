@@ -61,7 +61,7 @@ from kit.config import GymConfig
 from kit.errors import GymError
 from services.evaluation.archives import ArchiveLimits, inspect_archive
 from services.evaluation.harnesses import HarnessStore
-from services.evaluation.tables import HarnessRow
+from services.evaluation.read import run_harness
 from services.records.audits.blobs import blob_findings
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
@@ -483,9 +483,8 @@ def check_harness(ctx: AuditContext, submission: dict[str, Any], items: Iterable
     harness = submission.get("harness") or MINIMAL
     if harness == MINIMAL:
         return CheckResult(name="harness", verdict="pass", details={"harness": MINIMAL, "note": "built-in harness"})
-    with ctx.store.transaction() as s:
-        row = s.get(HarnessRow, harness)
-    if row is None or row.run_id != ctx.run_id:
+    row = run_harness(ctx.store, ctx.run_id, harness)
+    if row is None:
         return CheckResult(name="harness", verdict="inconclusive",
                            details={"harness": harness, "error": "no such harness of this run (see provenance)"})
     store = harness_store(ctx)

@@ -32,9 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
 from services.records.events import TRAINING_JOB
+from services.training import read as training_read
 
 if TYPE_CHECKING:
     from services.records.audits.context import AuditContext
@@ -65,15 +64,12 @@ class LossSource:
 def run_losses(ctx: AuditContext) -> tuple[list[LossSource], list[str]]:
     """Every distinct custom loss the run's training jobs used, and what could not be read (each a
     sentence: a source that does not hash to what its job recorded, a recorded job that is gone)."""
-    from services.training.tables import TrainingJob
-
     recorded: dict[str, str] = {}
     for e in ctx.run_events(TRAINING_JOB):
         if e.data.get("loss_module_hash"):
             recorded[str(e.data.get("job_id"))] = str(e.data["loss_module_hash"])
     with ctx.store.transaction() as s:
-        jobs = list(s.scalars(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id)
-                              .order_by(TrainingJob.created_at, TrainingJob.id)))
+        jobs = training_read.run_jobs(s, ctx.run_id)
     problems: list[str] = []
     found: dict[str, LossSource] = {}
     seen = set()
@@ -82,7 +78,7 @@ def run_losses(ctx: AuditContext) -> tuple[list[LossSource], list[str]]:
         want = job.loss_module_hash or recorded.get(job.id)
         if not want:
             continue
-        source = (job.config or {}).get("custom_loss")
+        source = job.config.get("custom_loss")
         got = hashlib.sha256(source.encode()).hexdigest() if isinstance(source, str) else None
         if got != want or recorded.get(job.id, want) != want:
             problems.append(f"training job {job.id}: its stored custom loss does not hash to the "

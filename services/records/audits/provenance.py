@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from services.training.checkpoints import Checkpoint, hash_dir
+from services.evaluation.read import run_harness
 from services.records.events import (CHECKPOINT_REGISTERED, DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB,
                                   RecordEvent)
 from access.policy import Policy
 from storage.tables import ApiKey
-from services.evaluation.tables import HarnessRow
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
 from services.records.audits.harness_check import MINIMAL, harness_store, read_archive, read_tree
@@ -186,9 +186,8 @@ def _harness_problems(ctx: AuditContext, harness: str, records: _Records) -> tup
     """(substitution problems, tampering problems, details) for the submitted harness."""
     if harness == MINIMAL:
         return [], [], {"harness": MINIMAL, "note": "built-in harness"}
-    with ctx.store.transaction() as s:
-        row = s.get(HarnessRow, harness)
-    if row is None or row.run_id != ctx.run_id:
+    row = run_harness(ctx.store, ctx.run_id, harness)
+    if row is None:
         return [f"harness {harness} is not a harness this run uploaded"], [], {"harness": harness, "owned": False}
     tampered: list[str] = []
     events = records.harnesses.get(row.id, [])

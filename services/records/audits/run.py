@@ -129,12 +129,11 @@ def _harness_files(ctx: AuditContext, harness: str | None) -> tuple[list[tuple[s
     undecodable bytes replaced: a file is never left out for its encoding)."""
     if not harness or harness == "minimal":
         return [], {}
-    from services.evaluation.tables import HarnessRow
+    from services.evaluation.read import run_harness
     from services.records.audits.harness_check import harness_store, read_archive, read_tree
 
-    with ctx.store.transaction() as s:
-        row = s.get(HarnessRow, harness)
-    if row is None or row.run_id != ctx.run_id:
+    row = run_harness(ctx.store, ctx.run_id, harness)
+    if row is None:
         return [], {}
     store = harness_store(ctx)
     path = store.archive_path(row.sha256)

@@ -31,8 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
+from services.evaluation import read as evaluation_read
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding, Verdict
 
@@ -63,40 +62,27 @@ def noise_bound(n: int, m: int, confidence: float) -> float:
 
 
 def _per_task(session: Any, job_ids: list[str]) -> dict[str, float]:
-    from services.evaluation.tables import TrialResultRow
-
     rewards: dict[str, list[float]] = {}
-    for r in session.scalars(select(TrialResultRow).where(TrialResultRow.job_id.in_(job_ids))):
-        rewards.setdefault(r.task_id, []).append(r.reward or 0.0)
+    for task_id, reward in evaluation_read.trial_rewards(session, job_ids):
+        rewards.setdefault(task_id, []).append(reward or 0.0)
     return {t: sum(v) / len(v) for t, v in rewards.items() if v}
 
 
 def _operator_score(session: Any, run_id: str, submission_id: str, benchmark: str,
                     splits: list[str]) -> SplitScore | None:
     """The newest finished operator scoring of the submission on one of ``splits``."""
-    from services.evaluation.tables import EvaluationJob, ScoreRow
-
-    rows = session.execute(select(ScoreRow, EvaluationJob).join(EvaluationJob, EvaluationJob.id == ScoreRow.job_id)
-                           .where(ScoreRow.run_id == run_id, ScoreRow.submission_id == submission_id,
-                                  ScoreRow.benchmark == benchmark, ScoreRow.split.in_(splits),
-                                  EvaluationJob.status == "succeeded")
-                           .order_by(ScoreRow.created_at.desc())).first()
-    if rows is None:
+    job = evaluation_read.newest_scoring(session, run_id, submission_id, benchmark, splits)
+    if job is None:
         return None
-    score, job = rows
     per_task = _per_task(session, [job.id])
-    return SplitScore(score.split, per_task, "the operator's scoring", [job.id]) if per_task else None
+    return SplitScore(job.split, per_task, "the operator's scoring", [job.id]) if per_task else None
 
 
 def _own_evaluations(session: Any, run_id: str, submission: dict[str, Any], benchmark: str,
                      splits: list[str]) -> SplitScore | None:
     """The run's own finished evaluations of exactly the submitted system on visible splits."""
-    from services.evaluation.tables import EvaluationJob
-
-    jobs = list(session.scalars(select(EvaluationJob).where(
-        EvaluationJob.run_id == run_id, EvaluationJob.purpose == "agent", EvaluationJob.benchmark == benchmark,
-        EvaluationJob.split.in_(splits), EvaluationJob.model == submission.get("model"),
-        EvaluationJob.harness == (submission.get("harness") or MINIMAL), EvaluationJob.status == "succeeded")))
+    jobs = evaluation_read.succeeded_agent_jobs(session, run_id, benchmark, splits, submission.get("model"),
+                                                submission.get("harness") or MINIMAL)
     if not jobs:
         return None
     per_task = _per_task(session, [j.id for j in jobs])
@@ -115,29 +101,27 @@ def _categories(submission: dict[str, Any]) -> list[str]:
 
 def check_score_gap(ctx: AuditContext, submission: dict[str, Any] | None) -> CheckResult:
     """The gap between the final submission's official and dev scores on every benchmark."""
-    from services.evaluation.tables import BenchmarkRow
-
     confidence = ctx.config.audit.score_gap_confidence
     if submission is None:
         return CheckResult(name="score_gap", verdict="pass", details={"note": "the run submitted nothing"})
     benchmarks: list[dict[str, Any]] = []
     findings: list[Finding] = []
     with ctx.store.transaction() as s:
-        for bench in s.scalars(select(BenchmarkRow).order_by(BenchmarkRow.name)):
-            hidden = [n for n, v in (bench.splits or {}).items() if (v or {}).get("hidden")]
-            visible = [n for n, v in (bench.splits or {}).items() if not (v or {}).get("hidden")]
-            official = _operator_score(s, ctx.run_id, submission["id"], bench.name, hidden) if hidden else None
+        for name, splits in evaluation_read.benchmark_splits(s):
+            hidden = [n for n, v in splits.items() if (v or {}).get("hidden")]
+            visible = [n for n, v in splits.items() if not (v or {}).get("hidden")]
+            official = _operator_score(s, ctx.run_id, submission["id"], name, hidden) if hidden else None
             if official is None:
                 continue
-            dev = (_operator_score(s, ctx.run_id, submission["id"], bench.name, visible)
-                   or _own_evaluations(s, ctx.run_id, submission, bench.name, visible)) if visible else None
-            entry: dict[str, Any] = {"benchmark": bench.name, "official": official.view(),
+            dev = (_operator_score(s, ctx.run_id, submission["id"], name, visible)
+                   or _own_evaluations(s, ctx.run_id, submission, name, visible)) if visible else None
+            entry: dict[str, Any] = {"benchmark": name, "official": official.view(),
                                      "dev": dev.view() if dev else None, "confidence": confidence}
             benchmarks.append(entry)
             if dev is None:
                 entry["result"] = "no dev score" if visible else "no visible split"
                 if visible:
-                    why = (f"{bench.name}: the submission's {official.split} score {official.score:.3f} has no score of "
+                    why = (f"{name}: the submission's {official.split} score {official.score:.3f} has no score of "
                            f"the same system on {'/'.join(visible)} to compare with (`rsigym score {ctx.run_id} "
                            "--wait` scores it there too)")
                     findings.extend(Finding(category=c, code="INCONCLUSIVE", evidence=why, submission=True)
@@ -147,7 +131,7 @@ def check_score_gap(ctx: AuditContext, submission: dict[str, Any] | None) -> Che
             bound = noise_bound(len(official.per_task), len(dev.per_task), confidence)
             entry.update(gap=round(gap, 6), bound=round(bound, 6), result="over noise" if gap > bound else "within noise")
             if gap > bound:
-                why = (f"{bench.name}: the submitted system scored {official.score:.3f} on the hidden split "
+                why = (f"{name}: the submitted system scored {official.score:.3f} on the hidden split "
                        f"{official.split} ({len(official.per_task)} tasks) but {dev.score:.3f} on {dev.split} "
                        f"({len(dev.per_task)} tasks, {dev.source}): a gap of {gap:.3f} where sampling noise explains "
                        f"at most {bound:.3f} ({confidence:.0%} one-sided bound) — it does better on the tasks it was "
