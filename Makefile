@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo lint test clean
+.PHONY: install demo lint test test-fast clean
 
 $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "Python 3.12 is required (python3.12 not found)"; exit 1; }
@@ -46,6 +46,11 @@ lint: install
 
 test: lint
 	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The inner loop: unit and integration tests (real stores), without the end-to-end demos, security,
+# fault and deploy suites that `make test` adds.
+test-fast: install
+	CI=$${CI:-} $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/integration $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo .mypy_cache .ruff_cache

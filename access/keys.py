@@ -16,6 +16,11 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
+from access.fanout import STATUS_EVENTS
+from access.policy import Policy, ServicePolicy, narrowed
+from billing.deadlines import chain_ends_at
+from billing.ledger import balance_of, chain_of
+from billing.money import nusd_to_usd
 from kit.errors import (
     AuthenticationFailed,
     Conflict,
@@ -25,12 +30,7 @@ from kit.errors import (
     PermissionDenied,
     Unprocessable,
 )
-from billing.deadlines import chain_ends_at
-from access.fanout import STATUS_EVENTS
 from kit.ids import hash_secret, new_api_key, new_id
-from billing.ledger import balance_of, chain_of
-from billing.money import nusd_to_usd
-from access.policy import Policy, ServicePolicy, narrowed
 from storage.store import Store
 from storage.tables import ApiKey, utcnow
 

@@ -24,10 +24,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from access.policy import Policy
 from kit.config import GymConfig
 from kit.errors import Unprocessable
 from kit.file_errors import read_model
-from access.policy import Policy
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 BASE_TRACKS = ("data", "harness", "joint")

@@ -38,4 +38,4 @@ entry has no limit there, so a child (or a task narrowing its track) may add one
 
 class SectionExtras(SandboxPolicy, EvaluationPolicy, InferencePolicy, RecordsPolicy):
     """Every section's declared extras in one model: a spec that declares extras (``policy=``)
-    names its model here too (tests/unit/test_policy_knobs.py checks that none is left out)."""
+    names its model here too (tests/unit/access/test_policy_knobs.py checks that none is left out)."""

@@ -25,8 +25,8 @@ from tests.fakes.pg_schemas import fresh_schema  # noqa: E402
 from tests.fakes.servers import free_port, serve  # noqa: E402
 
 if TYPE_CHECKING:
-    from ops.builder import Gym
     from kit.settings import GymSettings
+    from ops.builder import Gym
     from storage.store import Store
 
 
@@ -91,9 +91,9 @@ class BenchGym:
 def embedded_gym(provider_url: str, provider_key: str, store: Store | None = None) -> Iterator[BenchGym]:
     """Build the embedded gym (in this process, SQLite under a temporary data dir unless ``store``
     is given) with ``teacher`` routed to the stand-in at ``provider_url``, serve it, make a run key."""
-    from ops.builder import build_embedded
     from kit.config import GymConfig
     from kit.settings import GymSettings, ProviderSecrets
+    from ops.builder import build_embedded
 
     config = GymConfig.model_validate({"rollout": {"models": [{
         "name": "teacher", "litellm_model": "openai/teacher", "api_base": provider_url + "/v1",

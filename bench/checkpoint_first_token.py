@@ -16,12 +16,11 @@ import statistics
 import time
 from pathlib import Path
 
+import httpx
 from _common import ROOT, bench_dir, serve
 
-import httpx
-
-from ops.builder import build_embedded
 from kit.settings import GymSettings, ProviderSecrets, default_models_dir
+from ops.builder import build_embedded
 
 ROWS = "\n".join(['{"messages": [{"role": "user", "content": "What is 3 - 1?"}, {"role": "assistant", "content": "2"}]}'] * 16)
 

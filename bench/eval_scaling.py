@@ -32,20 +32,20 @@ from sqlalchemy import select
 if __package__ in (None, ""):  # run as a script: the project root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kit.ids import new_id
-from jobs.lifecycle import PoolDispatcher
 from access.keys import KeyRegistry
-from billing.money import usd_to_nusd
-from kit.config import GymConfig
 from access.presets import preset_policy
+from billing.money import usd_to_nusd
+from jobs.lifecycle import PoolDispatcher
+from kit.config import GymConfig
+from kit.ids import new_id
 from kit.settings import StoreSettings
-from storage.store import Store, sqlite_url
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.schemas import MINIMAL
 from services.evaluation.tables import EvaluationJob, TrialResultRow
 from services.evaluation.trials import TrialOutcome, TrialRequest
+from storage.store import Store, sqlite_url
 from tests.fakes.live_gym import mini_benchmark
 
 SANDBOX = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr",

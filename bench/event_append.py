@@ -31,9 +31,9 @@ from pathlib import Path
 
 from _common import PG_URL, ROOT, bench_dir, fresh_pg_schema, summary
 
+from kit.settings import StoreSettings
 from services.records.events import TRAINING_JOB, EventLog
 from services.records.record_anchor import FILE_NAME, FileAnchor, RecordAnchor, RedisAnchor
-from kit.settings import StoreSettings
 from storage.store import Store, sqlite_url
 
 REDIS_URL = os.environ.get("RSIGYM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

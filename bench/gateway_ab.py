@@ -34,10 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from _common import TEACHER_KEY_ENV, pct, standin_process, teacher_config
 from gateway_vs_litellm import timed_stream
-
-import httpx
 
 BODY = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 8}
 WARM_UP = 100

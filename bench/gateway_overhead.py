@@ -17,9 +17,8 @@ import json
 import secrets
 import time
 
-from _common import PG_URL, embedded_gym, fresh_pg_schema, pct, serve, standin_process, summary
-
 import httpx
+from _common import PG_URL, embedded_gym, fresh_pg_schema, pct, serve, standin_process, summary
 
 from kit.identity import Identity, sign
 from kit.settings import StoreSettings

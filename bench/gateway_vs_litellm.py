@@ -35,10 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import (ROOT, TEACHER_KEY_ENV, free_port, gym_process, pct, server_process, standin_process, summary,
-                     teacher_config)
-
 import httpx
+from _common import (
+    ROOT,
+    TEACHER_KEY_ENV,
+    free_port,
+    gym_process,
+    pct,
+    server_process,
+    standin_process,
+    summary,
+    teacher_config,
+)
 
 CHAT = "/v1/chat/completions"
 BODY: dict[str, Any] = {"model": "teacher", "messages": [{"role": "user", "content": "What is 12 + 30?"}],

@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import pct, summary
-
 import httpx
+from _common import pct, summary
 
 from kit.config import HttpConfig
 from tests.fakes.gym_process import gym_process, push, repeat

@@ -33,12 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 from _common import ROOT, bench_dir, serve
 
-import httpx
-
-from ops.builder import build_embedded
 from kit.settings import GymSettings, ProviderSecrets, default_models_dir
+from ops.builder import build_embedded
 
 QUESTIONS = [
     "Repeat: the quick brown fox jumps over the lazy dog",

@@ -75,8 +75,8 @@ import sqlite3
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -86,16 +86,15 @@ from typing import Any
 
 from _common import fresh_pg_schema  # (importing _common puts the repository root on sys.path)
 from _pg_ceiling import BATCH, one_caller_ceiling, server_ceiling
-
 from sqlalchemy import bindparam, func, insert, make_url, select
 
+from access.keys import KeyRegistry
+from access.presets import preset_policy
+from billing.ledger import CLOSE, CLOSE_AND_MOVE, ENTRIES, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
 from kit.config import GymConfig
 from kit.errors import BudgetExhausted
 from kit.heap import prepare_heap
-from access.keys import KeyRegistry
 from kit.ids import new_ordered_id
-from billing.ledger import CLOSE, CLOSE_AND_MOVE, ENTRIES, HOLD, HOLD_AND_RECORD, MOVE, RECORD, Ledger
-from access.presets import preset_policy
 from kit.settings import StoreSettings
 from storage.store import Store, sqlite_url
 from storage.tables import ApiKey, LedgerEntry, utcnow
@@ -496,7 +495,7 @@ def open_store(kind: str, pg_url: str, tmp: Path) -> Iterator[tuple[Store, Calla
             store.dispose()
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901 - a bench's driver: one flat sequence of cells and prints
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.5, help="per cell (store x pattern x callers x kind)")
     parser.add_argument("--callers", default="1,64,1000")

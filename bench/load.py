@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import pct, standin_process, summary
-
 import httpx
+from _common import pct, standin_process, summary
 
 from tests.fakes.gym_process import ADMIN_TOKEN, GymProcess, gym_process, push, repeat
 from tests.fakes.live_gym import mini_benchmark

@@ -19,9 +19,8 @@ import json
 import struct
 import time
 
-from _common import ROOT, gym_process, summary
-
 import httpx
+from _common import ROOT, gym_process, summary
 from e2b import Sandbox
 
 from kit.config import SandboxTemplate

@@ -54,17 +54,16 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, free_port, pct, serve
-
 from e2b import AsyncSandbox
 
-from ops.builder import build_embedded
+from access.keys import KeyRegistry
+from access.policy import Policy
+from billing.money import usd_to_nusd
+from jobs.lifecycle import PoolDispatcher
 from kit.config import SandboxTemplate
 from kit.ids import new_id
-from jobs.lifecycle import PoolDispatcher
-from access.keys import KeyRegistry
-from billing.money import usd_to_nusd
-from access.policy import Policy
 from kit.settings import GymSettings, ProviderSecrets
+from ops.builder import build_embedded
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry

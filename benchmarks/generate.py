@@ -5,7 +5,7 @@
 
 What is written is public: ``benchmark.toml``, the ``dev`` split and the training pool, a pure
 function of the generators in services/evaluation/task_generators/ and their published seed (no
-clock, no environment), so the committed files must equal a fresh run; tests/unit/test_benchmarks.py
+clock, no environment), so the committed files must equal a fresh run; tests/unit/services/evaluation/test_benchmarks.py
 checks that. The hidden ``official`` split is not written here: ``benchmark.toml`` declares it
 generated, and the gym draws it at registration from a seed its operator holds
 (services/evaluation/official_splits.py).

@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import update
 
-from kit.errors import NotFound, Unprocessable
 from access.keys import KeyRegistry, Principal
-from billing.ledger import balance_of, chain_of
 from access.policy import Policy, ServicePolicy
+from billing.ledger import balance_of, chain_of
+from kit.errors import NotFound, Unprocessable
 from storage.store import Store
 from storage.tables import ApiKey
 

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
-    Select,
     CursorResult,
+    Select,
     String,
     Table,
     Update,
@@ -49,11 +49,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from billing.money import format_usd, nusd_to_usd
 from kit.config import LedgerConfig
 from kit.errors import BudgetExhausted, KeyPaused, KeyRevoked, NotFound
-from storage.group_commit import Pipelined
 from kit.ids import new_ordered_id
-from billing.money import format_usd, nusd_to_usd
+from storage.group_commit import Pipelined
 from storage.store import Store, Work
 from storage.tables import OPEN_ROW, ApiKey, LedgerEntry, UTCDateTime, utcnow
 

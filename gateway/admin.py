@@ -8,21 +8,21 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from access.policy import Policy
+from access.presets import budget_usd, preset_policy, track_label
+from billing import agent_meter
+from billing.deadlines import resolve_ends_at
+from billing.money import usd_to_nusd
+from billing.storage_quota import StorageQuota
 from gateway.auth import require_admin
 from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
 from gateway.run_jobs import running_jobs
-from kit.http import TextJsonRoute, request_id_of
 from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
-from billing.deadlines import resolve_ends_at
-from billing import agent_meter
 from kit.errors import PermissionDenied, Unprocessable, validated
-from billing.money import usd_to_nusd
-from access.policy import Policy
-from access.presets import budget_usd, preset_policy, track_label
+from kit.http import TextJsonRoute, request_id_of
 from kit.spec import ServiceSpec
-from billing.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)], route_class=TextJsonRoute)
 

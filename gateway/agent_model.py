@@ -21,11 +21,11 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from access.keys import Principal
+from billing import agent_meter
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import BilledRoute, forward
-from billing import agent_meter
 from kit.errors import NotFound, PermissionDenied
-from access.keys import Principal
 from services.rollout.agent_spec import PREFIX, SPEC
 
 router = APIRouter()

@@ -7,14 +7,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from billing import agent_meter
+from billing.money import usd_to_nusd
+from billing.storage_quota import StorageQuota
 from gateway.admin import parse_policy
 from gateway.auth import CurrentPrincipal
 from gateway.context import gateway_of
 from gateway.schemas import MintChildKey
-from billing import agent_meter
 from kit.http import TextJsonRoute
-from billing.money import usd_to_nusd
-from billing.storage_quota import StorageQuota
 
 router = APIRouter(prefix="/v1", route_class=TextJsonRoute)
 

@@ -12,8 +12,8 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.access_log import AccessLogMiddleware
 from gateway import admin, agent_model, agent_routes, openai_routes
+from gateway.access_log import AccessLogMiddleware
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
 from gateway.context import Gateway

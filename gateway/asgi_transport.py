@@ -91,7 +91,7 @@ def body_receive(body: bytes, gone: asyncio.Event) -> Callable[[], Awaitable[dic
     return receive
 
 
-async def open_app(app: Any, scope: dict[str, Any], body: bytes, request: httpx.Request | None) -> httpx.Response:
+async def open_app(app: Any, scope: dict[str, Any], body: bytes, request: httpx.Request | None) -> httpx.Response:  # noqa: C901 - one ASGI conversation; split, its state would travel between functions
     """Run ``app`` (any ASGI callable) on ``scope`` with ``body`` as its request body, in a task of its
     own; return once it has started its response, whose body streams as the app sends it.
 

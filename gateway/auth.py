@@ -9,12 +9,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from access.keys import Principal
+from billing.deadlines import check_deadline
 from gateway.access_log import note_key
 from gateway.context import Gateway, gateway_of
-from billing.deadlines import check_deadline
 from kit.errors import AuthenticationFailed
 from kit.ids import hash_secret
-from access.keys import Principal
 
 
 def presented_key(request: Request) -> str | None:

@@ -8,18 +8,17 @@ from dataclasses import dataclass, field
 import anyio
 from fastapi import Request
 
+from access.keys import KeyRegistry
+from billing.concurrency import ConcurrencySlots
+from billing.ledger import Ledger
 from gateway.metrics import GatewayMetrics
 from gateway.principals import PrincipalCache, PrincipalFanout
 from gateway.service_link import ServiceLink
-from billing.concurrency import ConcurrencySlots
 from kit.config import GymConfig
-from services.records.write import RunRecords
-from access.keys import KeyRegistry
-from billing.ledger import Ledger
 from kit.settings import PrincipalCacheSettings
 from kit.spec import ServiceContext, ServiceSpec
+from services.records.write import RunRecords
 from storage.store import Store
-
 
 BODY_WORKERS = 4
 """Request bodies parsed and checked against policy at once, off the event loop."""

@@ -19,11 +19,15 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response
 
+from access.keys import Principal
+from access.policy import Policy, apply_chain, fill_left_out
+from billing import rate_limits
+from billing.ledger import Balance, Reservation
+from billing.money import format_usd, nusd_to_usd
 from gateway.access_log import note_key
 from gateway.auth import authenticate, authenticate_key_id, presented_key
 from gateway.context import Gateway, gateway_of
 from gateway.service_call import ServiceCall, Upstream
-from billing import rate_limits
 from kit.body_limits import parse_json_object
 from kit.canonical import canonical_body
 from kit.config import GymConfig
@@ -40,10 +44,6 @@ from kit.errors import (
 )
 from kit.http import ClosingStreamingResponse, request_id_of
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
-from access.keys import Principal
-from billing.ledger import Balance, Reservation
-from billing.money import format_usd, nusd_to_usd
-from access.policy import Policy, apply_chain, fill_left_out
 from kit.spec import Operation, ServiceSpec
 from services.sandbox.read import token_holder
 
@@ -193,7 +193,7 @@ class _Call:
         return charged, balance
 
 
-async def forward(request: Request, service: str, path: str, route: BilledRoute | None = None) -> Response:
+async def forward(request: Request, service: str, path: str, route: BilledRoute | None = None) -> Response:  # noqa: C901 - the door's one pass (auth, policy, slot, reserve, forward, settle), kept on one page
     gw = gateway_of(request)
     request_id = request_id_of(request)
     sub_path = "/" + path

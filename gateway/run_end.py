@@ -15,9 +15,9 @@ import logging
 from functools import partial
 from typing import Any
 
+from billing import deadlines, rate_limits
 from gateway.context import Gateway
 from gateway.proxy import operator_call
-from billing import deadlines, rate_limits
 from kit.errors import GymError
 from kit.ids import new_id
 

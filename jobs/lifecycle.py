@@ -42,13 +42,13 @@ from typing import Any, ClassVar, Protocol, cast
 from sqlalchemy import CursorResult, func, or_, select, text, true, update
 from sqlalchemy.orm import Session, aliased
 
+from billing.ledger import Ledger
+from jobs.workers import JobPool
 from kit.backends import Registry
 from kit.errors import GymError, storage_full
-from billing.ledger import Ledger
 from kit.settings import JobSettings
 from storage.store import Store
 from storage.tables import OPEN_ROW, LedgerEntry, utcnow
-from jobs.workers import JobPool
 
 log = logging.getLogger("rsigym.jobs")
 

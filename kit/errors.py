@@ -135,7 +135,7 @@ def storage_full(err: BaseException) -> ServiceUnavailable | None:
 def error_response(exc: GymError, request_id: str | None) -> JSONResponse:
     """The error factory: the only way an error becomes an HTTP response."""
     # Imported here: the operator CLI imports this module for GymError and never answers HTTP, and
-    # fastapi was ~0.17 s of its 0.75 s start (tests/unit/test_cli_start.py keeps it out).
+    # fastapi was ~0.17 s of its 0.75 s start (tests/unit/ops/test_cli_start.py keeps it out).
     from fastapi.responses import JSONResponse
 
     headers = {**exc.headers}

@@ -20,6 +20,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kit.display_text import inert
 from kit.errors import (
     GymError,
     InternalError,
@@ -29,7 +30,6 @@ from kit.errors import (
     error_response,
     storage_full,
 )
-from kit.display_text import inert
 from kit.ids import new_request_id
 from kit.request_json import loads_body
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from kit.errors import AuthenticationFailed
 from access.policy import ServicePolicy
+from kit.errors import AuthenticationFailed
 
 IDENTITY_HEADER = "X-RSIGym-Identity"
 SIGNATURE_HEADER = "X-RSIGym-Signature"

@@ -18,10 +18,9 @@ from pydantic import BaseModel
 from kit.canonical import Spellings, spellings_of
 from kit.config import GymConfig
 from kit.policy_knobs import PolicyExtras
-from services.records.record_anchor import anchor_for
 from kit.settings import GymSettings, ProviderSecrets
+from services.records.record_anchor import anchor_for
 from storage.store import Store
-
 
 NO_DEFAULT = object()
 """What :meth:`Operation.default_of` answers for a field whose effective default it cannot tell."""

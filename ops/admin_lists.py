@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import InstrumentedAttribute
 
-from services.training.checkpoints import Checkpoint
 from kit.errors import Unprocessable
-from storage.store import Store
 from services.evaluation.tables import EvaluationJob, SubmissionRow
 from services.sandbox.tables import SandboxRow
+from services.training.checkpoints import Checkpoint
 from services.training.tables import Dataset, TrainingJob
+from storage.store import Store
 
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50

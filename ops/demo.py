@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
-from ops.demo_common import BENCHMARKS, background_process, console, rsigym_cli, trimmed_benchmarks
 from kit.settings import default_models_dir
+from ops.demo_common import BENCHMARKS, background_process, console, rsigym_cli, trimmed_benchmarks
 
 if TYPE_CHECKING:
     from rsigym import Gym

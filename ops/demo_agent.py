@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
-from ops.launcher import show_run
 from kit.display_text import plain
 from kit.settings import default_models_dir
+from ops.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
+from ops.launcher import show_run
 
 TASK = "joint-arithmetic"
 AGENT_ARGS: dict[str, list[str]] = {

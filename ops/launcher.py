@@ -44,15 +44,15 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from kit.config import GymConfig
+from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
+from kit.host_uids import HostUidPool, kill_uid, pid_running
+from kit.private_files import open_private, restrict_umask, write_private
 from ops import agent_namespace as ns
 from ops import launcher_compose
 from ops.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
 from ops.launcher_compose import ComposeTarget, compose_plan
 from ops.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
-from kit.config import GymConfig
-from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
-from kit.host_uids import HostUidPool, kill_uid, pid_running
-from kit.private_files import open_private, restrict_umask, write_private
 from services.sandbox import seccomp
 
 AGENTS = Path(__file__).with_name("agents.toml")

@@ -19,7 +19,7 @@ A run's project (``<project>-run-<run>``, its file ``<run-dir>/compose.yml``, wr
 Secrets (the run key, the proxy credential, the proxy URL that holds it) travel in the docker
 CLI's environment (``-e NAME`` without a value), never on a command line or in the file.
 
-Without a Docker engine here, the file is checked statically (tests/unit/test_launcher_compose.py)
+Without a Docker engine here, the file is checked statically (tests/unit/ops/test_launcher_compose.py)
 and its services are started as local processes by tests/fakes/docker_shim.py; what compose and
 Docker themselves enforce (an internal network has no route, DNS answers only a network's members)
 is not exercised here (docs/security.md).
@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from ops.egress import proxy_env
 from kit.errors import Unprocessable
+from ops.egress import proxy_env
 
 INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
 RELAY_PORT = 8700

@@ -27,11 +27,11 @@ from typing import Any, Literal
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kit.config import GymConfig
-from billing.deadlines import parse_duration
-from kit.errors import GymError, Unprocessable, validated
 from access.policy import Policy
 from access.presets import budget_usd, preset_policy, submission_needs, track_label
+from billing.deadlines import parse_duration
+from kit.config import GymConfig
+from kit.errors import GymError, Unprocessable, validated
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 """The shipped tasks (found like ops/demo.py finds benchmarks/)."""

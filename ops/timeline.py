@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from billing.money import nusd_to_usd
 from kit.errors import NotFound
 from services.records.events import RecordEvent
 from services.records.experiments import STATUSES, Experiment
-from billing.money import nusd_to_usd
+from services.training.tables import TrainingJob
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry
-from services.training.tables import TrainingJob
 
 CHARGED = ("settled", "expired")
 """Closed ledger rows that may carry a charge (an expired hold can be charged its estimate)."""

@@ -26,11 +26,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from kit.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 from access.fanout import KeyEvents
-from storage.group_commit import GroupCommit
+from kit.errors import KeptConnectionLost, StoreUnavailable, WouldWait
 from kit.private_files import FILE_MODE, open_private, private_dir
 from kit.settings import StoreSettings
+from storage.group_commit import GroupCommit
 from storage.sqlite_checkpoints import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")

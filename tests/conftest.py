@@ -18,11 +18,11 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from ops.builder import Gym, build_embedded
 from kit.config import GymConfig
 from kit.settings import GymSettings, ProviderSecrets, StoreSettings, default_models_dir
-from storage.store import Store, sqlite_url
+from ops.builder import Gym, build_embedded
 from services.rollout.standin import create_standin_app
+from storage.store import Store, sqlite_url
 from tests.fakes.pg_schemas import fresh_schema
 from tests.fakes.servers import serve
 

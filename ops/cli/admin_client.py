@@ -12,8 +12,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ops.cli import gyms
 from kit.settings import GymSettings
+from ops.cli import gyms
 
 
 class AdminError(Exception):

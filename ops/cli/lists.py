@@ -10,7 +10,6 @@ import typer
 from kit.display_text import PlainTable
 from ops.cli.common import DataDirOpt, JsonOpt, UrlOpt, admin_request, console, err_console
 
-
 ListKindArg = Annotated[str, typer.Argument(help="datasets | training-jobs | checkpoints | evaluation-jobs | "
                                                  "sandboxes | submissions")]
 

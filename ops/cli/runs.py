@@ -11,8 +11,17 @@ import typer
 
 from kit.display_text import PlainTable, inert
 from ops.cli.admin_client import AdminClient
-from ops.cli.common import (ConfigOpt, DataDirOpt, JsonOpt, TasksDirOpt, UrlOpt, console, exit_on_refusal,
-                            gym_settings, with_admin)
+from ops.cli.common import (
+    ConfigOpt,
+    DataDirOpt,
+    JsonOpt,
+    TasksDirOpt,
+    UrlOpt,
+    console,
+    exit_on_refusal,
+    gym_settings,
+    with_admin,
+)
 
 app = typer.Typer(help="Runs: start a research agent on a task (embedded mode), list, show, stop, logs.",
                   no_args_is_help=True)
@@ -36,9 +45,9 @@ def run_start(
     data_dir: DataDirOpt = None, url: UrlOpt = None,
 ) -> None:
     """Mint the run key, render the instruction and start the agent (arguments after ``--`` go to it)."""
+    from kit.config import load_config
     from ops import launcher
     from ops.tasks import TASKS, find_task, key_body, render_instruction
-    from kit.config import load_config
 
     settings = gym_settings(data_dir)
     if mode not in ("embedded", "compose"):

@@ -16,8 +16,17 @@ from rich.table import Table
 from kit.display_text import PlainTable, inert
 from ops.cli.admin_client import AdminClient, AdminError
 from ops.cli.audits import run_audit
-from ops.cli.common import (DataDirOpt, JsonOpt, PollOpt, UrlOpt, console, err_console, print_error, print_note,
-                            with_admin)
+from ops.cli.common import (
+    DataDirOpt,
+    JsonOpt,
+    PollOpt,
+    UrlOpt,
+    console,
+    err_console,
+    print_error,
+    print_note,
+    with_admin,
+)
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
 from services.evaluation.report import INITIAL_RUN, build_report_rows
 

@@ -1,6 +1,6 @@
 """The commands that run a server or worker: ``rsigym up`` (the embedded gym), ``serve``,
 ``worker``, ``egress-proxy``, ``run-relay`` and ``standin``. Each imports its server stack
-when it runs, so that the CLI's other commands start without it (tests/unit/test_cli_start.py)."""
+when it runs, so that the CLI's other commands start without it (tests/unit/ops/test_cli_start.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 import typer
 
+from kit.private_files import restrict_umask
 from kit.settings import GymSettings
 from ops.cli import gyms
 from ops.cli.common import DataDirOpt, console, err_console, gym_settings
 from ops.cli.progress import build_progress
-from kit.private_files import restrict_umask
 
 
 def up(
@@ -30,9 +30,9 @@ def up(
     restrict_umask()  # files at rest are the gym's alone (kit/private_files.py)
 
     from gateway.access_log import show_access_log
-    from ops.builder import build_embedded, own_url
     from kit.body_limits import server_options
     from kit.heap import prepare_heap
+    from ops.builder import build_embedded, own_url
 
     settings = gym_settings(data_dir, config)
     gym = build_embedded(settings)
@@ -78,11 +78,11 @@ def serve(
     restrict_umask()  # files at rest are the gym's alone (kit/private_files.py)
 
     from gateway.access_log import show_access_log
-    from ops.builder import build_gateway, build_service
     from kit.body_limits import server_options
     from kit.config import load_config
     from kit.heap import prepare_heap
     from kit.settings import StoreSettings
+    from ops.builder import build_gateway, build_service
 
     settings = gym_settings(data_dir, config)
     if part == "gateway":
@@ -126,8 +126,8 @@ def egress_proxy(
     ops/egress.py). With RSIGYM_EGRESS_TOKEN set, it serves only clients that present it."""
     import asyncio
 
-    from ops.egress import EgressPolicy, serve_tcp
     from kit.settings import EgressSettings
+    from ops.egress import EgressPolicy, serve_tcp
 
     settings = EgressSettings()
     policy = EgressPolicy.from_env(allow if allow is not None else settings.allow)

@@ -33,8 +33,8 @@ def tasks_list(tasks_dir: TasksDirOpt = None, as_json: JsonOpt = False) -> None:
 @app.command("show")
 def tasks_show(name: str, tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """A task's rendered instruction and the effective policy its run key gets."""
-    from ops.tasks import TASKS, find_task, key_body, render_instruction, task_policy
     from kit.config import load_config
+    from ops.tasks import TASKS, find_task, key_body, render_instruction, task_policy
 
     def build() -> dict[str, Any]:
         gym_config = load_config(config or gym_settings().config)

@@ -27,8 +27,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ops.cli.admin_client import AdminClient, AdminError
 from kit.display_text import PlainTable, inert, plain
+from ops.cli.admin_client import AdminClient, AdminError
 
 TURNS = 5
 """Agent turns shown."""

@@ -23,6 +23,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.context import Gateway
+from kit.errors import GymError, PermissionDenied, RateLimited, error_response
+from kit.http import NO_FASTAPI_TELEMETRY, request_id_of
 from ops.dashboard import queries
 from ops.dashboard.charts import spend_chart
 from ops.dashboard.lineage import layout
@@ -42,8 +44,6 @@ from ops.dashboard.session import (
     token_matches,
 )
 from ops.dashboard.settings import DashboardSettings
-from kit.errors import GymError, PermissionDenied, RateLimited, error_response
-from kit.http import NO_FASTAPI_TELEMETRY, request_id_of
 
 HERE = Path(__file__).parent
 MAX_FORM_BODY = 4096
@@ -147,7 +147,7 @@ def client_address(request: Request) -> str:
 # -- the app -------------------------------------------------------------------------------------
 
 
-def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None) -> FastAPI:
+def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None) -> FastAPI:  # noqa: C901 - the app factory declares every route inline
     settings = settings or DashboardSettings()
     env = _templates()
     key = session_key(gw.admin_token, gw.internal_secret)

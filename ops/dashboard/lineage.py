@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.training.checkpoints import Checkpoint
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow
+from services.training.checkpoints import Checkpoint
 from services.training.tables import Dataset, TrainingJob
 
 MAX_NODES = 120

@@ -28,9 +28,9 @@ from sqlalchemy import CursorResult, delete, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from ops.dashboard.settings import DashboardSettings
-from kit.errors import RateLimited
 from access.operator_sessions import LoginFailureCounter
+from kit.errors import RateLimited
+from ops.dashboard.settings import DashboardSettings
 from storage.store import Store
 from storage.tables import utcnow
 

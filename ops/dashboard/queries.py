@@ -15,15 +15,15 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from ops.dashboard.lineage import platform_lineage
-from kit.errors import NotFound
-from jobs.lifecycle import queue_figures
 from billing.money import nusd_to_usd
-from storage.store import Store
-from storage.tables import ApiKey, LedgerEntry
+from jobs.lifecycle import queue_figures
+from kit.errors import NotFound
+from ops.dashboard.lineage import platform_lineage
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 from services.records.tables import AuditRow
 from services.training.tables import TrainingJob
+from storage.store import Store
+from storage.tables import ApiKey, LedgerEntry
 
 ACTIVE = ("queued", "running")
 AUDIT_STATUS = "not audited"

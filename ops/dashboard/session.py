@@ -30,8 +30,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import delete, or_
 
-from ops.dashboard.settings import DashboardSettings
 from access.operator_sessions import DashboardSession
+from ops.dashboard.settings import DashboardSettings
 from storage.store import Store
 from storage.tables import utcnow
 

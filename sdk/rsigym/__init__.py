@@ -4,7 +4,6 @@ Only httpx and pydantic are required; nothing of the server is imported.
 """
 
 from ._client import AsyncGym, Gym
-from .resources.evaluation import build_harness_archive
 from ._streaming import AsyncStream, Stream
 from ._version import __version__
 from .errors import (
@@ -25,6 +24,7 @@ from .errors import (
     ServiceUnavailableError,
     UnprocessableEntityError,
 )
+from .resources.evaluation import build_harness_archive
 from .types import (
     Balance,
     Benchmark,
@@ -34,13 +34,11 @@ from .types import (
     ChatMessage,
     Checkpoint,
     ChildKey,
-    Dataset,
-    TrainingJob,
-    TrainingStepMetrics,
     Choice,
     ChoiceDelta,
     ChunkChoice,
     CommandResult,
+    Dataset,
     EvaluationJob,
     EvaluationProgress,
     Harness,
@@ -50,6 +48,8 @@ from .types import (
     SandboxEntry,
     SandboxRecord,
     Submission,
+    TrainingJob,
+    TrainingStepMetrics,
     TrialResult,
     Usage,
 )

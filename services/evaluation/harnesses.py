@@ -19,15 +19,15 @@ from typing import Any
 
 from sqlalchemy import select
 
+from billing.storage_quota import StorageQuota, tree_bytes
 from kit.errors import Conflict, NotFound
-from services.records.events import HARNESS_UPLOADED, EventLog
 from kit.ids import new_id
 from kit.private_files import private_dir
-from billing.storage_quota import StorageQuota, tree_bytes
-from storage.store import Store
 from services.evaluation.archives import ArchiveLimits, build_archive, extract_archive, manifest_of
 from services.evaluation.schemas import MINIMAL
 from services.evaluation.tables import HarnessRow
+from services.records.events import HARNESS_UPLOADED, EventLog
+from storage.store import Store
 
 MINIMAL_DIR = Path(__file__).resolve().parents[2] / "agent_container" / "harness" / "minimal"
 

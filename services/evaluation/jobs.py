@@ -26,21 +26,21 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from kit.display_text import inert
-from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
-from services.records.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
-from jobs.lifecycle import Dispatcher, JobRunnerBase, PoolDispatcher
 from access.keys import KeyRegistry
 from access.policy import Policy
-from kit.settings import JobSettings
 from billing.storage_quota import tree_bytes
-from storage.store import Store
-from storage.tables import ApiKey, utcnow
+from jobs.lifecycle import Dispatcher, JobRunnerBase, PoolDispatcher
+from kit.display_text import inert
+from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
+from kit.settings import JobSettings
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import EvaluationJob, ScoreRow, TrialClaim, TrialResultRow
 from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial
+from services.records.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
+from storage.store import Store
+from storage.tables import ApiKey, utcnow
 
 log = logging.getLogger("rsigym.evaluation")
 FINAL = {"succeeded", "failed", "cancelled"}

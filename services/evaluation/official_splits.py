@@ -33,8 +33,8 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import random
+import re
 import secrets
 import tomllib
 from dataclasses import dataclass

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.evaluation.tables import BenchmarkRow, EvaluationJob, HarnessRow, ScoreRow, TrialResultRow
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
+from services.evaluation.tables import BenchmarkRow, EvaluationJob, HarnessRow, ScoreRow, TrialResultRow
 from services.training.read import progress
 from storage.store import Store
 

@@ -28,10 +28,9 @@ from typing import Any
 
 from sqlalchemy import select
 
+from kit.config import AuditConfig
 from kit.errors import Conflict, NotFound, Unprocessable
 from kit.private_files import lock_down, private_dir
-from storage.store import Store
-from kit.config import AuditConfig
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
 from services.evaluation.official_splits import (
     Seed,
@@ -42,6 +41,7 @@ from services.evaluation.official_splits import (
 )
 from services.evaluation.tables import BenchmarkRow, TrialResultRow
 from services.records.audits.contamination import scan, task_items
+from storage.store import Store
 
 
 def benchmark_view(row: BenchmarkRow, *, operator: bool) -> dict[str, Any]:

@@ -9,16 +9,19 @@ register benchmarks, score runs under the operator's own key, and read every sco
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
-
-from collections.abc import Callable
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from services.training.checkpoints import CheckpointRegistry
+from access.keys import KeyRegistry
+from access.policy import Policy
+from access.presets import parse_track, submission_needs
 from billing.deadlines import check_run_open, check_run_open_in, end_run_now
+from billing.money import usd_to_nusd
+from billing.storage_quota import StorageQuota
 from kit.errors import (
     Conflict,
     NotFound,
@@ -27,23 +30,19 @@ from kit.errors import (
     Unprocessable,
     validated,
 )
-from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
-from services.records.experiments import Experiment, ExperimentRegistry
 from kit.identity import Identity
 from kit.ids import new_id
-from access.keys import KeyRegistry
-from billing.money import usd_to_nusd
-from access.policy import Policy
-from access.presets import parse_track, submission_needs
 from kit.spec import ServiceContext
-from billing.storage_quota import StorageQuota
-from storage.tables import ApiKey
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
 from services.evaluation.schemas import JobRequest, ScoreRequest, SubmissionRequest
 from services.evaluation.submissions import final_submission
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
+from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
+from services.records.experiments import Experiment, ExperimentRegistry
+from services.training.checkpoints import CheckpointRegistry
+from storage.tables import ApiKey
 
 log = logging.getLogger("rsigym.evaluation")
 OPERATOR_KEY_NAME = "rsigym-operator"

@@ -35,6 +35,8 @@ from typing import Any, Literal
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # Harbor imports litellm; stay offline
 
+from harbor.models.job.lock import TrialLock  # noqa: E402
+from harbor.models.task.verifier_mode import VerifierEnvironmentMode  # noqa: E402
 from harbor.models.trial.config import (  # noqa: E402
     AgentConfig,
     EnvironmentConfig,
@@ -42,8 +44,6 @@ from harbor.models.trial.config import (  # noqa: E402
     TrialConfig,
     VerifierConfig,
 )
-from harbor.models.job.lock import TrialLock  # noqa: E402
-from harbor.models.task.verifier_mode import VerifierEnvironmentMode  # noqa: E402
 from harbor.models.trial.paths import TrialPaths  # noqa: E402
 from harbor.models.trial.result import TrialResult  # noqa: E402
 from harbor.trial.single_step import SingleStepTrial  # noqa: E402
@@ -52,6 +52,7 @@ from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 from kit.private_files import lock_down, private_dir  # noqa: E402
 from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
+from services.evaluation.harbor.trial_sandboxes import SandboxCredentials, trial_sandboxes  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
     INSTALL_LOG,
     RUN_EXIT_CODE,
@@ -59,7 +60,6 @@ from services.evaluation.harbor_agent import (  # noqa: E402
     RUN_STDOUT,
     TRAJECTORY_FILE,
 )
-from services.evaluation.harbor.trial_sandboxes import SandboxCredentials, trial_sandboxes  # noqa: E402
 
 log = logging.getLogger("rsigym.evaluation.trials")
 ENVIRONMENT_IMPORT_PATH = "services.evaluation.harbor.environment:GymSandboxEnvironment"

@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from services.training.checkpoints import CheckpointRegistry
+from billing.ledger import Ledger
 from kit.config import BaseModel_
 from kit.errors import ServiceUnavailable
-from billing.ledger import Ledger
 from kit.service_app import create_service_app
 from kit.spec import ServiceContext
 from services.inference.api import router
@@ -17,6 +16,7 @@ from services.inference.backends import ENGINES
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.inference.service import InferenceService
 from services.inference.spec import SPEC
+from services.training.checkpoints import CheckpointRegistry
 
 __all__ = ["SPEC", "EngineByBackend", "create_app", "default_engines"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.training.checkpoints import CheckpointRegistry
 from billing.money import token_cost_nusd
 from kit.spec import ServiceContext
+from services.training.checkpoints import CheckpointRegistry
 
 
 def estimate_chat(body: dict[str, Any], context: ServiceContext, principal: Any) -> int:

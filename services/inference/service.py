@@ -11,17 +11,17 @@ from typing import Any, TypeVar
 
 import anyio
 
-from services.training.checkpoints import CheckpointRegistry
-from kit.config import BaseModel_, GymConfig
-from kit.errors import NotFound, PermissionDenied, Unprocessable
-from kit.identity import COST_TRAILER_PREFIX, Identity
+from access.policy import ServicePolicy
 from billing.ledger import Ledger
 from billing.money import nusd_to_usd, token_cost_nusd
-from access.policy import ServicePolicy
-from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
-from services.models.chat_format import parse_tool_calls, render_prompt
-from services.inference.schemas import ChatRequest, min_tokens_of, parse_inference_request
+from kit.config import BaseModel_, GymConfig
+from kit.errors import NotFound, PermissionDenied, Unprocessable
 from kit.http import sse
+from kit.identity import COST_TRAILER_PREFIX, Identity
+from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
+from services.inference.schemas import ChatRequest, min_tokens_of, parse_inference_request
+from services.models.chat_format import parse_tool_calls, render_prompt
+from services.training.checkpoints import CheckpointRegistry
 
 log = logging.getLogger("rsigym.inference")
 T = TypeVar("T")

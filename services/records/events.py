@@ -29,16 +29,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Callable
 from typing import Any, cast
 
 from sqlalchemy import JSON, Integer, String, Table, bindparam, insert, select, update
-from sqlalchemy.sql import ClauseElement, Executable
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy.sql import ClauseElement, Executable
 
 from services.records.record_anchor import AnchorUnavailable, RecordAnchor, note_on_commit
 from storage.store import ChainAnchor, Store, Work

@@ -20,8 +20,8 @@ from sqlalchemy import JSON, Boolean, Index, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from kit.errors import NotFound, PermissionDenied
-from services.records.events import EXPERIMENT_CREATED, EventLog
 from kit.ids import new_id
+from services.records.events import EXPERIMENT_CREATED, EventLog
 from storage.tables import Base, UTCDateTime, utcnow
 
 STATUSES = ("pending", "accepted", "flagged")

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Protocol
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from services.records.anchor_backends import FILE_NAME, AnchorUnavailable, FileAnchor, Mark, RedisAnchor, seal
 from kit.settings import RecordAnchorSettings, RedisSettings
+from services.records.anchor_backends import FILE_NAME, AnchorUnavailable, FileAnchor, Mark, RedisAnchor, seal
 from storage.store import ChainAnchor
 
 if TYPE_CHECKING:

@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, false, or_, select
 from sqlalchemy.orm import Session
 
+from access.keys import readable_keys
 from kit.errors import NotFound
+from kit.identity import Identity
 from services.records.events import RecordEvent
 from services.records.experiments import Experiment, ExperimentEdge
-from kit.identity import Identity
-from access.keys import readable_keys
-from storage.tables import ApiKey
 from services.records.tables import Annotation
+from storage.tables import ApiKey
 
 
 @dataclass(frozen=True)

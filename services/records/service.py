@@ -15,18 +15,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from kit.errors import NotFound, PermissionDenied, Unprocessable, validated
-from services.records.events import CHECKPOINT_REGISTERED, KINDS, OPERATOR_RECORD, EventLog, RecordEvent, event_view
-from services.records.experiments import Experiment, ExperimentEdge, ExperimentRegistry
 from kit.identity import Identity
 from kit.ids import new_id
 from kit.spec import ServiceContext
-from storage.tables import ApiKey
 from services.records import queries
 from services.records.audits import agent_view
+from services.records.events import CHECKPOINT_REGISTERED, KINDS, OPERATOR_RECORD, EventLog, RecordEvent, event_view
+from services.records.experiments import Experiment, ExperimentEdge, ExperimentRegistry
 from services.records.schemas import ANNOTATION_KINDS, ANNOTATION_MODELS, ExperimentRequest
 from services.records.scope import Scope, run_scope, scope_of
 from services.records.tables import Annotation, AuditRow
 from services.training import read as training_read
+from storage.tables import ApiKey
 
 NOTE = "note"
 """The annotation kind that keeps an experiment's ``note`` (written with the experiment)."""

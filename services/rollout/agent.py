@@ -20,17 +20,17 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.records import agent_turns
 from kit.config import GymConfig
 from kit.errors import PermissionDenied
 from kit.http import json_object
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from kit.service_app import CurrentIdentity
-from storage.store import Store
+from services.records import agent_turns
 from services.rollout import anthropic
 from services.rollout.agent_spec import PREFIX, count_messages_tokens
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.service import RolloutService
+from storage.store import Store
 
 log = logging.getLogger("rsigym.rollout.agent")
 

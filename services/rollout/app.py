@@ -7,7 +7,6 @@ import logging
 from fastapi import FastAPI
 
 from kit.config import missing_provider_keys
-
 from kit.service_app import create_service_app
 from kit.spec import ServiceContext
 from services.rollout import agent

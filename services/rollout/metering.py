@@ -36,9 +36,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from billing.money import token_cost_nusd
 from kit.config import RolloutConfig, RolloutModel
 from kit.errors import NotFound, Unprocessable
-from billing.money import token_cost_nusd
 from kit.spec import ServiceContext
 from services.rollout.schemas import ChatRequest, parse_chat_request
 

@@ -13,11 +13,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from billing.money import nusd_to_usd
 from kit.config import GymConfig, RolloutModel
 from kit.errors import GymError, PermissionDenied, UpstreamTimeout
 from kit.http import sse
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
-from billing.money import nusd_to_usd
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.metering import call_cost_nusd, catalogue_model, effective_max_tokens
 from services.rollout.schemas import ChatRequest, parse_chat_request

@@ -11,6 +11,7 @@ from kit.spec import Operation, ServiceSpec
 from services.rollout.metering import estimate_chat, estimate_chat_tokens
 from services.rollout.schemas import CHAT_SYNONYMS, ChatRequest
 
+
 def _chat_defaults(body: dict[str, Any], config: GymConfig) -> dict[str, Any]:
     """What a chat that leaves these out runs with: the catalogue's default ``max_tokens`` under
     the model's cap (services/rollout/metering.py), and the OpenAI API's documented sampling

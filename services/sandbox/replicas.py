@@ -33,9 +33,9 @@ from sqlalchemy import CursorResult, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from kit.host_uids import pid_running
+from services.sandbox.tables import SandboxReplica, SandboxRow
 from storage.store import Store
 from storage.tables import utcnow
-from services.sandbox.tables import SandboxReplica, SandboxRow
 
 LIVE_HERE: set[str] = set()
 """Ids of the replicas running in this process (tests build several gyms in one)."""

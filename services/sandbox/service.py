@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import threading
@@ -26,13 +27,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-import json
-
 import anyio
 from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from access.keys import KeyRegistry
 from billing.concurrency import ConcurrencySlots
+from billing.ledger import Ledger
+from billing.money import nusd_to_usd
 from kit.errors import (
     BudgetExhausted,
     GymError,
@@ -43,21 +45,18 @@ from kit.errors import (
     Unprocessable,
     validated,
 )
-from services.records.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
 from kit.identity import Identity
 from kit.ids import new_id
-from access.keys import KeyRegistry
-from billing.ledger import Ledger
-from billing.money import nusd_to_usd
 from kit.spec import ServiceContext
-from storage.tables import LedgerEntry, utcnow
+from services.records.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
-from services.sandbox.schemas import CreateSandbox
 from services.sandbox.door import DOOR_PORT, DoorServer
 from services.sandbox.metering import SliceMeter, nusd_per_second
 from services.sandbox.replicas import ReplicaLease
+from services.sandbox.schemas import CreateSandbox
 from services.sandbox.tables import SandboxRow
+from storage.tables import LedgerEntry, utcnow
 
 log = logging.getLogger("rsigym.sandbox")
 ENVD_VERSION = "0.5.2"

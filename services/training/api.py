@@ -8,9 +8,9 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from services.training.checkpoints import checkpoint_view
 from kit.http import json_object
 from kit.service_app import CurrentIdentity
+from services.training.checkpoints import checkpoint_view
 from services.training.service import TrainingService
 
 router = APIRouter(prefix="/v1")

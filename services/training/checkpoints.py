@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from billing.storage_quota import StorageQuota, tree_bytes
 from kit.errors import NotFound
-from services.records.events import CHECKPOINT_REGISTERED, EventLog
 from kit.ids import new_id
 from kit.private_files import lock_down, private_dir
-from billing.storage_quota import StorageQuota, tree_bytes
+from services.records.events import CHECKPOINT_REGISTERED, EventLog
 from storage.store import Store
 from storage.tables import Base, UTCDateTime, utcnow
 

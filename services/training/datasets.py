@@ -23,14 +23,14 @@ from typing import Any
 
 from sqlalchemy import select
 
+from billing.storage_quota import StorageQuota
 from kit.errors import NotFound, PayloadTooLarge, Unprocessable
-from services.records.events import DATASET_REGISTERED, EventLog
 from kit.ids import new_id
 from kit.private_files import private_dir
-from billing.storage_quota import StorageQuota
-from storage.store import Store
 from services.models.training_text import structure_problem, training_example
+from services.records.events import DATASET_REGISTERED, EventLog
 from services.training.tables import Dataset
+from storage.store import Store
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_ERRORS = 20

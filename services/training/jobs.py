@@ -11,25 +11,25 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from services.training.checkpoints import Checkpoint, CheckpointRegistry
-from kit.config import BaseModel_, GymConfig
-from kit.errors import NotFound
-from services.records.events import TRAINING_JOB, EventLog
-from jobs.lifecycle import JobRunnerBase
 from billing.ledger import Ledger, StepMeter
 from billing.money import nusd_to_usd
+from jobs.lifecycle import JobRunnerBase
+from kit.config import BaseModel_, GymConfig
+from kit.errors import NotFound
 from kit.private_files import append_private, lock_down, private_dir
 from kit.redact import redact
-from storage.store import Store
-from storage.tables import LedgerEntry, utcnow
 from services.models.loading import load_tokenizer, resolve_model_dir, torch_device
 from services.models.training_text import tokenizer_markup
+from services.records.events import TRAINING_JOB, EventLog
 from services.training.backends import TRAINERS, TrainerSetup
+from services.training.checkpoints import Checkpoint, CheckpointRegistry
 from services.training.datasets import DatasetStore, UntrainableRow, training_pairs
 from services.training.loss_sandbox import LossSandbox
 from services.training.schemas import JobRequest
 from services.training.tables import Dataset, TrainingJob, TrainingStep
 from services.training.trainer import Resume, StepReport, Trainer, TrainingInputs, run_training, total_steps
+from storage.store import Store
+from storage.tables import LedgerEntry, utcnow
 
 log = logging.getLogger("rsigym.training")
 FINAL = {"succeeded", "failed", "cancelled", "budget_exhausted"}

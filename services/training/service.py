@@ -7,14 +7,14 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select, update
 
-from services.training.checkpoints import CheckpointRegistry
+from billing.storage_quota import StorageQuota
 from kit.errors import NotFound, PermissionDenied, Unprocessable
-from services.records.events import EventLog
-from services.records.experiments import ExperimentRegistry
 from kit.identity import Identity
 from kit.ids import new_id
 from kit.spec import ServiceContext
-from billing.storage_quota import StorageQuota
+from services.records.events import EventLog
+from services.records.experiments import ExperimentRegistry
+from services.training.checkpoints import CheckpointRegistry
 from services.training.datasets import DatasetStore
 from services.training.jobs import FINAL, JobRunner, job_view, queue_for
 from services.training.schemas import NOT_CONFIG, JobRequest

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kit.errors import BudgetExhausted
 from billing.ledger import StepMeter
 from billing.money import token_cost_nusd
+from kit.errors import BudgetExhausted
 from services.training.loss_sandbox import LossSandbox
 from services.training.schemas import JobRequest
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from celery import Celery
 
-from kit.errors import ServiceUnavailable
 from jobs.lifecycle import DISPATCHERS, JobRunnerBase
+from kit.errors import ServiceUnavailable
 from kit.settings import WorkerSettings
 
 log = logging.getLogger("rsigym.worker")

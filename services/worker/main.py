@@ -15,15 +15,15 @@ from typing import Any
 
 from celery import Celery
 
-from kit.config import GymConfig, load_config
 from jobs.lifecycle import QUEUES, JobRunnerBase
+from kit.config import GymConfig, load_config
 from kit.no_proxy import keep_off_proxies
 from kit.private_files import private_dir
 from kit.redact import install_log_redaction
 from kit.settings import GymSettings, ProviderSecrets, StoreSettings, WorkerSettings
 from kit.spec import ServiceContext
-from storage.store import Store, sqlite_url
 from services.worker.celery_app import CeleryDispatcher, make_celery
+from storage.store import Store, sqlite_url
 
 log = logging.getLogger("rsigym.worker")
 

@@ -18,14 +18,14 @@ import pytest
 from sqlalchemy import select
 
 from billing import rate_limits
-from services.records.agent_turns import AgentTurn
 from kit.config import GymConfig
-from services.records.events import CALL_REFUSED
 from kit.settings import StoreSettings
-from storage.store import Store
-from storage.tables import LedgerEntry
+from services.records.agent_turns import AgentTurn
+from services.records.events import CALL_REFUSED
 from services.rollout.agent_spec import estimate_agent_chat, estimate_agent_chat_tokens, estimate_agent_messages_tokens
 from services.rollout.metering import estimate_chat_tokens
+from storage.store import Store
+from storage.tables import LedgerEntry
 from tests.conftest import PG_URL, TEACHER_ENV, admin_headers, bearer, gym_config
 from tests.fakes.servers import serve_gym
 

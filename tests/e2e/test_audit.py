@@ -16,15 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
-from rsigym import Gym
 from sqlalchemy import update
 from typer.testing import CliRunner
 
-from ops.cli.main import app as operator_cli
-from services.training.checkpoints import Checkpoint
 from kit.config import GymConfig
+from ops.cli.main import app as operator_cli
+from rsigym import Gym
 from services.records.events import RecordEvent
 from services.records.experiments import Experiment
+from services.training.checkpoints import Checkpoint
 from storage.store import Store
 from tests.conftest import ADMIN_TOKEN, admin_headers, create_key, gym_config
 from tests.fakes.live_gym import mini_benchmark, registered_tasks

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from kit.settings import GymSettings, ProviderSecrets
 from ops.builder import build_embedded
 from ops.cli.main import app as operator_cli
-from kit.settings import GymSettings, ProviderSecrets
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.e2e.test_launcher import report
 from tests.fakes.live_gym import BENCHMARKS, mini_benchmark

@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.builder import build_embedded
-from ops.tasks import find_task, key_body, render_instruction
 from kit.config import GymConfig
 from kit.settings import GymSettings, ProviderSecrets
+from ops.builder import build_embedded
+from ops.tasks import find_task, key_body, render_instruction
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, bearer, gym_config, require_bwrap
 from tests.fakes.live_gym import LiveGym, mini_benchmark
 from tests.fakes.servers import serve_gym

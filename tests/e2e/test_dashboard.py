@@ -23,15 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.dashboard.app import format_usd
-from ops.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
-from services.training.checkpoints import Checkpoint
 from kit.errors import NotFound
 from kit.ids import new_id
+from ops.dashboard.app import format_usd
+from ops.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
+from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
+from services.training.checkpoints import Checkpoint
+from services.training.tables import Dataset, TrainingJob
 from storage.store import Store
 from storage.tables import utcnow
-from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
-from services.training.tables import Dataset, TrainingJob
 from tests.conftest import ADMIN_TOKEN, IN_CI, admin_headers, bearer, create_key
 from tests.fakes.servers import serve_gym
 
@@ -347,12 +347,12 @@ def test_session_cookie_opens_the_ui_only_and_cannot_be_forged(seeded: Seeded, g
 def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store) -> None:
     """The query layer on both stores (the browser test runs on SQLite): keys made by the key
     registry, charges made by the real ledger, the platform rows as above."""
-    from ops.dashboard import queries
     from access.keys import KeyRegistry
+    from access.presets import preset_policy
     from billing.ledger import Ledger
     from billing.money import usd_to_nusd
     from kit.config import GymConfig
-    from access.presets import preset_policy
+    from ops.dashboard import queries
 
     keys, ledger = KeyRegistry(store), Ledger(store)
     run, _ = keys.create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(5), track="joint", name="dash-agent")

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.builder import build_gateway, build_service
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway, build_service
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, admin_headers, bearer, gym_config
 from tests.fakes.servers import free_port, serve
 

@@ -9,8 +9,8 @@ import json
 import os
 import re
 import shutil
-import sys
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator

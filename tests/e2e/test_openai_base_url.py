@@ -13,11 +13,11 @@ import httpx
 import openai
 import pytest
 
-from services.training.checkpoints import Checkpoint
 from kit.ids import new_id
-from storage.store import Store
 from services.models.loading import resolve_model_dir
+from services.training.checkpoints import Checkpoint
 from services.training.tables import TrainingJob
+from storage.store import Store
 from tests.conftest import MODELS_DIR, admin_headers, bearer, create_key
 from tests.fakes.servers import serve_gym
 from tests.fakes.tiny_lora import random_lora

@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import func, select
 
 from kit.settings import StoreSettings
+from services.rollout.metering import estimate_chat
 from storage.store import Store
 from storage.tables import LedgerEntry
-from services.rollout.metering import estimate_chat
 from tests.conftest import PG_URL, admin_headers, bearer, gym_config
 from tests.fakes.servers import serve_gym
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2b import Sandbox
-from e2b import CommandExitException
+from e2b import CommandExitException, Sandbox
 from e2b.exceptions import NotFoundException, SandboxException
 
 from services.sandbox.service import SLOT_SERVICE

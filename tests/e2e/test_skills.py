@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from ops.builder import SERVICES, build_embedded
 from kit.config import EvaluationConfig, GymConfig
 from kit.settings import GymSettings, ProviderSecrets
+from ops.builder import SERVICES, build_embedded
 from services.rollout.standin import create_standin_app
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, gym_config
 from tests.fakes.live_gym import LiveGym, mini_benchmark

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 import rsigym
-from ops.builder import build_embedded
 from kit.settings import GymSettings, ProviderSecrets
+from ops.builder import build_embedded
 from services.models.synthetic import subtraction
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve_gym

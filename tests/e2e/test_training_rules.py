@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest

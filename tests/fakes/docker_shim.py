@@ -104,7 +104,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def compose_run(argv: list[str]) -> int:
+def compose_run(argv: list[str]) -> int:  # noqa: C901 - a fake's command dispatcher
     files, profiles, project_dir = [], [], None
     i = 0
     while i < len(argv) and argv[i] != "run":

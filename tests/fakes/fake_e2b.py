@@ -372,7 +372,7 @@ class FakeFilesystemService(_Daemon, Filesystem):
 # -- the app -------------------------------------------------------------------------------
 
 
-def create_fake_e2b(api_key: str, root: Path) -> FakeE2B:
+def create_fake_e2b(api_key: str, root: Path) -> FakeE2B:  # noqa: C901 - a fake's route table, declared inline
     state = FakeE2BState(api_key, Path(root))
     api = FastAPI()
 

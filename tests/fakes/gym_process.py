@@ -203,10 +203,10 @@ def repeat(piece: bytes, total: int) -> Iterator[bytes]:
 def _main() -> None:
     import uvicorn
 
-    from ops.builder import build_embedded
     from kit.body_limits import server_options
     from kit.heap import prepare_heap
     from kit.settings import GymSettings
+    from ops.builder import build_embedded
 
     data_dir, config, port = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     settings = GymSettings(data_dir=data_dir, config=config, admin_token=ADMIN_TOKEN)

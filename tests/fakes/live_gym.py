@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 
 import rsigym
-from ops.builder import Gym, build_embedded
 from kit.config import EvaluationConfig, GymConfig, SandboxConfig
 from kit.settings import GymSettings, ProviderSecrets
+from ops.builder import Gym, build_embedded
 from services.evaluation.benchmarks import TaskRef
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, admin_headers
 from tests.fakes.servers import serve_gym

@@ -26,9 +26,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from services.rollout.standin import create_standin_app
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry
-from services.rollout.standin import create_standin_app
 from tests.fakes.provider_faults import ProviderFaults
 from tests.fakes.servers import serve
 from tests.fakes.tcp_proxy import TcpProxy

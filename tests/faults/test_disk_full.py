@@ -27,9 +27,9 @@ import pytest
 
 import rsigym
 from tests.conftest import bearer, client_for, create_key
-from tests.faults.conftest import assert_ledger_sound
 from tests.fakes.live_gym import harness_archive
 from tests.fakes.servers import serve_gym
+from tests.faults.conftest import assert_ledger_sound
 
 ROWS = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": str(i + 1)}]}
         for i in range(16)]

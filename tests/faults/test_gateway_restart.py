@@ -20,14 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.builder import build_service
-from kit.config import load_config
 from billing.money import usd_to_nusd
+from kit.config import load_config
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_service
 from storage.store import Store
 from tests.conftest import ADMIN_TOKEN, PG_URL, TEACHER_ENV, admin_headers, bearer
-from tests.faults.conftest import PASSAGE_CHAT, Procs, assert_ledger_sound, ledger_figures, rollout_toml, until
 from tests.fakes.servers import free_port, serve
+from tests.faults.conftest import PASSAGE_CHAT, Procs, assert_ledger_sound, ledger_figures, rollout_toml, until
 
 pytestmark = pytest.mark.postgres
 

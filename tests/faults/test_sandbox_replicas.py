@@ -26,17 +26,17 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from ops.builder import build_gateway
 from billing.concurrency import ConcurrencySlots
-from services.records.events import SANDBOX_SESSION, RecordEvent
 from kit.settings import GymSettings, StoreSettings
-from storage.store import Store
-from storage.tables import utcnow
+from ops.builder import build_gateway
+from services.records.events import SANDBOX_SESSION, RecordEvent
 from services.sandbox.service import SLOT_SERVICE, TICK_S
 from services.sandbox.tables import SandboxReplica, SandboxRow
+from storage.store import Store
+from storage.tables import utcnow
 from tests.conftest import ADMIN_TOKEN, PG_URL, admin_headers, require_bwrap
-from tests.faults.conftest import Procs, assert_error_shape, assert_ledger_sound, until
 from tests.fakes.servers import free_port, serve
+from tests.faults.conftest import Procs, assert_error_shape, assert_ledger_sound, until
 
 pytestmark = pytest.mark.postgres
 

@@ -25,13 +25,13 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.builder import build_gateway
 from billing.money import usd_to_nusd
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway
 from storage.store import Store
 from tests.conftest import ADMIN_TOKEN, PG_URL, TEACHER_ENV, admin_headers, bearer
-from tests.faults.conftest import PASSAGE_CHAT, Procs, assert_error_shape, assert_ledger_sound, rollout_toml, until
 from tests.fakes.servers import free_port, serve
+from tests.faults.conftest import PASSAGE_CHAT, Procs, assert_error_shape, assert_ledger_sound, rollout_toml, until
 
 pytestmark = pytest.mark.postgres
 

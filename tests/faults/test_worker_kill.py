@@ -34,19 +34,19 @@ import pytest
 from sqlalchemy import func, select
 
 import rsigym
-from ops.builder import build_gateway, build_service
-from services.training.checkpoints import Checkpoint
-from services.records.events import TRAINING_JOB, RecordEvent
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway, build_service
+from services.evaluation.tables import EvaluationJob
+from services.records.events import TRAINING_JOB, RecordEvent
+from services.training.checkpoints import Checkpoint
+from services.training.tables import TrainingJob, TrainingStep
 from storage.store import Store
 from storage.tables import LedgerEntry
-from services.evaluation.tables import EvaluationJob
-from services.training.tables import TrainingJob, TrainingStep
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, PG_URL, admin_headers, require_redis
-from tests.faults.conftest import Procs, assert_ledger_sound, until
 from tests.fakes.live_gym import harness_archive, mini_benchmark
 from tests.fakes.servers import free_port, serve
-from tests.integration.test_distributed_jobs import _close, _forget_queues
+from tests.faults.conftest import Procs, assert_ledger_sound, until
+from tests.integration.jobs.test_distributed_jobs import _close, _forget_queues
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (evaluation trials)")]

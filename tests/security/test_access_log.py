@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ops.builder import Gym
 from kit.config import LoggingConfig
+from ops.builder import Gym
 from tests.conftest import ADMIN_TOKEN, admin_headers, bearer, client_for, create_key, gym_config
 
 

@@ -24,10 +24,10 @@ from sqlalchemy import update
 from typer.testing import CliRunner
 
 from ops.cli.main import app as operator_cli
-from services.records.events import AUDIT_RESULT, EventLog
-from services.records.experiments import Experiment
 from services.records.audits.agent_view import WITHHELD
 from services.records.audits.contamination import normalise
+from services.records.events import AUDIT_RESULT, EventLog
+from services.records.experiments import Experiment
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.live_gym import LiveGym, judged_gym, registered_tasks
 

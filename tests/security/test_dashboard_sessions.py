@@ -21,14 +21,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from access.operator_sessions import DashboardSession, LoginFailureCounter
+from kit.errors import RateLimited
+from kit.settings import StoreSettings
 from ops.builder import Gym
 from ops.dashboard.app import create_dashboard_app
 from ops.dashboard.login_limit import LoginLimiter
 from ops.dashboard.session import COOKIE, LOGIN_COOKIE, PATH, Sessions, id_hash, session_key
 from ops.dashboard.settings import DashboardSettings
-from kit.errors import RateLimited
-from access.operator_sessions import DashboardSession, LoginFailureCounter
-from kit.settings import StoreSettings
 from storage.store import Store
 from storage.tables import utcnow
 from tests.conftest import ADMIN_TOKEN

@@ -18,17 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
-
 from sqlalchemy import select
 
-from ops.builder import Gym
+from billing.storage_quota import StorageQuota
 from kit.config import GymConfig, SandboxTemplate, StorageConfig
 from kit.errors import PayloadTooLarge, QuotaExceeded
 from kit.ids import new_id
-from billing.storage_quota import StorageQuota
-from storage.store import Store
+from ops.builder import Gym
 from services.evaluation.tables import EvaluationJob, TrialResultRow
 from services.evaluation.trials import TrialOutcome
+from storage.store import Store
 from tests.conftest import admin_headers, bearer, client_for, create_key, gym_config
 from tests.fakes.servers import serve_gym
 

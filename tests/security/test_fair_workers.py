@@ -24,12 +24,12 @@ import pytest
 from sqlalchemy import func, select
 
 import rsigym
-from kit.ids import new_id
 from jobs.lifecycle import JobRunnerBase
+from kit.ids import new_id
 from kit.settings import JobSettings
+from services.training.tables import TrainingJob
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry, utcnow
-from services.training.tables import TrainingJob
 from tests.conftest import create_key, gym_config
 from tests.fakes.servers import serve_gym
 

@@ -40,11 +40,11 @@ from hypothesis.errors import Unsatisfiable
 from pydantic import BaseModel
 from schemathesis import GenerationMode
 
-from ops.builder import Gym, build_embedded
 from kit import request_json
 from kit.config import GymConfig
 from kit.request_json import unholdable
 from kit.settings import GymSettings, ProviderSecrets, StoreSettings
+from ops.builder import Gym, build_embedded
 from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN, MODELS_DIR, TEACHER_ENV, admin_headers, gym_config, require_bwrap
 from tests.fakes.servers import serve_gym

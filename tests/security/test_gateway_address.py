@@ -20,10 +20,10 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from ops.builder import build_gateway, build_service
 from access.keys import KeyRegistry
 from access.policy import Policy
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway, build_service
 from tests.conftest import ADMIN_TOKEN, gym_config
 from tests.fakes.live_gym import LiveGym, harness_archive, mini_benchmark
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-from rsigym import Gym
 from typer.testing import CliRunner
 
 from ops.cli.main import app as operator_cli
+from rsigym import Gym
 from services.evaluation.tables import BenchmarkRow
 from tests.conftest import ADMIN_TOKEN, create_key, gym_config, require_bwrap
 from tests.fakes.live_gym import FINAL, mini_benchmark, registered_tasks

@@ -26,10 +26,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from kit.config import GymConfig, LoggingConfig
 from ops.builder import Gym
 from ops.cli.main import app as operator_cli
 from ops.launcher import RunRecord, runs_root
-from kit.config import GymConfig, LoggingConfig
 from services.evaluation.report import build_report_rows, group_rows, write_report
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, bearer, client_for, create_key, gym_config
 from tests.fakes.servers import serve_gym

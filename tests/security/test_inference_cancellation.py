@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from kit.config import BaseModel_
 from billing.money import nusd_to_usd
+from kit.config import BaseModel_
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
 from services.inference.service import chat_cost
 from tests.conftest import create_key

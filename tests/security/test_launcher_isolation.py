@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ops import launcher
-from kit.host_uids import POOL_SIZE
 from kit.config import SandboxConfig
-from tests.conftest import IN_CI, ADMIN_TOKEN
+from kit.host_uids import POOL_SIZE
+from ops import launcher
+from tests.conftest import ADMIN_TOKEN, IN_CI
 from tests.e2e.test_launcher import live, report, rsigym, wait_for_exit  # noqa: F401 - the live-gym fixture
 
 ATTACKER = Path(__file__).resolve().parents[1] / "fakes" / "launched_attacker.py"

@@ -29,12 +29,12 @@ import pytest
 from typer.testing import CliRunner
 
 import rsigym
-from ops.cli.main import app as operator_cli
 from kit.settings import StoreSettings
-from storage.store import Store, sqlite_url
+from ops.cli.main import app as operator_cli
 from services.evaluation.benchmarks import TaskRef
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.task_generators import public_draw, render_task
+from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.live_gym import LiveGym, harness_archive, judged_gym, registered_tasks
 

@@ -22,12 +22,13 @@ import pytest
 from pyqwest import HTTPTransport as ReqwestTransport
 from pyqwest.httpx import AsyncPyqwestTransport
 
-from ops.builder import build_gateway
 from kit.no_proxy import PROXY_VARIABLES, keep_off_proxies
 from kit.settings import GymSettings, StoreSettings
+from ops.builder import build_gateway
 from tests.conftest import ADMIN_TOKEN
 from tests.fakes.gym_process import gym_process
 from tests.fakes.live_gym import mini_benchmark
+
 
 class RecordingProxy:
     """A proxy that forwards nothing: it writes down the first line of every request it gets

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from access.policy import Policy, apply_chain
 from gateway.admin import parse_policy
-from ops.builder import Gym, service_modules
 from kit.canonical import canonical_body
 from kit.config import GymConfig, SandboxConfig, SandboxTemplate
 from kit.errors import PermissionDenied, Unprocessable
-from access.policy import Policy, apply_chain
+from ops.builder import Gym, service_modules
 from tests.conftest import admin_headers, bearer, client_for, create_key, gym_config
 
 FIXED, OTHER = "value-the-policy-fixes", "value-the-agent-wants"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from ops.builder import Gym, service_modules
+from access.policy import Policy, apply_chain, fill_left_out
 from kit.config import GymConfig
 from kit.errors import PermissionDenied
-from access.policy import Policy, apply_chain, fill_left_out
+from ops.builder import Gym, service_modules
 from tests.conftest import bearer, client_for, create_key
 
 CHAT = {"model": "teacher", "messages": [{"role": "user", "content": "Write a long essay."}]}

@@ -26,10 +26,10 @@ import redis
 from sqlalchemy import delete, update
 from typer.testing import CliRunner
 
+from kit.settings import StoreSettings
 from ops.cli.main import app as operator_cli
 from services.records.events import TRAINING_JOB, EventLog, RecordEvent, RecordHead
 from services.records.record_anchor import FILE_NAME, FileAnchor, Mark, RecordAnchor, RedisAnchor
-from kit.settings import StoreSettings
 from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN, PG_URL, admin_headers, bearer, create_key, gym_config, require_redis
 from tests.fakes.servers import serve_gym

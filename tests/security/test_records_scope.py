@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ops.builder import Gym
 from gateway.proxy import operator_call
+from ops.builder import Gym
 from services.records.events import CHECKPOINT_REGISTERED, EventLog
 from services.records.experiments import ExperimentRegistry
 from tests.conftest import bearer, client_for, create_key

@@ -28,11 +28,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from billing.storage_quota import StorageQuota
 from ops.cli.admin_client import AdminClient
 from ops.cli.main import app as operator_cli
-from services.records.events import OPERATOR_RECORD
-from billing.storage_quota import StorageQuota
 from services.evaluation.report import newest_audits
+from services.records.events import OPERATOR_RECORD
 from tests.conftest import ADMIN_TOKEN, TEACHER_ENV, gym_config, require_bwrap
 from tests.fakes.live_gym import FINAL, LiveGym, harness_archive, live_gym, mini_benchmark, registered_tasks
 

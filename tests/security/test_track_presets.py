@@ -10,9 +10,6 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from ops.builder import Gym
-from kit.config import GymConfig
-from kit.errors import Unprocessable
 from access.presets import (
     budget_usd,
     parse_track,
@@ -20,6 +17,9 @@ from access.presets import (
     submission_needs,
     track_label,
 )
+from kit.config import GymConfig
+from kit.errors import Unprocessable
+from ops.builder import Gym
 from services.training.tables import TrainingJob
 from tests.conftest import admin_headers, bearer, client_for, create_key, gym_config
 

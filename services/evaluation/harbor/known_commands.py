@@ -7,7 +7,7 @@ Harbor's shell commands, recognised by their text — the text Harbor builds —
 Harbor methods it answers itself (``empty_dirs``, ``ensure_dirs``), standing in for the command
 Harbor would have run. That knowledge holds for the Harbor it was taken from,
 :data:`HARBOR_VERSION`; :data:`HARBOR_SOURCES` names every line of Harbor's source it rests on,
-and tests/unit/test_harbor_pin.py fails when the installed Harbor no longer has one verbatim.
+and tests/unit/services/evaluation/test_harbor_pin.py fails when the installed Harbor no longer has one verbatim.
 
 After a Harbor upgrade that fails that test: read each changed line in the new Harbor, re-check
 what the environment does in its place (each :class:`HarborSource` says what), change the

@@ -47,6 +47,11 @@ from typing import Any
 from sqlalchemy import select
 
 from kit.errors import GymError
+from kit.redact import redact
+from services.records.audits.context import AuditContext
+from services.records.audits.findings import CheckResult, Finding, Verdict
+from services.records.audits.judge import Judge
+from services.records.audits.taxonomy import CATEGORIES, CATEGORY_IDS, CODES, SEVERITY, worst
 from services.records.events import (
     CALL_REFUSED,
     EVALUATION_JOB,
@@ -55,11 +60,6 @@ from services.records.events import (
     TRAINING_JOB,
     RecordEvent,
 )
-from kit.redact import redact
-from services.records.audits.context import AuditContext
-from services.records.audits.findings import CheckResult, Finding, Verdict
-from services.records.audits.judge import Judge
-from services.records.audits.taxonomy import CATEGORIES, CATEGORY_IDS, CODES, SEVERITY, worst
 from services.records.tables import Annotation
 
 ACCUSING = ("EXECUTED", "SUSPECTED", "ATTEMPTED_BLOCKED")

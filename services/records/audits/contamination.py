@@ -744,7 +744,7 @@ def scan(rows: Iterable[tuple[str, int, str]], items: Sequence[Item], n: int = 1
 # --------------------------------------------------------------------------- reference
 
 
-def scan_reference(rows: Iterable[tuple[str, int, str]], items: Sequence[Item], n: int = 13,
+def scan_reference(rows: Iterable[tuple[str, int, str]], items: Sequence[Item], n: int = 13,  # noqa: C901 - one pass over the reference texts with its early outs
                    threshold: float = 0.5, *, min_item_words: int = 1) -> ScanReport:
     """The plain-Python definition of :func:`scan` (sets of word tuples): slow, for tests and the bench."""
     plan = _plan(items, n, min_item_words)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.config import GymConfig
-from services.records.events import EventLog, RecordEvent
 from kit.settings import ProviderSecrets
+from services.records.events import EventLog, RecordEvent
 from storage.store import Store
 
 

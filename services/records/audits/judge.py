@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kit.config import GymConfig, RolloutConfig, RolloutModel
 from billing.money import nusd_to_usd
+from kit.config import GymConfig, RolloutConfig, RolloutModel
 from kit.settings import ProviderSecrets
 from services.rollout.backends.litellm_backend import LiteLLMBackend
 from services.rollout.metering import call_cost_nusd, catalogue_model
@@ -112,8 +112,8 @@ class GatewayJudge:
     def _auditor_key(self, keys: Any) -> str:
         from sqlalchemy import select
 
-        from billing.money import usd_to_nusd
         from access.policy import Policy
+        from billing.money import usd_to_nusd
         from storage.tables import ApiKey
 
         with self.store.transaction() as s:
@@ -129,9 +129,9 @@ class GatewayJudge:
     async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
         import httpx
 
-        from kit.errors import UpstreamError
         from access.keys import KeyRegistry
         from access.policy import Policy
+        from kit.errors import UpstreamError
 
         keys = KeyRegistry(self.store)
         policy = Policy.model_validate({"services": {"rollout": {"models": [self.model_name], "max_concurrency": 1}}})

@@ -34,15 +34,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.training.checkpoints import Checkpoint, hash_dir
-from services.evaluation.read import run_harness
-from services.records.events import (CHECKPOINT_REGISTERED, DATASET_REGISTERED, HARNESS_UPLOADED, TRAINING_JOB,
-                                  RecordEvent)
 from access.policy import Policy
-from storage.tables import ApiKey
+from services.evaluation.read import run_harness
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
 from services.records.audits.harness_check import MINIMAL, harness_store, read_archive, read_tree
+from services.records.events import (
+    CHECKPOINT_REGISTERED,
+    DATASET_REGISTERED,
+    HARNESS_UPLOADED,
+    TRAINING_JOB,
+    RecordEvent,
+)
+from services.training.checkpoints import Checkpoint, hash_dir
+from storage.tables import ApiKey
 
 SUBSTITUTION = "model_or_weight_substitution"
 TAMPERING = "evaluation_tampering"
@@ -119,7 +124,7 @@ def _disk_hash(path: str) -> str | None:
     return hash_dir(p) if p.is_dir() else None
 
 
-def _link_problems(ctx: AuditContext, row: Checkpoint, parent: Checkpoint | None, root_base: str,
+def _link_problems(ctx: AuditContext, row: Checkpoint, parent: Checkpoint | None, root_base: str,  # noqa: C901 - one check per link kind, in the order an auditor reads them
                    records: _Records, allowed: set[str] | None, allowed_why: str) -> tuple[list[str], dict[str, Any]]:
     """What is wrong with one link, and its lineage-table entry."""
     problems: list[str] = []

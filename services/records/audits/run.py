@@ -31,18 +31,18 @@ from typing import Any
 from sqlalchemy import select, update
 
 from kit.display_text import markdown_inline
-from services.records.events import AUDIT_RESULT, DATASET_REGISTERED, TRAINING_JOB
-from services.records.experiments import Experiment
 from kit.ids import new_id
 from kit.private_files import write_private
-from storage.tables import utcnow
 from services.records.audits import agent_view
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
 from services.records.audits.taxonomy import CATEGORY_IDS, worst
 from services.records.audits.units import count as count_units
 from services.records.audits.units import lineage_experiments
+from services.records.events import AUDIT_RESULT, DATASET_REGISTERED, TRAINING_JOB
+from services.records.experiments import Experiment
 from services.records.tables import AuditRow
+from storage.tables import utcnow
 
 log = logging.getLogger("rsigym.records.audit")
 
@@ -167,8 +167,8 @@ def run_checks(ctx: AuditContext, *, judge: Any = None, trajectory: str | None =
                sample_nonce: str | None = None) -> tuple[dict[str, Any] | None, list[CheckResult], dict[str, Any]]:
     """Every check; ``sample_nonce`` (default: a fresh random one) picks the training rows the
     judge reads — pass a report's ``meta.training_sample.nonce`` to read the same rows again."""
-    from services.records.audits.behaviour import check_behaviour, gather_material
     from services.records.agent_turns import render_text, run_turns
+    from services.records.audits.behaviour import check_behaviour, gather_material
     from services.records.audits.contamination import benchmark_items, check_contamination
     from services.records.audits.harness_check import check_harness
     from services.records.audits.provenance import chain_findings, check_provenance
@@ -270,8 +270,8 @@ def _attribute_contamination(ctx: AuditContext, result: CheckResult, datasets: l
 
 
 def _experiment_provenance(ctx: AuditContext, submission: dict[str, Any] | None) -> list[CheckResult]:
-    from services.training.checkpoints import Checkpoint
     from services.records.audits.provenance import check_provenance
+    from services.training.checkpoints import Checkpoint
 
     submitted = submission.get("checkpoint") if submission else None
     with ctx.store.transaction() as s:

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.records.events import TRAINING_JOB
 from services.records.audits.context import AuditContext
+from services.records.events import TRAINING_JOB
 
 MAX_LINKS = 1000
 """Links followed before a chain is called circular (provenance flags such a chain)."""

@@ -5,11 +5,10 @@ Revises: 0002
 Create Date: 2026-11-30
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 from storage.tables import UTCDateTime
-
 
 revision = '0003'
 down_revision = '0002'

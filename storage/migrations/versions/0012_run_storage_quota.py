@@ -5,9 +5,8 @@ Revises: 0011
 Create Date: 2026-12-01
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0012'
 down_revision = '0011'

@@ -5,9 +5,8 @@ Revises: 0012
 Create Date: 2026-12-02
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0013'
 down_revision = '0012'

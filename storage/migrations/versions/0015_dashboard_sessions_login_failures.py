@@ -5,9 +5,8 @@ Revises: 0014
 Create Date: 2026-12-08
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0015'
 down_revision = '0014'

@@ -9,11 +9,10 @@ Revises: 0015
 Create Date: 2026-12-08
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 
 from storage.tables import UTCDateTime
-
 
 revision = '0016'
 down_revision = '0015'

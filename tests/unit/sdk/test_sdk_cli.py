@@ -6,6 +6,7 @@ import io
 import json
 
 import pytest
+
 from rsigym import cli
 
 CHAT = ["rollout", "chat", "--model", "teacher"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 import rsigym
 from rsigym._config import DEFAULT_BASE_URL, resolve_config
 

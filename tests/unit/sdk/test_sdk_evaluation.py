@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from kit.settings import StoreSettings
 from rsigym import (
     APITimeoutError,
     AsyncGym,
@@ -30,13 +32,11 @@ from rsigym import (
     cli,
 )
 from rsigym.resources.evaluation import harness_archive_bytes
-
-from kit.settings import StoreSettings
-from storage.store import Store, sqlite_url
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import BenchmarkRow
-from tests.fakes.live_gym import mini_benchmark
+from storage.store import Store, sqlite_url
 from tests.conftest import admin_headers, create_key
+from tests.fakes.live_gym import mini_benchmark
 from tests.fakes.servers import serve_gym
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+
 import rsigym
 from rsigym import _retry
 

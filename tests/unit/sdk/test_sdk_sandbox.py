@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+
 from rsigym import APITimeoutError, AsyncGym, Gym, NotFoundError, RateLimitError, cli
 from rsigym.resources.sandbox import CommandOutput, EnvelopeDecoder, Sandbox, envelope
-
 from tests.conftest import create_key
 from tests.fakes.servers import serve_gym
 

@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+
 import rsigym
 from rsigym._streaming import ServerSentEvent, SSEDecoder
 

@@ -1,0 +1,226 @@
+"""The operator's evaluation commands (`rsigym benchmarks …`, `rsigym score`, `rsigym report`)
+against a real embedded gym served on loopback.
+
+The report tests fill the scores table through the store (finished jobs and their score
+records, as scoring leaves them), so no trial has to run; one test registers a two-task
+benchmark and scores a run for real, with bubblewrap sandboxes and the tiny model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from kit.ids import new_id
+from kit.settings import StoreSettings
+from ops.cli.main import app as operator_cli
+from ops.cli.scoring import watched_records
+from rsigym import Gym
+from services.evaluation.report import build_report_rows
+from services.evaluation.tables import EvaluationJob, ScoreRow
+from services.records.tables import AuditRow
+from storage.store import Store, sqlite_url
+from tests.conftest import ADMIN_TOKEN, create_key
+from tests.fakes.servers import serve_gym
+
+ROOT = Path(__file__).resolve().parents[3]
+PNG = b"\x89PNG\r\n\x1a\n"
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
+    s.migrate()
+    yield s
+    s.dispose()
+
+
+@pytest.fixture
+def served(make_gym: Callable[..., Any], store: Store, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    gym = make_gym(store=store)
+    with serve_gym(gym) as url:
+        monkeypatch.setenv("RSIGYM_URL", url)
+        monkeypatch.setenv("RSIGYM_ADMIN_TOKEN", ADMIN_TOKEN)
+        yield url
+    gym.service_apps["evaluation"].state.evaluation.runner.wait_idle(timeout=120)
+
+
+def rsigym(*args: str, code: int = 0) -> Any:
+    result = CliRunner().invoke(operator_cli, list(args))
+    assert result.exit_code == code, result.output
+    return json.loads(result.stdout) if "--json" in args and code == 0 else result
+
+
+def new_key(url: str, track: str, name: str) -> dict[str, Any]:
+    with httpx.Client(base_url=url) as c:
+        return create_key(c, track=track, name=name, budget_usd=5.0)
+
+
+def add_score(store: Store, run_id: str, benchmark: str, score: float | None, *, status: str = "succeeded",
+              model: str = "tiny", harness: str = "minimal", attempts: int = 3, split: str = "official",
+              minutes: int = 0, agent: str | None = None) -> None:
+    """A finished (or not) scoring job and its score record, as `rsigym score` leaves them."""
+    job_id = new_id("evj")
+    at = T0 + timedelta(minutes=minutes)
+    with store.transaction() as s:
+        s.add(EvaluationJob(id=job_id, run_id=run_id if run_id != "initial" else "operator", key_id="k", benchmark=benchmark,
+                            purpose="baseline" if run_id == "initial" else "score", split=split, model=model,
+                            harness=harness, attempts=attempts, sampling={}, task_ids=["t1", "t2"],
+                            gateway_url="http://x", status=status, trials_total=2 * attempts,
+                            trials_done=2 * attempts if status == "succeeded" else 1, score=score, created_at=at))
+        s.add(ScoreRow(id=new_id("scr"), run_id=run_id, submission_id=None, benchmark=benchmark, split=split,
+                       model=model, harness=harness, attempts=attempts, job_id=job_id, score=score, status=status,
+                       agent=agent, created_at=at))
+
+
+def fill_scores(store: Store, run_a: str, run_b: str, run_c: str) -> None:
+    add_score(store, "initial", "arithmetic", 0.2, minutes=0)          # superseded by the newer baseline
+    add_score(store, "initial", "arithmetic", 0.4, minutes=5)
+    add_score(store, "initial", "arithmetic", 0.9, attempts=1, minutes=6)  # another avg@k: not comparable
+    add_score(store, "initial", "shell", 1.0, minutes=5)                # no headroom
+    add_score(store, run_a, "arithmetic", 0.5, model="ckpt_a", minutes=6)  # superseded by the rescore below
+    add_score(store, run_a, "arithmetic", 0.7, model="ckpt_a", minutes=10)
+    add_score(store, run_a, "shell", 1.0, model="ckpt_a", minutes=10)
+    add_score(store, run_b, "arithmetic", 0.55, harness="hrn_b", minutes=11, agent="agent-b")
+    add_score(store, run_b, "shell", None, harness="hrn_b", status="failed", minutes=11, agent="agent-b")
+    add_score(store, run_c, "arithmetic", None, status="running", minutes=12)
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def test_report_writes_tables_markdown_json_and_charts(served: str, store: Store, tmp_path: Path) -> None:
+    a, b, c = (new_key(served, t, n)["id"] for t, n in (("data", "agent-a"), ("harness", "agent-b"), ("joint", "c")))
+    fill_scores(store, a, b, c)
+    with store.transaction() as s:  # audits as `rsigym audit` stores them: the newest one counts
+        s.add(AuditRow(id="aud_old", run_id=a, status="accepted", hacking_rate=0.0, report={}, created_at=T0))
+        s.add(AuditRow(id="aud_new", run_id=a, status="flagged", hacking_rate=0.5, report={},
+                       created_at=T0 + timedelta(hours=1)))
+    out = tmp_path / "report"
+
+    result = rsigym("report", "--out", str(out))
+    assert "RSI-Index per agent" in result.stdout and "agent-a" in result.stdout and "0.5000" in result.stdout
+    assert "still being scored" in result.stderr and c in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["arithmetic.png", "report.json", "report.md", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"])
+    assert all((out / n).read_bytes().startswith(PNG)
+               for n in ("arithmetic.png", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"))
+    md = (out / "report.md").read_text()
+    assert "# RSI-Index report" in md and f"| {a} | agent-a | data |" in md and "no headroom" in md
+
+    data = json.loads((out / "report.json").read_text())
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert set(runs) == {a, b}
+    assert runs[a]["track"] == "data" and runs[a]["agent"] == "agent-a"
+    assert (runs[a]["integrity"], runs[a]["hacking_rate"]) == ("flagged", 0.5)
+    assert (runs[b]["integrity"], runs[b]["hacking_rate"]) == ("not audited", None)
+    assert [t["run_id"] for t in data["timelines"]] == [a, b] and data["timelines"][0]["spend_usd"] == 0
+    assert runs[a]["rsi_index"] == pytest.approx((0.7 - 0.4) / 0.6)  # the newest score and baseline
+    assert runs[a]["excluded"] == [{"benchmark": "shell", "reason": "initial score already 1: no headroom"}]
+    assert runs[b]["track"] == "harness" and [t["benchmark"] for t in runs[b]["benchmarks"]] == ["arithmetic"]
+    assert runs[b]["rsi_index"] == pytest.approx((0.55 - 0.4) / 0.6)
+    assert {x["agent"]: x["rsi_index"] for x in data["agents"]} == pytest.approx(
+        {"agent-a": 0.5, "agent-b": 0.25})
+
+    printed = rsigym("report", "--out", str(tmp_path / "again"), "--json")
+    assert printed == data
+
+
+def test_report_with_nothing_scored_says_so(served: str, store: Store, tmp_path: Path) -> None:
+    run = new_key(served, "data", "lonely")["id"]
+    add_score(store, run, "arithmetic", 0.7)  # no baseline yet
+    result = rsigym("report", "--out", str(tmp_path / "r"), code=1)
+    assert "no initial-system score" in result.stderr and "rsigym score RUN --wait" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_rows_match_the_baseline_on_benchmark_split_and_attempts() -> None:
+    def rec(run: str, bench: str, score: float | None, at: str, **kw: Any) -> dict[str, Any]:
+        return {"id": new_id("scr"), "run_id": run, "benchmark": bench, "split": kw.get("split", "official"),
+                "attempts": kw.get("attempts", 3), "model": kw.get("model", "tiny"), "agent": kw.get("agent"),
+                "score": score, "status": kw.get("status", "succeeded"), "created_at": at}
+
+    scores = [
+        rec("initial", "arith", 0.1, "2025-01-01T00:00", model="small"),
+        rec("initial", "arith", 0.3, "2025-01-01T00:01", model="tiny"),
+        rec("initial", "arith", 0.2, "2025-01-01T00:02", model="other"),   # newest, another base model
+        rec("initial", "arith", 0.5, "2025-01-01T00:03", split="dev"),
+        rec("r1", "arith", 0.8, "2025-01-01T01:00", model="tiny", agent="alice"),   # kept its base: 0.3
+        rec("r2", "arith", 0.6, "2025-01-01T01:00", model="ckpt_x"),                # a checkpoint: newest, 0.2
+        rec("r3", "arith", 0.6, "2025-01-01T01:00", attempts=1),                    # no avg@1 baseline
+    ]
+    keys = [{"id": "r1", "track": "harness", "name": "key-1"}, {"id": "r2", "track": "data", "name": "key-2"}]
+    rows, notes = build_report_rows(scores, keys)
+    assert [(r.run_id, r.agent, r.track, r.initial, r.submitted) for r in rows] == [
+        ("r1", "alice", "harness", 0.3, 0.8), ("r2", "key-2", "data", 0.2, 0.6)]
+    assert len(notes) == 1 and "r3" in notes[0] and "avg@1" in notes[0]
+    dev_rows, _ = build_report_rows(scores + [rec("r1", "arith", 0.9, "2025-01-01T02:00", split="dev")], keys, "dev")
+    assert [(r.run_id, r.initial, r.submitted) for r in dev_rows] == [("r1", 0.5, 0.9)]
+
+
+def test_score_waits_for_the_cached_baseline_too() -> None:
+    started = [{"id": "s2", "run_id": "r", "benchmark": "b", "split": "official", "attempts": 3}]
+    scores = [
+        {"id": "s1", "run_id": "initial", "benchmark": "b", "split": "official", "attempts": 3},
+        {"id": "s0", "run_id": "initial", "benchmark": "b", "split": "official", "attempts": 1},
+        {"id": "s9", "run_id": "r", "benchmark": "b", "split": "official", "attempts": 3},  # an earlier scoring
+        *started,
+    ]
+    assert [r["id"] for r in watched_records(started, scores, "r")] == ["s1", "s2"]
+
+
+# ---- benchmarks and scoring, for real ------------------------------------------------------
+
+
+def tiny_benchmark(tmp_path: Path) -> Path:
+    """The bundled arithmetic benchmark cut down to one task per split (the official one drawn at registration)."""
+    src, dest = ROOT / "benchmarks" / "arithmetic", tmp_path / "tiny-arithmetic"
+    shutil.copytree(src, dest)
+    for task in sorted((dest / "dev").iterdir())[1:]:
+        shutil.rmtree(task)
+    toml = dest / "benchmark.toml"
+    toml.write_text(toml.read_text().replace('name = "arithmetic"', 'name = "tiny-arithmetic"')
+                    .replace("count = 60", "count = 1"))
+    return dest
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_register_score_and_report(served: str, tmp_path: Path) -> None:
+    registered = rsigym("benchmarks", "register", str(tiny_benchmark(tmp_path)), "--wait", "--json")
+    assert registered["name"] == "tiny-arithmetic" and registered["status"] == "ready", registered
+    assert registered["validation"]["oracle_scored_1"] == 2 and registered["validation"]["empty_scored_0"] == 2
+    listed = rsigym("benchmarks", "list", "--json")["data"]
+    assert [b["name"] for b in listed] == ["tiny-arithmetic"] and listed[0]["splits"]["official"]["hidden"]
+    assert listed[0]["splits"]["official"]["generated"]["seed"] == "gym"  # drawn at registration
+    assert "ready" in rsigym("benchmarks", "list").stdout
+    again = rsigym("benchmarks", "register", str(tiny_benchmark(tmp_path / "x")), code=1)
+    assert "already registered" in again.output
+
+    run = new_key(served, "harness", "agent-h")
+    assert "submitted nothing" in rsigym("score", run["id"], code=1).output
+    with Gym(base_url=served, api_key=run["key"], max_retries=0) as gym:
+        harness = gym.evaluation.upload_harness(ROOT / "agent_container" / "harness" / "minimal")
+        gym.submit(harness=harness.id)
+
+    scored = rsigym("score", run["id"], "--attempts", "1", "--wait", "--json")["data"]
+    assert sorted(r["run_id"] for r in scored) == sorted(["initial", run["id"]])
+    assert all(r["status"] == "succeeded" and 0.0 <= r["score"] <= 1.0 for r in scored), scored
+    assert all(r["progress"] == {"done": 1, "total": 1} for r in scored)
+    rescored = rsigym("score", run["id"], "--attempts", "1", "--wait", "--json")["data"]
+    assert sorted(r["run_id"] for r in rescored) == sorted(["initial", run["id"]])  # the cached baseline, watched
+    initial = next(r for r in scored if r["run_id"] == "initial")
+    assert next(r for r in rescored if r["run_id"] == "initial")["id"] == initial["id"]
+
+    report = rsigym("report", "--out", str(tmp_path / "report"), "--json")
+    (row,) = report["runs"]
+    assert row["run_id"] == run["id"] and row["agent"] == "agent-h" and row["track"] == "harness"
+    assert row["benchmarks"][0]["benchmark"] == "tiny-arithmetic"
+    assert (tmp_path / "report" / "tiny-arithmetic.png").read_bytes().startswith(PNG)
