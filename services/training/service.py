@@ -43,7 +43,7 @@ class TrainingService:
         self.registry = CheckpointRegistry.of(context)
         tinker_client = None
         if any(m.backend == "tinker" for m in config.models):
-            from services.training.backends.tinker import service_client
+            from services.models.tinker_client import service_client
 
             tinker_client = service_client(context.secrets)
         self.runner = JobRunner(context.store, config, self.datasets, self.registry,

@@ -36,6 +36,6 @@ def make_vllm(context: ServiceContext) -> InferenceEngine:
 @ENGINES.register("tinker")
 def make_tinker(context: ServiceContext) -> InferenceEngine:
     from services.inference.backends.tinker import TinkerEngine
-    from services.training.backends.tinker import service_client
+    from services.models.tinker_client import service_client
 
     return TinkerEngine(service_client(context.secrets), context.settings.resolved_models_dir())

@@ -26,7 +26,7 @@ from kit.errors import GymError, InvalidRequest, ServiceUnavailable, Unprocessab
 from services.inference.backends.base import Adapter, Generation, Sampling
 from services.models.chat_format import IM_END
 from services.models.loading import load_tokenizer, resolve_model_dir
-from services.training.backends.tinker import tinker_manifest, tinker_types
+from services.models.tinker_client import tinker_manifest, tinker_types
 
 log = logging.getLogger("rsigym.inference.tinker")
 

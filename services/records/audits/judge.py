@@ -1,10 +1,10 @@
 """The LLM judge of the behaviour audit: one chat completion from a rollout catalogue model.
 
 The judge is an operator-side call (``rsigym audit``), not an agent's: it is not reserved on
-any run's ledger, but it goes through the same LiteLLM backend as agents' rollout calls — one
-attempt, never a retry (a retry would spend money the audit report never shows) — and its cost
-is computed from the catalogue's prices (services/rollout/metering.py), so the report states
-what the verdict cost.
+any run's ledger, but it goes through the same LiteLLM backend as agents' rollout calls
+(services/rollout/call.py) — one attempt, never a retry (a retry would spend money the audit
+report never shows) — and its cost is computed from the catalogue's prices
+(services/rollout/metering.py), so the report states what the verdict cost.
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from billing.money import nusd_to_usd
-from kit.config import GymConfig, RolloutConfig, RolloutModel
+from kit.config import GymConfig
 from kit.settings import ProviderSecrets
-from services.rollout.backends.litellm_backend import LiteLLMBackend
+from services.rollout.call import ProviderCall
 from services.rollout.metering import call_cost_nusd, catalogue_model
 from services.rollout.schemas import ChatRequest
-
-_NEVER_OVERRIDDEN = ("num_retries", "max_retries", "model", "messages", "max_tokens", "stream")
-"""litellm_kwargs may not change these: one call is one attempt at the catalogue model."""
 
 
 @dataclass(frozen=True)
@@ -37,18 +34,6 @@ class Judge(Protocol):
         ...
 
 
-class _JudgeBackend(LiteLLMBackend):
-    """The rollout LiteLLM backend with extra LiteLLM arguments passed through (tests use
-    LiteLLM's own ``mock_response``, so the real LiteLLM code path runs)."""
-
-    def __init__(self, config: RolloutConfig, secrets: ProviderSecrets, extra: dict[str, Any]):
-        super().__init__(config, secrets)
-        self.extra = {k: v for k, v in extra.items() if k not in _NEVER_OVERRIDDEN}
-
-    def _kwargs(self, model: RolloutModel, request: ChatRequest, max_tokens: int) -> dict[str, Any]:
-        return {**super()._kwargs(model, request, max_tokens), **self.extra}
-
-
 class RolloutJudge:
     """The judge as a rollout catalogue model (``GymConfig.audit.judge_model``).
 
@@ -58,7 +43,7 @@ class RolloutJudge:
         self.config = config
         self.model_name = model_name
         self.model = catalogue_model(config.rollout, model_name)
-        self.backend = _JudgeBackend(config.rollout, secrets, litellm_kwargs)
+        self.backend = ProviderCall(config.rollout, secrets, litellm_kwargs)
         caps = [config.audit.judge_max_tokens, config.rollout.max_tokens_cap]
         if self.model.max_output_tokens:
             caps.append(self.model.max_output_tokens)

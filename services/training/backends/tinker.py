@@ -21,119 +21,25 @@ skips the batches it had taken; a checkpoint without a saved state cannot be res
 job fails, saying so.
 
 The client boundary is duck-typed: ``client`` is a ``tinker.ServiceClient`` or anything shaped
-like one (``tests/fakes/fake_tinker.py``). The request types come from ``tinker.types`` when
-the package is installed, else from the minimal local definitions below.
+like one (``tests/fakes/fake_tinker.py``); the request types, the checkpoint manifest and the
+service client are shared with inference (services/models/tinker_client.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from kit.errors import BudgetExhausted
+from services.models.tinker_client import MANIFEST_FORMAT, TinkerWeights, tinker_manifest, tinker_types
 from services.training.backends import TRAINERS, TrainerSetup
 from services.training.batching import IGNORE, encode_examples, shuffled_chunks
 from services.training.trainer import Paid, StepResult, TrainerError, TrainingInputs, lr_factor
 
-MANIFEST = "tinker.json"
-MANIFEST_FORMAT = "rsigym.tinker/1"
 ATTN_MODULES = {"q_proj", "k_proj", "v_proj", "o_proj"}
 MLP_MODULES = {"gate_proj", "up_proj", "down_proj"}
-
-
-# -- request types (tinker.types when installed) ----------------------------------------------
-
-
-@dataclass
-class EncodedTextChunk:
-    tokens: list[int]
-    type: str = "encoded_text"
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class ModelInput:
-    chunks: list[EncodedTextChunk]
-
-    @classmethod
-    def from_ints(cls, tokens: list[int]) -> ModelInput:
-        return cls(chunks=[EncodedTextChunk(tokens=list(tokens))])
-
-    def to_ints(self) -> list[int]:
-        return [t for chunk in self.chunks for t in chunk.tokens]
-
-    @property
-    def length(self) -> int:
-        return sum(chunk.length for chunk in self.chunks)
-
-
-@dataclass
-class TensorData:
-    data: list[Any]
-    dtype: str  # int64 | float32
-    shape: list[int] | None = None
-
-    def tolist(self) -> list[Any]:
-        return list(self.data)
-
-    def to_torch(self) -> Any:
-        import torch
-
-        tensor = torch.tensor(self.data, dtype=torch.int64 if self.dtype == "int64" else torch.float32)
-        return tensor.reshape(self.shape) if self.shape is not None else tensor
-
-
-@dataclass
-class Datum:
-    model_input: ModelInput
-    loss_fn_inputs: dict[str, TensorData]
-
-
-@dataclass
-class AdamParams:
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | list[int] | None = None
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-
-
-@dataclass
-class _LocalTypes:
-    EncodedTextChunk: type = EncodedTextChunk
-    ModelInput: type = ModelInput
-    TensorData: type = TensorData
-    Datum: type = Datum
-    AdamParams: type = AdamParams
-    SamplingParams: type = SamplingParams
-
-
-@lru_cache(maxsize=1)
-def tinker_types() -> Any:
-    """``tinker.types`` when the SDK is installed, else the local stand-ins (same names and fields)."""
-    try:
-        from tinker import types
-
-        return types
-    except ImportError:
-        return _LocalTypes()
 
 
 def to_list(value: Any) -> list[Any]:
@@ -154,34 +60,6 @@ def make_datum(ids: list[int], labels: list[int]) -> Any:
     return t.Datum(model_input=t.ModelInput.from_ints(tokens=ids[:-1]),
                    loss_fn_inputs={"target_tokens": t.TensorData(data=targets, dtype="int64", shape=[n]),
                                    "weights": t.TensorData(data=weights, dtype="float32", shape=[n])})
-
-
-# -- checkpoints --------------------------------------------------------------------------
-
-
-@dataclass
-class TinkerWeights:
-    """What the checkpoint registry stores for a Tinker checkpoint: ``save_pretrained`` writes tinker.json."""
-
-    manifest: dict[str, Any] = field(default_factory=dict)
-
-    def save_pretrained(self, save_directory: str | Path, **_: Any) -> None:
-        out = Path(save_directory)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def tinker_manifest(checkpoint_dir: str | Path | None) -> dict[str, Any] | None:
-    """The tinker.json of a checkpoint directory, or None when it is not a Tinker checkpoint."""
-    if not checkpoint_dir:
-        return None
-    path = Path(checkpoint_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or not str(data.get("path", "")).startswith("tinker://"):
-        raise ValueError(f"{path} is not a Tinker checkpoint manifest")
-    return data
 
 
 # -- the trainer --------------------------------------------------------------------------
@@ -328,17 +206,3 @@ class TinkerTrainer:
 def make_tinker(setup: TrainerSetup) -> TinkerTrainer:
     return TinkerTrainer(setup.tinker_client, setup.base.tinker_base_model or "")
 
-
-TINKER_KEY_ENV = "TINKER_API_KEY"
-
-
-def service_client(secrets: Any) -> Any:
-    """The real Tinker client: the ``cloud`` extra and the platform's own TINKER_API_KEY
-    (never the agent's; it stays in the platform's environment)."""
-    try:
-        import tinker
-    except ImportError as err:
-        from kit.errors import ServiceUnavailable
-
-        raise ServiceUnavailable("tinker base models need the cloud extra: pip install 'rsigym[cloud]'") from err
-    return tinker.ServiceClient(api_key=secrets.get(TINKER_KEY_ENV))

@@ -28,7 +28,8 @@ from services.inference.backends.tinker import TinkerEngine
 from services.inference.backends.vllm import VLLMEngine
 from services.models.chat_format import render_prompt, split_example
 from services.models.loading import load_tokenizer, resolve_model_dir
-from services.training.backends.tinker import MANIFEST, TinkerTrainer, TinkerWeights, tinker_manifest
+from services.models.tinker_client import MANIFEST, TinkerWeights, tinker_manifest
+from services.training.backends.tinker import TinkerTrainer
 from services.training.checkpoints import Checkpoint, CheckpointRegistry
 from services.training.schemas import JobRequest
 from services.training.tables import TrainingJob
