@@ -1,29 +1,26 @@
 """What every run made, across runs, for operators and auditors: datasets, training jobs,
 checkpoints, evaluation jobs, sandboxes and submissions (``GET /admin/v1/<kind>``, ``rsigym list``).
 
-Each list is read straight from the store, newest first, filtered by run, key and status, and
-paged by an opaque cursor over (time, id) — keyset paging, so a page is stable while rows are
-added and costs the same on page 1 and page 1000. Nothing here writes. The columns shown are
-chosen per kind: what an auditor needs to find a row and open it with the run's own routes.
+Each list is read from the store through the owning service's read module (its ``Listing``),
+newest first, filtered by run, key and status, and paged by an opaque cursor over (time, id) —
+keyset paging, so a page is stable while rows are added and costs the same on page 1 and page
+1000. Nothing here writes. The columns shown are chosen per kind: what an auditor needs to find a
+row and open it with the run's own routes.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import InstrumentedAttribute
-
 from kit.errors import Unprocessable
-from services.evaluation.tables import EvaluationJob, SubmissionRow
-from services.sandbox.tables import SandboxRow
-from services.training.checkpoints import Checkpoint
-from services.training.tables import Dataset, TrainingJob
+from services.evaluation import read as evaluation
+from services.sandbox import read as sandbox
+from services.training import read as training
+from storage.pages import Listing, ListQuery
 from storage.store import Store
 
 MAX_LIMIT = 500
@@ -34,42 +31,24 @@ DEFAULT_LIMIT = 50
 class ListKind:
     path: str
     """Its route under /admin/v1."""
-    table: Any
-    time: InstrumentedAttribute[Any]
-    """The column the list is ordered by (newest first) and the cursor pages on."""
-    columns: tuple[str, ...]
-    status: InstrumentedAttribute[Any] | None = None
+    listing: Listing
+    """Its columns and how to read a page (the owning service's read module)."""
     brief: tuple[str, ...] = ()
     """The columns ``rsigym list`` prints as a table (``--json`` has them all)."""
 
 
 KINDS: dict[str, ListKind] = {
-    "datasets": ListKind("/datasets", Dataset, Dataset.created_at,
-                         ("id", "run_id", "key_id", "name", "sha256", "format", "rows", "bytes", "created_at"),
+    "datasets": ListKind("/datasets", training.DATASETS,
                          brief=("id", "run_id", "name", "rows", "bytes", "created_at")),
-    "training-jobs": ListKind("/training/jobs", TrainingJob, TrainingJob.created_at,
-                              ("id", "run_id", "key_id", "status", "base_model", "parent_checkpoint_id", "dataset_ids",
-                               "config_hash", "loss_module_hash", "experiment_id", "step", "total_steps", "cost_nusd",
-                               "error", "created_at", "started_at", "finished_at"),
-                              TrainingJob.status,
+    "training-jobs": ListKind("/training/jobs", training.TRAINING_JOBS,
                               brief=("id", "run_id", "status", "base_model", "step", "total_steps", "created_at")),
-    "checkpoints": ListKind("/checkpoints", Checkpoint, Checkpoint.created_at,
-                            ("id", "run_id", "job_id", "base_model", "parent_checkpoint_id", "dataset_hashes",
-                             "config_hash", "loss_module_hash", "step", "weights_hash", "experiment_id", "created_at"),
+    "checkpoints": ListKind("/checkpoints", training.CHECKPOINTS,
                             brief=("id", "run_id", "job_id", "base_model", "step", "created_at")),
-    "evaluation-jobs": ListKind("/evaluation/jobs", EvaluationJob, EvaluationJob.created_at,
-                                ("id", "run_id", "key_id", "purpose", "status", "benchmark", "split", "model", "harness",
-                                 "attempts", "trials_done", "trials_total", "score", "experiment_id", "error",
-                                 "created_at", "started_at", "finished_at"),
-                                EvaluationJob.status,
+    "evaluation-jobs": ListKind("/evaluation/jobs", evaluation.EVALUATION_JOBS,
                                 brief=("id", "run_id", "purpose", "status", "benchmark", "split", "model", "score", "created_at")),
-    "sandboxes": ListKind("/sandboxes", SandboxRow, SandboxRow.started_at,
-                          ("id", "run_id", "key_id", "template", "backend", "internet", "state", "end_reason",
-                           "seconds", "cost_nusd", "sandbox_metadata", "started_at", "ended_at"),
-                          SandboxRow.state,
+    "sandboxes": ListKind("/sandboxes", sandbox.SANDBOXES,
                           brief=("id", "run_id", "template", "state", "seconds", "started_at")),
-    "submissions": ListKind("/submissions", SubmissionRow, SubmissionRow.created_at,
-                            ("id", "run_id", "key_id", "track", "checkpoint_id", "model", "harness", "created_at"),
+    "submissions": ListKind("/submissions", evaluation.SUBMISSIONS,
                             brief=("id", "run_id", "track", "model", "harness", "created_at")),
 }
 
@@ -78,8 +57,8 @@ def _value(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _cursor(row: Any, kind: ListKind) -> str:
-    raw = f"{getattr(row, kind.time.key).isoformat()}|{row.id}"
+def _cursor(row: dict[str, Any], listing: Listing) -> str:
+    raw = f"{row[listing.time].isoformat()}|{row['id']}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -101,25 +80,14 @@ def list_rows(store: Store, kind_name: str, *, run_id: str | None = None, key_id
         raise Unprocessable(f"unknown list {kind_name!r}; expected one of {', '.join(KINDS)}", param="kind")
     if not 1 <= limit <= MAX_LIMIT:
         raise Unprocessable(f"limit must be 1..{MAX_LIMIT}, got {limit}", param="limit")
-    if status is not None and kind.status is None:
+    listing = kind.listing
+    if status is not None and not listing.statused:
         raise Unprocessable(f"{kind_name} have no status to filter by", param="status")
-    table = kind.table
-    if key_id is not None and not hasattr(table, "key_id"):
+    if key_id is not None and not listing.keyed:
         raise Unprocessable(f"{kind_name} have no key to filter by; filter by run_id", param="key_id")
-    query = select(table)
-    if run_id is not None:
-        query = query.where(table.run_id == run_id)
-    if key_id is not None:
-        query = query.where(table.key_id == key_id)
-    if status is not None and kind.status is not None:
-        query = query.where(kind.status == status)
-    if cursor is not None:
-        when, row_id = _after(cursor)
-        query = query.where(or_(kind.time < when, and_(kind.time == when, table.id < row_id)))
-    query = query.order_by(kind.time.desc(), table.id.desc()).limit(limit + 1)
-    with store.transaction() as s:
-        rows: Sequence[Any] = s.scalars(query).all()
-        page = rows[:limit]
-        data = [{name: _value(getattr(row, name)) for name in kind.columns} for row in page]
-        following = _cursor(page[-1], kind) if len(rows) > limit else None
+    after = None if cursor is None else _after(cursor)
+    rows = listing.read(store, ListQuery(run_id, key_id, status, after, limit + 1))
+    page = rows[:limit]
+    data = [{name: _value(row[name]) for name in listing.columns} for row in page]
+    following = _cursor(page[-1], listing) if len(rows) > limit else None
     return {"object": "list", "kind": kind_name, "data": data, "next_cursor": following}

@@ -20,9 +20,8 @@ from sqlalchemy.orm import Session
 
 from billing.money import nusd_to_usd
 from kit.errors import NotFound
-from services.records.events import RecordEvent
-from services.records.experiments import STATUSES, Experiment
-from services.training.tables import TrainingJob
+from services.records import read as records
+from services.training import read as training
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry
 
@@ -38,27 +37,19 @@ def _hours(since: datetime, at: datetime) -> float:
     return (at - since).total_seconds() / 3600.0
 
 
-def _activity_bounds(s: Session, run_id: str) -> tuple[datetime | None, datetime | None]:
+def _activity_bounds(s: Session, run_id: str, jobs: training.JobTimes) -> tuple[datetime | None, datetime | None]:
     """Earliest and latest recorded activity of the run (see the module docstring)."""
-    queries = (
-        select(func.min(LedgerEntry.created_at), func.max(LedgerEntry.created_at), func.max(LedgerEntry.settled_at))
-        .where(LedgerEntry.run_id == run_id),
-        select(func.min(TrainingJob.created_at), func.max(TrainingJob.created_at), func.max(TrainingJob.finished_at))
-        .where(TrainingJob.run_id == run_id),
-        select(func.min(RecordEvent.created_at), func.max(RecordEvent.created_at))
-        .where(RecordEvent.run_id == run_id, RecordEvent.key_id.is_not(None)),
-    )
-    stamps: list[tuple[datetime | None, ...]] = [tuple(s.execute(q).one()) for q in queries]
+    ledger = s.execute(select(func.min(LedgerEntry.created_at), func.max(LedgerEntry.created_at),
+                              func.max(LedgerEntry.settled_at)).where(LedgerEntry.run_id == run_id)).one()
+    stamps: list[tuple[datetime | None, ...]] = [
+        tuple(ledger), (jobs.first_created, jobs.last_created, jobs.last_finished), records.key_event_times(s, run_id)]
     firsts = [row[0] for row in stamps if row[0] is not None]
     lasts = [t for row in stamps for t in row[1:] if t is not None]
     return (min(firsts) if firsts else None), (max(lasts) if lasts else None)
 
 
 def _experiment_counts(s: Session, run_id: str) -> dict[str, int]:
-    counts = dict.fromkeys(STATUSES, 0)
-    for status, n in s.execute(select(Experiment.status, func.count()).where(Experiment.run_id == run_id)
-                               .group_by(Experiment.status)):
-        counts[status] = counts.get(status, 0) + n
+    counts = records.experiment_counts(s, run_id)
     return {"total": sum(counts.values()), **counts}
 
 
@@ -88,8 +79,9 @@ def run_timeline(store: Store, run_id: str) -> dict[str, Any]:
         if key is None or key.parent_id is not None:
             raise NotFound(f"run {run_id} not found", param="run_id")
         started = key.created_at
-        first_job = s.scalar(select(func.min(TrainingJob.created_at)).where(TrainingJob.run_id == run_id))
-        first, last = _activity_bounds(s, run_id)
+        jobs = training.job_times(s, run_id)
+        first_job = jobs.first_created
+        first, last = _activity_bounds(s, run_id, jobs)
         experiments = _experiment_counts(s, run_id)
         by_service, total_nusd = _spend_by_service(s, run_id, started)
     return {

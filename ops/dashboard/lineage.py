@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow
-from services.training.checkpoints import Checkpoint
-from services.training.tables import Dataset, TrainingJob
+from services.evaluation import read as evaluation
+from services.training import read as training
 
 MAX_NODES = 120
 """A page stays readable: past this many nodes the graph is cut (and says so)."""
@@ -71,14 +69,12 @@ def _model_node(graph: Graph, model: str, checkpoints: set[str]) -> str:
 
 def platform_lineage(s: Session, run_id: str) -> Graph:
     graph = Graph()
-    datasets = s.scalars(select(Dataset).where(Dataset.run_id == run_id).order_by(Dataset.created_at)).all()
-    jobs = s.scalars(select(TrainingJob).where(TrainingJob.run_id == run_id).order_by(TrainingJob.created_at)).all()
-    ckpts = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.created_at)).all()
-    evals = s.scalars(select(EvaluationJob).where(EvaluationJob.run_id == run_id)
-                      .order_by(EvaluationJob.created_at)).all()
-    scores = s.scalars(select(ScoreRow).where(ScoreRow.run_id == run_id).order_by(ScoreRow.created_at)).all()
-    subs = s.scalars(select(SubmissionRow).where(SubmissionRow.run_id == run_id)
-                     .order_by(SubmissionRow.created_at)).all()
+    datasets = training.run_datasets(s, run_id)
+    jobs = training.jobs(s, run_id=run_id)
+    ckpts = training.run_checkpoints(s, run_id)
+    evals = evaluation.jobs(s, run_id=run_id)
+    scores = evaluation.scores(s, run_id=run_id)
+    subs = evaluation.submissions(s, run_id=run_id)
     ckpt_ids = {c.id for c in ckpts}
 
     for d in datasets:

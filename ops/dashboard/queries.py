@@ -1,4 +1,5 @@
-"""What the dashboard pages show, read straight from the store.
+"""What the dashboard pages show, read from the store: the platform's keys and ledger directly, the
+services' rows through their read modules.
 
 Each function takes the :class:`Store` and returns plain data (dicts, lists, numbers) for one
 page; routes run them off the event loop with ``store.call``. Money is converted from nano-USD
@@ -16,16 +17,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from billing.money import nusd_to_usd
-from jobs.lifecycle import queue_figures
 from kit.errors import NotFound
 from ops.dashboard.lineage import platform_lineage
-from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
-from services.records.tables import AuditRow
-from services.training.tables import TrainingJob
+from services.evaluation import read as evaluation
+from services.records import read as records
+from services.training import read as training
 from storage.store import Store
 from storage.tables import ApiKey, LedgerEntry
 
-ACTIVE = ("queued", "running")
 AUDIT_STATUS = "not audited"
 """What a run shows until `rsigym audit RUN` (services/records/audits) has judged it."""
 VERIFIER_TAIL = 4000
@@ -90,7 +89,7 @@ def spend_series(rows: Sequence[tuple[datetime | None, datetime, int | None]]) -
     return points
 
 
-def training_job_view(job: TrainingJob) -> dict[str, Any]:
+def training_job_view(job: training.JobView) -> dict[str, Any]:
     return {
         "id": job.id, "run_id": job.run_id, "status": job.status, "queue": job.queue, "base_model": job.base_model,
         "parent": job.parent_checkpoint_id or "", "step": job.step, "total_steps": job.total_steps,
@@ -99,7 +98,7 @@ def training_job_view(job: TrainingJob) -> dict[str, Any]:
     }
 
 
-def evaluation_job_view(job: EvaluationJob) -> dict[str, Any]:
+def evaluation_job_view(job: evaluation.JobView) -> dict[str, Any]:
     return {
         "id": job.id, "run_id": job.run_id, "purpose": job.purpose, "status": job.status, "queue": job.queue,
         "benchmark": job.benchmark, "split": job.split, "model": job.model, "harness": job.harness,
@@ -113,24 +112,10 @@ def _percent(done: int, total: int) -> int:
     return 0 if total <= 0 else max(0, min(100, round(100 * done / total)))
 
 
-def audit_statuses(s: Session, run_ids: set[str]) -> dict[tuple[str, str | None], str]:
-    """Each submission's newest audit verdict (accepted | flagged), by (run, submission id): an
-    audit vouches for the submission it judged only, as in ``rsigym report``. Submissions never
-    audited are absent."""
-    out: dict[tuple[str, str | None], str] = {}
-    if not run_ids:
-        return out
-    for row in s.execute(select(AuditRow.run_id, AuditRow.status, AuditRow.report).where(AuditRow.run_id.in_(run_ids))
-                         .order_by(AuditRow.created_at)):
-        out[(row.run_id, ((row.report or {}).get("submission") or {}).get("id"))] = row.status
-    return out
-
-
-def _score_views(s: Session, rows: Sequence[ScoreRow]) -> list[dict[str, Any]]:
+def _score_views(s: Session, rows: Sequence[evaluation.ScoreView]) -> list[dict[str, Any]]:
     """Score rows with their job's live status and score (as the evaluation service reports them)."""
-    audits = audit_statuses(s, {r.run_id for r in rows})
-    jobs = {j.id: j for j in s.scalars(select(EvaluationJob).where(
-        EvaluationJob.id.in_([r.job_id for r in rows])))} if rows else {}
+    audits = records.audit_statuses(s, {r.run_id for r in rows})
+    jobs = evaluation.jobs_by_id(s, [r.job_id for r in rows])
     views = []
     for r in rows:
         job = jobs.get(r.job_id)
@@ -159,20 +144,17 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
         ledger_total = s.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.run_id == run_id))
         ledger = s.scalars(select(LedgerEntry).where(LedgerEntry.run_id == run_id)
                            .order_by(LedgerEntry.created_at.desc()).limit(limit)).all()
-        training = s.scalars(select(TrainingJob).where(TrainingJob.run_id == run_id)
-                             .order_by(TrainingJob.created_at.desc()).limit(limit)).all()
-        evaluations = s.scalars(select(EvaluationJob).where(EvaluationJob.run_id == run_id)
-                                .order_by(EvaluationJob.created_at.desc()).limit(limit)).all()
-        scores = s.scalars(select(ScoreRow).where(ScoreRow.run_id == run_id)
-                           .order_by(ScoreRow.created_at.desc()).limit(limit)).all()
+        training_jobs = training.jobs(s, run_id=run_id, newest_first=True, limit=limit)
+        evaluations = evaluation.jobs(s, run_id=run_id, newest_first=True, limit=limit)
+        score_rows = evaluation.scores(s, run_id=run_id, newest_first=True, limit=limit)
         graph = platform_lineage(s, run_id)
         return {
             "run": _run_view(key), "child_keys": children,
             "spend": spend_series(charged),
             "ledger": [_ledger_view(r) for r in ledger], "ledger_total": ledger_total or 0,
-            "training": [training_job_view(j) for j in training],
+            "training": [training_job_view(j) for j in training_jobs],
             "evaluations": [evaluation_job_view(j) for j in evaluations],
-            "scores": _score_views(s, scores),
+            "scores": _score_views(s, score_rows),
             "graph": graph,
         }
 
@@ -183,12 +165,14 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
 def _queues(store: Store) -> list[dict[str, Any]]:
     """Depth, age of the oldest waiting job, and running jobs per queue — from the job tables,
     the same figures the gateway's queue metrics export (the broker's view may lag the table)."""
-    waiting = queue_figures(store, [TrainingJob, EvaluationJob])
+    waiting = training.job_queues(store)
+    for queue, (depth, age) in evaluation.job_queues(store).items():
+        other_depth, other_age = waiting.get(queue, (0, 0.0))
+        waiting[queue] = (other_depth + depth, max(other_age, age))
     running: dict[str, int] = {}
     with store.transaction() as s:
-        for table in (TrainingJob, EvaluationJob):
-            for queue, n in s.execute(select(table.queue, func.count()).where(table.status == "running")
-                                      .group_by(table.queue)):
+        for counts in (training.running_by_queue(s), evaluation.running_by_queue(s)):
+            for queue, n in counts.items():
                 running[queue] = running.get(queue, 0) + n
     return [{"name": q, "queued": depth, "oldest_age_s": age if depth else None, "running": running.get(q, 0)}
             for q, (depth, age) in sorted({**{q: (0, 0.0) for q in running}, **waiting}.items())]
@@ -197,15 +181,12 @@ def _queues(store: Store) -> list[dict[str, Any]]:
 def jobs(store: Store, limit: int) -> dict[str, Any]:
     queues = _queues(store)
     with store.transaction() as s:
-        training = s.scalars(select(TrainingJob).where(TrainingJob.status.in_(ACTIVE))
-                             .order_by(TrainingJob.created_at).limit(limit)).all()
-        evaluations = s.scalars(select(EvaluationJob).where(EvaluationJob.status.in_(ACTIVE))
-                                .order_by(EvaluationJob.created_at).limit(limit)).all()
-        recent = s.scalars(select(EvaluationJob).where(EvaluationJob.status.not_in(ACTIVE))
-                           .order_by(EvaluationJob.created_at.desc()).limit(20)).all()
+        training_jobs = training.jobs(s, in_flight=True, limit=limit)
+        evaluations = evaluation.jobs(s, in_flight=True, limit=limit)
+        recent = evaluation.jobs(s, in_flight=False, newest_first=True, limit=20)
         return {
             "queues": queues,
-            "training": [training_job_view(j) for j in training],
+            "training": [training_job_view(j) for j in training_jobs],
             "evaluations": [evaluation_job_view(j) for j in evaluations],
             "recent_evaluations": [evaluation_job_view(j) for j in recent],
         }
@@ -216,9 +197,9 @@ def jobs(store: Store, limit: int) -> dict[str, Any]:
 
 def scores(store: Store, limit: int) -> dict[str, Any]:
     with store.transaction() as s:
-        rows = s.scalars(select(ScoreRow).order_by(ScoreRow.created_at.desc()).limit(limit)).all()
-        subs = s.scalars(select(SubmissionRow).order_by(SubmissionRow.created_at.desc()).limit(limit)).all()
-        audits = audit_statuses(s, {r.run_id for r in subs})
+        rows = evaluation.scores(s, newest_first=True, limit=limit)
+        subs = evaluation.submissions(s, newest_first=True, limit=limit)
+        audits = records.audit_statuses(s, {r.run_id for r in subs})
         return {
             "scores": _score_views(s, rows),
             "submissions": [{"id": r.id, "run_id": r.run_id, "track": r.track or "-", "model": r.model,
@@ -232,7 +213,7 @@ def leaderboard(store: Store, split: str) -> dict[str, Any]:
     from services.evaluation.report import FORMULA, build_report, build_report_rows, group_rows
 
     with store.transaction() as s:
-        score_views = _score_views(s, s.scalars(select(ScoreRow).order_by(ScoreRow.created_at)).all())
+        score_views = _score_views(s, evaluation.scores(s))
         keys = [{"id": k.id, "name": k.name, "track": k.track}
                 for k in s.scalars(select(ApiKey).where(ApiKey.parent_id.is_(None))).all()]
     rows, notes = build_report_rows(score_views, keys, split)
@@ -255,13 +236,10 @@ def leaderboard(store: Store, split: str) -> dict[str, Any]:
 
 def evaluation_job(store: Store, job_id: str) -> dict[str, Any]:
     with store.transaction() as s:
-        job = s.get(EvaluationJob, job_id)
+        job = evaluation.job(s, job_id)
         if job is None:
             raise NotFound(f"evaluation job {job_id} not found", param="job")
-        trials = s.execute(select(TrialResultRow.id, TrialResultRow.task_id, TrialResultRow.attempt,
-                                  TrialResultRow.reward, TrialResultRow.error, TrialResultRow.finished_at)
-                           .where(TrialResultRow.job_id == job_id)
-                           .order_by(TrialResultRow.task_id, TrialResultRow.attempt)).all()
+        trials = evaluation.job_trials(s, job_id)
         return {"job": evaluation_job_view(job),
                 "trials": [{"id": t.id, "task_id": t.task_id, "attempt": t.attempt, "reward": t.reward,
                             "error": t.error or "", "finished_at": t.finished_at or ""} for t in trials]}
@@ -269,10 +247,10 @@ def evaluation_job(store: Store, job_id: str) -> dict[str, Any]:
 
 def trial(store: Store, job_id: str, trial_id: int) -> dict[str, Any]:
     with store.transaction() as s:
-        row = s.get(TrialResultRow, trial_id)
+        row = evaluation.trial(s, trial_id)
         if row is None or row.job_id != job_id:
             raise NotFound(f"trial {trial_id} of job {job_id} not found", param="trial")
-        job = s.get(EvaluationJob, job_id)
+        job = evaluation.job(s, job_id)
         return {
             "job": evaluation_job_view(job) if job else {"id": job_id},
             "trial": {"id": row.id, "task_id": row.task_id, "attempt": row.attempt, "reward": row.reward,

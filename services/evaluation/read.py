@@ -6,14 +6,22 @@ imports it (no harbor)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
-from services.evaluation.tables import BenchmarkRow, EvaluationJob, HarnessRow, ScoreRow, TrialResultRow
-from services.training.read import progress
+from services.evaluation.tables import (
+    BenchmarkRow,
+    EvaluationJob,
+    HarnessRow,
+    ScoreRow,
+    SubmissionRow,
+    TrialResultRow,
+)
+from storage.pages import listing, progress, view
 from storage.store import Store
 
 
@@ -99,3 +107,157 @@ def job_queues(store: Store) -> dict[str, tuple[int, float]]:
 def finished_jobs(store: Store) -> dict[tuple[str, str], int]:
     """("evaluation", final status) → evaluation jobs that ended so (the gateway's job gauges)."""
     return finished_counts(store, {"evaluation": EvaluationJob})
+
+
+# -- what operators read (ops/: the dashboard, the lists across runs) ---------------------------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """An evaluation job (or scoring job: ``purpose``) as the operator's pages show it."""
+
+    id: str
+    run_id: str
+    purpose: str
+    status: str
+    queue: str
+    benchmark: str
+    split: str
+    model: str
+    harness: str
+    attempts: int
+    trials_done: int
+    trials_total: int
+    score: float | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None, newest_first: bool = False,
+         limit: int | None = None) -> list[JobView]:
+    """Evaluation jobs by creation time, of one run or all (``in_flight``: only queued and running
+    ones, or with False only ended ones), in ``s``."""
+    query = select(EvaluationJob)
+    if run_id is not None:
+        query = query.where(EvaluationJob.run_id == run_id)
+    if in_flight is not None:
+        query = query.where(EvaluationJob.status.in_(OPEN) if in_flight else EvaluationJob.status.not_in(OPEN))
+    order = EvaluationJob.created_at.desc() if newest_first else EvaluationJob.created_at
+    return [view(JobView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+
+
+def job(s: Session, job_id: str) -> JobView | None:
+    """The evaluation job ``job_id`` (any run's), in ``s``."""
+    row = s.get(EvaluationJob, job_id)
+    return None if row is None else view(JobView, row)
+
+
+def jobs_by_id(s: Session, job_ids: list[str]) -> dict[str, JobView]:
+    """The evaluation jobs among ``job_ids`` that exist, by id, in ``s``."""
+    if not job_ids:
+        return {}
+    return {r.id: view(JobView, r) for r in s.scalars(select(EvaluationJob).where(EvaluationJob.id.in_(job_ids)))}
+
+
+def running_by_queue(s: Session) -> dict[str, int]:
+    """Queue → evaluation jobs running on it, in ``s``."""
+    rows = s.execute(select(EvaluationJob.queue, func.count()).where(EvaluationJob.status == "running")
+                     .group_by(EvaluationJob.queue)).tuples()
+    return dict(rows.all())
+
+
+@dataclass(frozen=True)
+class ScoreView:
+    """A score row as written when it was scored (its job may have moved on since)."""
+
+    id: str
+    run_id: str
+    agent: str | None
+    submission_id: str | None
+    benchmark: str
+    split: str
+    model: str
+    harness: str
+    attempts: int
+    job_id: str
+    score: float | None
+    status: str
+    created_at: datetime
+
+
+def scores(s: Session, *, run_id: str | None = None, newest_first: bool = False,
+           limit: int | None = None) -> list[ScoreView]:
+    """Score rows by creation time, of one run or all, in ``s``."""
+    query = select(ScoreRow) if run_id is None else select(ScoreRow).where(ScoreRow.run_id == run_id)
+    order = ScoreRow.created_at.desc() if newest_first else ScoreRow.created_at
+    return [view(ScoreView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+
+
+@dataclass(frozen=True)
+class SubmissionView:
+    """A submission: what model with which harness a run put forward."""
+
+    id: str
+    run_id: str
+    track: str | None
+    checkpoint_id: str | None
+    model: str
+    harness: str
+    created_at: datetime
+
+
+def submissions(s: Session, *, run_id: str | None = None, newest_first: bool = False,
+                limit: int | None = None) -> list[SubmissionView]:
+    """Submissions by creation time, of one run or all, in ``s``."""
+    query = select(SubmissionRow) if run_id is None else select(SubmissionRow).where(SubmissionRow.run_id == run_id)
+    order = SubmissionRow.created_at.desc() if newest_first else SubmissionRow.created_at
+    return [view(SubmissionView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """A trial as a job's trial list shows it."""
+
+    id: int
+    task_id: str
+    attempt: int
+    reward: float | None
+    error: str | None
+    finished_at: str | None
+
+
+@dataclass(frozen=True)
+class Trial(TrialSummary):
+    """A trial in full: its job, sandbox, the agent's trajectory and what the verifier and agent printed."""
+
+    job_id: str
+    started_at: str | None
+    sandbox_id: str | None
+    trajectory: dict[str, Any] | None
+    verifier_output: str
+    agent_output: str
+
+
+def job_trials(s: Session, job_id: str) -> list[TrialSummary]:
+    """The job's trials by task and attempt (their trajectories left unread), in ``s``."""
+    rows = s.execute(select(TrialResultRow.id, TrialResultRow.task_id, TrialResultRow.attempt,
+                            TrialResultRow.reward, TrialResultRow.error, TrialResultRow.finished_at)
+                     .where(TrialResultRow.job_id == job_id)
+                     .order_by(TrialResultRow.task_id, TrialResultRow.attempt))
+    return [view(TrialSummary, r) for r in rows]
+
+
+def trial(s: Session, trial_id: int) -> Trial | None:
+    """The trial ``trial_id`` (any job's), in ``s``."""
+    row = s.get(TrialResultRow, trial_id)
+    return None if row is None else view(Trial, row)
+
+
+EVALUATION_JOBS = listing(EvaluationJob, EvaluationJob.created_at,
+                          ("id", "run_id", "key_id", "purpose", "status", "benchmark", "split", "model", "harness",
+                           "attempts", "trials_done", "trials_total", "score", "experiment_id", "error",
+                           "created_at", "started_at", "finished_at"),
+                          EvaluationJob.status)
+SUBMISSIONS = listing(SubmissionRow, SubmissionRow.created_at,
+                      ("id", "run_id", "key_id", "track", "checkpoint_id", "model", "harness", "created_at"))

@@ -4,19 +4,17 @@ views, never the table classes, so training's tables stay its own."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
-from services.training.tables import TrainingJob
+from services.training.checkpoints import Checkpoint
+from services.training.tables import Dataset, TrainingJob
+from storage.pages import listing, progress, view
 from storage.store import Store
-
-
-def progress(done: int, total: int) -> float | None:
-    """A job's fraction done; None when its size is unknown."""
-    return None if total <= 0 else min(1.0, done / total)
 
 
 def unfinished_jobs(s: Session, run_id: str) -> list[dict[str, Any]]:
@@ -65,3 +63,105 @@ def job_queues(store: Store) -> dict[str, tuple[int, float]]:
 def finished_jobs(store: Store) -> dict[tuple[str, str], int]:
     """("training", final status) → training jobs that ended so (the gateway's job gauges)."""
     return finished_counts(store, {"training": TrainingJob})
+
+
+# -- what operators read (ops/: the dashboard, a run's timeline, the lists across runs) --------
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A training job as the operator's pages show it."""
+
+    id: str
+    run_id: str
+    status: str
+    queue: str
+    base_model: str
+    parent_checkpoint_id: str | None
+    dataset_ids: list[str]
+    step: int
+    total_steps: int
+    cost_nusd: int
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None, newest_first: bool = False,
+         limit: int | None = None) -> list[JobView]:
+    """Training jobs by creation time, of one run or all (``in_flight``: only queued and running
+    ones, or with False only ended ones), in ``s``."""
+    query = select(TrainingJob)
+    if run_id is not None:
+        query = query.where(TrainingJob.run_id == run_id)
+    if in_flight is not None:
+        query = query.where(TrainingJob.status.in_(OPEN) if in_flight else TrainingJob.status.not_in(OPEN))
+    order = TrainingJob.created_at.desc() if newest_first else TrainingJob.created_at
+    return [view(JobView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+
+
+def running_by_queue(s: Session) -> dict[str, int]:
+    """Queue → training jobs running on it, in ``s``."""
+    rows = s.execute(select(TrainingJob.queue, func.count()).where(TrainingJob.status == "running")
+                     .group_by(TrainingJob.queue)).tuples()
+    return dict(rows.all())
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """When a run's training jobs were first and last created and last finished (None: none was)."""
+
+    first_created: datetime | None
+    last_created: datetime | None
+    last_finished: datetime | None
+
+
+def job_times(s: Session, run_id: str) -> JobTimes:
+    """The run's :class:`JobTimes` (its timeline), in ``s``."""
+    first, last, finished = s.execute(
+        select(func.min(TrainingJob.created_at), func.max(TrainingJob.created_at), func.max(TrainingJob.finished_at))
+        .where(TrainingJob.run_id == run_id)).one()
+    return JobTimes(first, last, finished)
+
+
+@dataclass(frozen=True)
+class DatasetView:
+    """A dataset as a run's lineage shows it."""
+
+    id: str
+    name: str | None
+    format: str
+    rows: int
+
+
+def run_datasets(s: Session, run_id: str) -> list[DatasetView]:
+    """The run's datasets, oldest first, in ``s``."""
+    rows = s.scalars(select(Dataset).where(Dataset.run_id == run_id).order_by(Dataset.created_at))
+    return [view(DatasetView, r) for r in rows]
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A checkpoint as a run's lineage shows it: the job that wrote it and its step."""
+
+    id: str
+    job_id: str
+    step: int
+
+
+def run_checkpoints(s: Session, run_id: str) -> list[CheckpointView]:
+    """The run's checkpoints, oldest first, in ``s``."""
+    rows = s.scalars(select(Checkpoint).where(Checkpoint.run_id == run_id).order_by(Checkpoint.created_at))
+    return [view(CheckpointView, r) for r in rows]
+
+
+DATASETS = listing(Dataset, Dataset.created_at,
+                   ("id", "run_id", "key_id", "name", "sha256", "format", "rows", "bytes", "created_at"))
+TRAINING_JOBS = listing(TrainingJob, TrainingJob.created_at,
+                        ("id", "run_id", "key_id", "status", "base_model", "parent_checkpoint_id", "dataset_ids",
+                         "config_hash", "loss_module_hash", "experiment_id", "step", "total_steps", "cost_nusd",
+                         "error", "created_at", "started_at", "finished_at"),
+                        TrainingJob.status)
+CHECKPOINTS = listing(Checkpoint, Checkpoint.created_at,
+                      ("id", "run_id", "job_id", "base_model", "parent_checkpoint_id", "dataset_hashes",
+                       "config_hash", "loss_module_hash", "step", "weights_hash", "experiment_id", "created_at"))
