@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs.lifecycle import merged_figures
 from kit.errors import StoreUnavailable
 from services.evaluation import read as evaluation
 from services.training import read as training
@@ -95,16 +96,6 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-def _merged(parts: list[dict[str, tuple[int, float]]]) -> dict[str, tuple[int, float]]:
-    """queue → (jobs waiting, oldest one's age in seconds), summed over each service's figures."""
-    figures: dict[str, tuple[int, float]] = {}
-    for part in parts:
-        for queue, (depth, age) in part.items():
-            old_depth, old_age = figures.get(queue, (0, 0.0))
-            figures[queue] = (old_depth + depth, max(old_age, age))
-    return figures
-
-
 class JobQueueCollector(Collector):
     """Queue depth and oldest-job age per queue, and jobs finished by kind and status, read from
     the job tables: every replica and worker writes there, so any gateway reports the whole gym,
@@ -115,7 +106,7 @@ class JobQueueCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         try:
-            figures = _merged([training.job_queues(self.store), evaluation.job_queues(self.store)])
+            figures = merged_figures([training.job_queues(self.store), evaluation.job_queues(self.store)])
             finished = training.finished_jobs(self.store) | evaluation.finished_jobs(self.store)
         except StoreUnavailable:
             log.warning("/metrics: job queues skipped, the store cannot be reached")

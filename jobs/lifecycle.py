@@ -580,6 +580,16 @@ def queue_figures(store: Store, tables: list[Any]) -> dict[str, tuple[int, float
     return figures
 
 
+def merged_figures(parts: list[dict[str, tuple[int, float]]]) -> dict[str, tuple[int, float]]:
+    """Queue figures of several job tables as one: depths summed, the oldest age kept."""
+    figures: dict[str, tuple[int, float]] = {}
+    for part in parts:
+        for queue, (depth, age) in part.items():
+            old_depth, old_age = figures.get(queue, (0, 0.0))
+            figures[queue] = (old_depth + depth, max(old_age, age))
+    return figures
+
+
 def finished_counts(store: Store, tables: dict[str, Any]) -> dict[tuple[str, str], int]:
     """(kind, final status) → jobs that ended so. Job rows are never deleted, so this is a counter
     that every finisher (any worker, any reaper) has counted by writing its row."""

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from billing.money import nusd_to_usd
+from jobs.lifecycle import merged_figures
 from kit.errors import NotFound
 from ops.dashboard.lineage import platform_lineage
 from services.evaluation import read as evaluation
@@ -165,10 +166,7 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
 def _queues(store: Store) -> list[dict[str, Any]]:
     """Depth, age of the oldest waiting job, and running jobs per queue — from the job tables,
     the same figures the gateway's queue metrics export (the broker's view may lag the table)."""
-    waiting = training.job_queues(store)
-    for queue, (depth, age) in evaluation.job_queues(store).items():
-        other_depth, other_age = waiting.get(queue, (0, 0.0))
-        waiting[queue] = (other_depth + depth, max(other_age, age))
+    waiting = merged_figures([training.job_queues(store), evaluation.job_queues(store)])
     running: dict[str, int] = {}
     with store.transaction() as s:
         for counts in (training.running_by_queue(s), evaluation.running_by_queue(s)):
