@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -17,6 +17,31 @@ from kit.file_errors import read_model
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class StandinStep(_Strict):
+    """One step of a stand-in model's script (services/rollout/standin.py): a tool call or a text.
+
+    ``tool``: the tool to call, or candidate names of which the first one the request declares is
+    called (matched exactly, or as the part after ``__`` or ``.``: Claude Code names MCP tools
+    ``mcp__<server>__<tool>``); ``arguments``: its JSON arguments. ``say``: a text answer."""
+
+    tool: str | list[str] | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    say: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StandinStep:
+        if (self.tool is None) == (self.say is None):
+            raise ValueError("a script step is either a tool call ({tool, arguments}) or a text ({say})")
+        if self.say is not None and self.arguments:
+            raise ValueError("a text step ({say}) takes no arguments")
+        if isinstance(self.tool, list) and not self.tool:
+            raise ValueError("a tool step names at least one tool")
+        return self
+
+    def candidates(self) -> list[str]:
+        return [self.tool] if isinstance(self.tool, str) else list(self.tool or [])
 
 
 class RolloutModel(_Strict):
@@ -33,9 +58,17 @@ class RolloutModel(_Strict):
     deterministic arithmetic, a fixed passage, a literal-signs judge) runs inside the rollout
     service and is reached over the OpenAI API in-process — no key, no network. It lets a
     gym run offline; it is no frontier model (and no real judge)."""
+    script: list[StandinStep] | None = None
+    """``served_by = "standin"`` only: a trajectory the stand-in plays as this model — step k
+    answers a conversation holding k assistant turns after its last user question; once the
+    script is played out it answers the question (services/rollout/standin.py). It lets a test or
+    demo drive an unmodified agent CLI through tool calls offline."""
     input_usd_per_mtok: float = Field(ge=0)
     output_usd_per_mtok: float = Field(ge=0)
     max_output_tokens: int | None = Field(default=None, gt=0)
+    """The most output tokens this model may be asked for (its provider's limit, e.g. 64000): it
+    bounds ``max_tokens`` on every route in place of the catalogue-wide ``max_tokens_cap``. The
+    reservation still covers the worst case, ``max_tokens`` × the output price."""
     max_image_tokens: int = Field(default=4096, gt=0)
     """Most input tokens the provider bills for one inline image (it is reserved per image,
     whatever its size). The default covers GPT-4o/4.1 (≤ ~2.5k), Claude (≤ ~1.6k) and Gemini
@@ -51,6 +84,8 @@ class RolloutModel(_Strict):
             if self.api_base is not None or self.api_key_env is not None:
                 raise ValueError(f"{self.name}: a stand-in model runs in the rollout service; drop api_base "
                                  "and api_key_env (or set served_by = \"provider\")")
+        elif self.script is not None:
+            raise ValueError(f"{self.name}: only a stand-in model plays a script (served_by = \"standin\")")
         return self
 
 
@@ -64,7 +99,10 @@ class RolloutConfig(_Strict):
     cost ~10 ms a call. ``false``: every model through LiteLLM."""
     models: list[RolloutModel] = Field(default_factory=list)
     default_max_tokens: int = Field(default=1024, gt=0)
+    """``max_tokens`` of a call that leaves it out (under the model's cap)."""
     max_tokens_cap: int = Field(default=8192, gt=0)
+    """The most ``max_tokens`` of a call to a model that declares no ``max_output_tokens`` (a
+    model's own ``max_output_tokens`` replaces it, above or below)."""
     request_timeout_s: float = Field(default=120.0, gt=0)
     num_retries: int = Field(default=0, ge=0, le=0)
     """Must be 0: a retry inside one metered call would bill attempts whose usage the gym
@@ -77,10 +115,21 @@ class RolloutConfig(_Strict):
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"duplicate rollout model names: {sorted(dupes)}")
+        _one_script_per_standin(models)
         return models
 
     def model(self, name: str) -> RolloutModel | None:
         return next((m for m in self.models if m.name == name), None)
+
+
+def _one_script_per_standin(models: list[RolloutModel]) -> None:
+    """The stand-in knows a model by the name it is sent (``litellm_model``): two stand-in models
+    sent under one name must not play different scripts (in one catalogue or across the two)."""
+    scripts: dict[str, list[StandinStep] | None] = {}
+    for m in models:
+        if m.served_by == "standin" and scripts.setdefault(m.litellm_model, m.script) != m.script:
+            raise ValueError(f"{m.name}: another stand-in model with litellm_model {m.litellm_model!r} plays "
+                             "a different script; give each scripted model its own litellm_model")
 
 
 class LedgerConfig(_Strict):
@@ -358,6 +407,11 @@ class GymConfig(_Strict):
         if dupes:
             raise ValueError(f"duplicate agent model names: {sorted(dupes)}")
         return models
+
+    @model_validator(mode="after")
+    def _scripts_across_catalogues(self) -> GymConfig:
+        _one_script_per_standin([*self.rollout.models, *self.agent_models])
+        return self
 
     def agent_catalogue(self) -> RolloutConfig:
         """The rollout settings with the agent models as the catalogue (what the agent route serves)."""

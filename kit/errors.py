@@ -172,6 +172,20 @@ def validated[M: BaseModel](model: type[M], data: Any, *, what: str, error: type
         raise (error or Unprocessable)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err
 
 
+def parsed_request[M: BaseModel](schema: type[M], body: Any) -> M:
+    """An API request body as ``schema``, or one 422 naming the first problem's field — ``unsupported
+    field 'x'`` for a field the schema forbids, else ``<field>: <pydantic's message>`` (the
+    OpenAI-style routes' wording: rollout chat, Responses, Anthropic Messages)."""
+    try:
+        return schema.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            raise Unprocessable(f"unsupported field {param!r}", param=param) from None
+        raise Unprocessable(f"{param}: {first['msg']}", param=param) from None
+
+
 class PayloadTooLarge(GymError):
     """One object (a dataset, a harness archive or what it unpacks to, a checkpoint …) is over its
     per-object size limit, whatever the run's storage quota says; or a request body over its route's

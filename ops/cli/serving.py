@@ -154,14 +154,22 @@ def run_relay(
 def standin(
     port: Annotated[int, typer.Option("--port")] = 8799,
     api_key_env: Annotated[str, typer.Option("--api-key-env", help="Env var holding the key it accepts.")] = "STANDIN_API_KEY",
+    script: Annotated[Path | None, typer.Option(
+        "--script", help='JSON file {"<model>": [{"tool": ..., "arguments": {...}} | {"say": ...}, ...]}: '
+                         "the trajectory each model plays before it answers.")] = None,
 ) -> None:
     """Run the offline stand-in for a frontier-model API (see services/rollout/standin.py)."""
     import uvicorn
+    from pydantic import ValidationError
 
     from kit.settings import ProviderSecrets
-    from services.rollout.standin import create_standin_app
+    from services.rollout.standin import create_standin_app, load_scripts
 
     key = ProviderSecrets().get(api_key_env)
     if not key:
         raise SystemExit(f"set {api_key_env} to the key the stand-in should accept")
-    uvicorn.run(create_standin_app(key), host="127.0.0.1", port=port, log_level="warning")
+    try:
+        scripts = load_scripts(script) if script else None
+    except (OSError, ValidationError) as err:
+        raise SystemExit(f"{script}: not a stand-in script: {err}") from None
+    uvicorn.run(create_standin_app(key, scripts=scripts), host="127.0.0.1", port=port, log_level="warning")

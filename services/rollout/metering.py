@@ -61,11 +61,20 @@ def catalogue_model(config: RolloutConfig, name: str) -> RolloutModel:
     return model
 
 
+def max_tokens_cap(model: RolloutModel, config: RolloutConfig) -> int:
+    """The most ``max_tokens`` a call to ``model`` may ask for: the model's own
+    ``max_output_tokens`` when it declares one (above or below the catalogue's cap: a model that
+    writes 64000 tokens is asked for them by Claude Code), else the catalogue-wide
+    ``max_tokens_cap``. The reservation covers whatever is asked (``max_tokens`` × output price)."""
+    return model.max_output_tokens or config.max_tokens_cap
+
+
 def effective_max_tokens(request: ChatRequest, model: RolloutModel, config: RolloutConfig) -> int:
-    cap = min(config.max_tokens_cap, model.max_output_tokens or config.max_tokens_cap)
+    cap = max_tokens_cap(model, config)
     asked = request.requested_max_tokens()
     if asked is not None and asked > cap:
-        raise Unprocessable(f"max_tokens may be at most {cap} for {model.name}", param="max_tokens")
+        whose = "its max_output_tokens" if model.max_output_tokens else "the catalogue's max_tokens_cap"
+        raise Unprocessable(f"max_tokens may be at most {cap} for {model.name} ({whose})", param="max_tokens")
     return asked or min(config.default_max_tokens, cap)
 
 

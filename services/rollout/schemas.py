@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from kit.errors import PermissionDenied, Unprocessable
+from kit.errors import PermissionDenied, Unprocessable, parsed_request
 
 FETCHING_FIELDS = {
     "web_search_options": "web search",
@@ -145,14 +145,7 @@ def _check_part(part: Any, where: str) -> None:
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     refuse_fetching(body)
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as err:
-        first = err.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        if first["type"] == "extra_forbidden":
-            raise Unprocessable(f"unsupported field {param!r}", param=param) from err
-        raise Unprocessable(f"{param}: {first['msg']}", param=param) from err
+    return parsed_request(ChatRequest, body)
 
 
 CHAT_SYNONYMS = {"max_completion_tokens": "max_tokens"}

@@ -3,8 +3,22 @@
 Frontier providers need the internet, which offline demos and the test suite do not have.
 This small server speaks the same protocol (chat completions, streaming with usage, tool
 calls, bearer auth), so the rollout service talks to it through LiteLLM exactly as it would
-to a real provider. It is *not* a model: it answers ``a + b`` / ``a - b`` questions, calls the
-first offered tool when asked to use tools, and otherwise talks until ``max_tokens``.
+to a real provider. It is *not* a model. It plays one well enough to drive a real agent CLI:
+
+* It answers the question of the last user turn — ``a + b`` / ``a - b`` / ``a * b``, otherwise a
+  fixed passage until ``max_tokens`` — ignoring system prompts, tool definitions and the blocks
+  clients add to user turns (Claude Code's ``<system-reminder>``, Codex's
+  ``<environment_context>``: any text part that is one whole ``<tag …>…</tag>`` block).
+* Offered tools are not called on their own; a call is forced by ``tool_choice`` ``"required"``
+  (the first tool) or a named function, with ``{"query": <the question>}`` as arguments.
+* A model may be given a **script** (``create_standin_app(scripts={model: steps})``,
+  ``rsigym standin --script FILE``, or a stand-in catalogue model's ``script``,
+  kit/config.py ``StandinStep``): step k is played when the conversation holds k assistant
+  turns after its last user question — a tool call (the first of its candidate names the
+  request declares, exactly or as the part after ``__`` / ``.``) or a text — and once the
+  script is played out it answers the question. Scripts come from its configuration, never
+  from a request.
+* Personas: the audit judge and the research-DAG roles, recognized by their system prompts.
 
 Run it with ``rsigym standin --port 8799``; it refuses requests without its bearer key.
 """
@@ -17,11 +31,15 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import TypeAdapter
+
+from kit.config import StandinStep
 
 PASSAGE = (
     "Research is the slow craft of asking a question precisely enough that the world can answer it. "
@@ -69,7 +87,36 @@ def _prompt_tokens(model: str, body: dict[str, Any]) -> int:
     return tokens
 
 
+_WHOLE_TAG = re.compile(r"\A\s*<([A-Za-z][^<>]*)>.*</([A-Za-z][^<>]*)>\s*\Z", re.S)
+
+
+def is_scaffolding(text: str) -> bool:
+    """A text part that is one whole ``<tag …>…</tag>`` block: what a client adds to a user turn
+    (``<system-reminder>``, ``<environment_context>``, ``<permissions instructions>`` …)."""
+    match = _WHOLE_TAG.match(text)
+    return match is not None and match.group(1).startswith(match.group(2).strip())
+
+
+def _user_text(message: dict[str, Any]) -> str:
+    """What the user wrote in a message: its text without client scaffolding."""
+    content = message.get("content")
+    parts = content if isinstance(content, list) else [{"type": "text", "text": str(content or "")}]
+    texts = [p.get("text") or "" for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return " ".join(t.strip() for t in texts if t.strip() and not is_scaffolding(t))
+
+
+def _question(messages: list[dict[str, Any]]) -> tuple[str, int]:
+    """The last user question and how many assistant turns came after it."""
+    turns = 0
+    for message in reversed(messages):
+        if message.get("role") == "user" and (text := _user_text(message)):
+            return text, turns
+        turns += message.get("role") == "assistant"
+    return "", turns
+
+
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user message, whatever it holds (the personas' material)."""
     for message in reversed(messages):
         if message.get("role") == "user":
             content = message.get("content")
@@ -146,34 +193,90 @@ def research_answer(system: str, material: str) -> str:
     return json.dumps({"error": f"the stand-in has no script for role {role!r}"})
 
 
-def _reply(body: dict[str, Any], judge_rules: list[tuple[str, str, str]] | None = None) -> tuple[
-        str, list[dict[str, Any]] | None]:
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _declared(body: dict[str, Any]) -> list[str]:
+    return [str((t.get("function") or {}).get("name")) for t in body.get("tools") or [] if isinstance(t, dict)]
+
+
+def _tool_named(candidates: list[str], declared: list[str]) -> str | None:
+    """The first candidate the request declares: exactly, else as the part after ``__`` or ``.``
+    (``Bash`` matches ``mcp__gym__Bash``; ``exec_command`` matches ``shell.exec_command``)."""
+    for name in candidates:
+        if name in declared:
+            return name
+        found = next((d for d in declared if d.rsplit("__", 1)[-1] == name or d.rsplit(".", 1)[-1] == name), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _play(step: StandinStep, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]] | None]:
+    if step.say is not None:
+        return step.say, None
+    candidates = step.candidates()
+    name = _tool_named(candidates, _declared(body))
+    if name is None:
+        return f"stand-in script: none of {candidates} is a declared tool", None
+    return "", [_call(name, step.arguments)]
+
+
+def _answer(question: str) -> str:
+    match = ARITHMETIC.search(question)
+    if match:
+        a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+        return str(a + b if op == "+" else a - b if op == "-" else a * b)
+    return PASSAGE
+
+
+def _forced_tool(body: dict[str, Any]) -> str | None:
+    """The tool ``tool_choice`` forces: a named function, or the first tool for ``"required"``."""
+    choice, declared = body.get("tool_choice"), _declared(body)
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return name if name in declared else None
+    return declared[0] if choice == "required" and declared else None
+
+
+def _reply(body: dict[str, Any], judge_rules: list[tuple[str, str, str]] | None = None,
+           script: list[StandinStep] | None = None) -> tuple[str, list[dict[str, Any]] | None]:
     messages = body["messages"]
     system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
     if system.startswith(JUDGE_MARKER):
         return judge_answer(system, _last_user_text(messages), judge_rules), None
     if system.startswith(RESEARCH_MARKER):
         return research_answer(system, _last_user_text(messages)), None
-    tools = body.get("tools") or []
-    if tools and body.get("tool_choice") != "none" and messages[-1].get("role") == "user":
-        fn = tools[0]["function"]
-        call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                "function": {"name": fn["name"], "arguments": json.dumps({"query": _last_user_text(messages)})}}
-        return "", [call]
-    match = ARITHMETIC.search(_last_user_text(messages))
-    if match:
-        a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
-        return str(a + b if op == "+" else a - b if op == "-" else a * b), None
-    return PASSAGE, None
+    question, turns = _question(messages)
+    if script and turns < len(script) and body.get("tool_choice") != "none":
+        return _play(script[turns], body)
+    forced = _forced_tool(body)
+    if forced is not None and messages[-1].get("role") == "user":
+        return "", [_call(forced, {"query": question})]
+    return _answer(question), None
 
 
-def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
-    """``token_delay_s`` paces streamed tokens like a real provider (0 = as fast as possible)."""
+_SCRIPTS = TypeAdapter(dict[str, list[StandinStep]])
+
+
+def load_scripts(path: str | Path) -> dict[str, list[StandinStep]]:
+    """Scripts from a JSON file: ``{"<model>": [{"tool": …, "arguments": {…}} | {"say": …}, …]}``."""
+    return _SCRIPTS.validate_json(Path(path).read_bytes())
+
+
+def create_standin_app(api_key: str, token_delay_s: float = 0.0,
+                       scripts: Mapping[str, Sequence[StandinStep | Mapping[str, Any]]] | None = None) -> FastAPI:
+    """``token_delay_s`` paces streamed tokens like a real provider (0 = as fast as possible).
+    ``scripts``: the steps each model (by the name requests send) plays (see the module docstring);
+    kept as ``app.state.scripts``, where the in-process rollout backend adds its catalogue's."""
     app = FastAPI(title="rsigym-standin-provider", docs_url=None, redoc_url=None, openapi_url=None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})  # as the gym's apps
     app.state.requests = []
     app.state.judge_rules = []
     """(category, code, sign) the stand-in judge applies first (see :func:`judge_answer`)."""
+    app.state.scripts = _SCRIPTS.validate_python({k: list(v) for k, v in (scripts or {}).items()})
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Any:
@@ -184,11 +287,13 @@ def create_standin_app(api_key: str, token_delay_s: float = 0.0) -> FastAPI:
         app.state.requests.append(body)
         model = body.get("model", "standin")
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 256)
-        text, calls = _reply(body, app.state.judge_rules)
+        text, calls = _reply(body, app.state.judge_rules, app.state.scripts.get(model))
         tokens = _encode(text)[:max_tokens]
         finish = "tool_calls" if calls else ("length" if len(_encode(text)) > max_tokens else "stop")
         text = _decode(tokens)
-        usage = {"prompt_tokens": _prompt_tokens(model, body), "completion_tokens": len(tokens) + (8 if calls else 0)}
+        # A call's name and arguments are generated too (8 tokens of framing), within max_tokens.
+        called = sum(8 + len(_encode(c["function"]["name"] + c["function"]["arguments"])) for c in calls or [])
+        usage = {"prompt_tokens": _prompt_tokens(model, body), "completion_tokens": min(max_tokens, len(tokens) + called)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
         if not body.get("stream"):

@@ -80,12 +80,17 @@ def test_tool_calls_come_back_in_openai_shape(live: Any) -> None:
     tools = [{"type": "function", "function": {"name": "search_notes", "description": "search",
                                                "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
     completion = oai.chat.completions.create(
-        model="teacher", messages=[{"role": "user", "content": "find lora notes"}], tools=tools, max_tokens=32
+        model="teacher", messages=[{"role": "user", "content": "find lora notes"}], tools=tools, max_tokens=32,
+        tool_choice="required",
     )
     call = completion.choices[0].message.tool_calls[0]
     assert call.function.name == "search_notes"
     assert json.loads(call.function.arguments) == {"query": "find lora notes"}
     assert completion.choices[0].finish_reason == "tool_calls"
+    # Offered, not forced: the stand-in answers (an agent CLI offers its tools on every turn).
+    answer = oai.chat.completions.create(
+        model="teacher", messages=[{"role": "user", "content": "What is 2 + 3?"}], tools=tools, max_tokens=32)
+    assert answer.choices[0].message.content == "5" and not answer.choices[0].message.tool_calls
 
 
 @pytest.mark.parametrize(

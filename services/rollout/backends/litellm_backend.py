@@ -72,19 +72,25 @@ class _StandinClient:
 
     def __init__(self) -> None:
         self._client: Any = None
+        self._app: Any = None
 
-    def get(self) -> Any:
+    def get(self, model: RolloutModel) -> Any:
         if self._client is None:
             import openai
 
             from services.rollout.standin import create_standin_app
 
             key = secrets.token_urlsafe(24)
-            transport = httpx.ASGITransport(app=create_standin_app(key))
+            self._app = create_standin_app(key)
+            transport = httpx.ASGITransport(app=self._app)
             # openai >= 3 is typed against its httpx fork but takes an httpx client (checked by the tests)
             http = httpx.AsyncClient(transport=transport, trust_env=False)
             self._client = openai.AsyncOpenAI(api_key=key, base_url="http://standin.internal/v1", max_retries=0,
                                               http_client=http)  # type: ignore[arg-type]
+        # The model's script (kit/config.py) is the stand-in's own configuration, keyed by the name
+        # LiteLLM sends it (litellm_model without ``openai/``); set per call, as this backend serves
+        # both the rollout and the agent catalogues.
+        self._app.state.scripts[model.litellm_model.removeprefix("openai/")] = model.script or []
         return self._client
 
 
@@ -107,7 +113,7 @@ class LiteLLMBackend:
             **request.sampling_params(),
         }
         if model.served_by == "standin":
-            kwargs["client"] = self._standin.get()
+            kwargs["client"] = self._standin.get(model)
             return kwargs
         if model.api_base:
             kwargs["api_base"] = model.api_base

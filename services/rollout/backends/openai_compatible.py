@@ -242,6 +242,9 @@ class OpenAICompatibleBackend:
     async def _open(self, model: RolloutModel, url: str, content: bytes, headers: dict[str, str]) -> _Answer:
         if model.served_by == "standin":
             client = await self._standin.get()
+            # The model's script (kit/config.py) is the stand-in's own configuration, keyed by the name
+            # it is sent; set on each call, as this backend serves both the rollout and agent catalogues.
+            self._standin_app.state.scripts[model.litellm_model.removeprefix(OPENAI_PREFIX)] = model.script or []
             return _Answer(await client.send(client.build_request("POST", url, content=content, headers=headers),
                                              stream=True))
         # No redirects followed (as with httpx): a provider's answer is the answer.
