@@ -8,6 +8,11 @@ and cost headers as a call on ``/rollout/v1`` or ``/inference/v1``, which stay. 
 wins over a base model's (the gym config refuses one name in both); anything else, checkpoint ids
 included, is the inference service's to resolve or refuse.
 
+``POST /openai/v1/responses`` (the OpenAI Responses API) is the rollout service's, which serves
+it as the chat it translates to (services/rollout/responses.py): a catalogue name is forwarded
+there; the inference service has no Responses API, so any other model is a 400 naming the route
+that does serve it (chat completions), before anything is parsed further or held.
+
 ``GET /openai/v1/models`` lists both services' models, each as its own route lists them for this
 key; a service the key is not granted is left out rather than refused (a harness-track key sees no
 catalogue), so listing models never lands a refusal on the run's record.
@@ -24,11 +29,12 @@ from fastapi.responses import Response
 from gateway.auth import authenticate, presented_key
 from gateway.context import gateway_of
 from gateway.proxy import check_grant, forward
-from kit.errors import PermissionDenied
+from kit.errors import InvalidRequest, PermissionDenied
 
 router = APIRouter(prefix="/openai/v1")
 
 CHAT = "v1/chat/completions"
+RESPONSES = "v1/responses"
 SERVICES = ("rollout", "inference")
 
 
@@ -49,6 +55,19 @@ async def chat(request: Request) -> Response:
     model = _model_of(await request.body())
     service = "rollout" if model is not None and gw.config.rollout.model(model) is not None else "inference"
     return await forward(request, service, CHAT)
+
+
+@router.post("/responses", response_model=None)
+async def responses(request: Request) -> Response:
+    """The Responses API with a catalogue model (the rollout service's); refused for any other."""
+    gw = gateway_of(request)
+    await authenticate(gw, presented_key(request))
+    model = _model_of(await request.body())
+    if model is None or gw.config.rollout.model(model) is None:
+        raise InvalidRequest(f"model {model!r} is not served on the Responses API here: only the rollout catalogue's "
+                             "models are; base models and checkpoints answer on /openai/v1/chat/completions",
+                             param="model")
+    return await forward(request, "rollout", RESPONSES)
 
 
 @router.get("/models")

@@ -103,6 +103,21 @@ def sse(payload: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+def sse_events(piece: bytes) -> list[bytes]:
+    """The events of a chunk of an SSE stream that holds whole events (as the gym's own streams
+    are written: one or more ``…\n\n`` per chunk)."""
+    return [e for e in piece.split(b"\n\n") if e.strip()]
+
+
+def sse_data(event: bytes) -> Any:
+    """An event's ``data:`` as JSON (None for ``[DONE]`` or an event without data)."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            text = line[5:].strip()
+            return None if text == b"[DONE]" else json.loads(text)
+    return None
+
+
 def request_id_of(request: Request) -> str:
     rid = getattr(request.state, "request_id", None)
     if rid is None:

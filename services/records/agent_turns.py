@@ -4,9 +4,12 @@ agent route (``/agent/v1/…``), kept by the platform as it happened.
 A row holds what the agent sent and what came back (for a stream: the assembled text and
 tool calls), the provider's usage and the cost charged on the run's agent-model meter. The
 operator reads it (``GET /admin/v1/runs/{run}/trajectory``) and the audits' behaviour check
-judges it (services/records/audits/run.py). Rows are bounded: a request or response whose JSON
-is longer than :data:`MAX_FIELD_CHARS` is stored as its head with ``truncated`` set, so one
-huge prompt cannot grow the store without limit; the cost and usage are always exact.
+judges it (services/records/audits/run.py). Rows are bounded, so one huge prompt cannot grow
+the store without limit: a request longer than :data:`MAX_FIELD_CHARS` of JSON first loses what
+every turn repeats — tool definitions are kept by name, the oldest messages of the conversation
+(earlier turns hold them) are dropped — so that what the agent sent last stays readable (a coding
+CLI's requests are 50–100 kB, most of it tool schemas); whatever is still too long is stored as its
+head. Either way ``truncated`` is set; the cost and usage are always exact.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ MAX_FIELD_CHARS = 64 * 1024
 MAX_RENDER_CHARS = 4000
 """Most characters of one message shown per turn in the text rendering (the audit's judge)."""
 
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "responses"]
+"""The API a turn was made in: OpenAI chat completions, Anthropic Messages, OpenAI Responses."""
 
 
 class AgentTurn(Base):
     __tablename__ = "agent_turns"
-    __table_args__ = (CheckConstraint("api IN ('openai', 'anthropic')", name="api_known"),)
+    __table_args__ = (CheckConstraint("api IN ('openai', 'anthropic', 'responses')", name="api_known"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     """Store-wide order of turns (a run's turns are its rows in ``seq`` order)."""
@@ -51,12 +55,49 @@ class AgentTurn(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+def _chars(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+
+
+def _tool_name(tool: Any) -> Any:
+    if not isinstance(tool, dict):
+        return tool
+    return tool.get("name") or (tool.get("function") or {}).get("name") or tool.get("type")
+
+
+def _slimmed(value: dict[str, Any], chars: int) -> dict[str, Any]:
+    """``value`` without what every turn repeats: tools by name, then the oldest conversation items
+    while it is too long (the newest always stays)."""
+    slim = dict(value)
+    if isinstance(slim.get("tools"), list):
+        slim["tools"] = [_tool_name(t) for t in slim["tools"]]
+    for key in ("messages", "input"):
+        items = slim.get(key)
+        if not isinstance(items, list) or len(items) < 2:
+            continue
+        sizes = [_chars(item) + 1 for item in items]
+        total, start = _chars(slim), 0
+        while start < len(items) - 1 and total > chars:
+            total -= sizes[start]
+            start += 1
+        if start:
+            slim[key] = items[start:]
+            slim[f"{key}_dropped"] = start
+    return slim
+
+
 def bounded(value: Any) -> tuple[Any, bool]:
-    """``value``, or its JSON's head when longer than the bound: (stored value, truncated?)."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    if len(text) <= MAX_FIELD_CHARS:
+    """``value``, or what fits of it when its JSON is longer than the bound (see the module's
+    docstring): (stored value, truncated?)."""
+    chars = _chars(value)
+    if chars <= MAX_FIELD_CHARS:
         return value, False
-    return {"truncated": True, "chars": len(text), "head": text[:MAX_FIELD_CHARS]}, True
+    if isinstance(value, dict):
+        slim = _slimmed(value, MAX_FIELD_CHARS - 64)
+        if _chars(slim) <= MAX_FIELD_CHARS - 64:
+            return {**slim, "truncated": True, "chars": chars}, True
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return {"truncated": True, "chars": chars, "head": text[:MAX_FIELD_CHARS]}, True
 
 
 def record_turn(store: Store, *, run_id: str, key_id: str, request_id: str | None, api: Api, model: str,
@@ -95,17 +136,37 @@ def _content_text(content: Any) -> str:
     return "" if content is None else json.dumps(content, ensure_ascii=False)
 
 
+def _conversation(request: dict[str, Any]) -> list[Any]:
+    """A request's messages: chat's and Messages' ``messages``, or a Responses ``input`` (a string
+    is one user message; a tool result item reads as a ``tool`` message)."""
+    if "messages" in request:
+        return list(request.get("messages") or [])
+    given = request.get("input")
+    if isinstance(given, str):
+        return [{"role": "user", "content": given}]
+    out: list[Any] = []
+    for item in given or []:
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            out.append({"role": "tool", "content": item.get("output")})
+        elif isinstance(item, dict) and item.get("type") == "function_call":
+            out.append({"role": "assistant", "content": f"{item.get('name')}({item.get('arguments')})"})
+        else:
+            out.append(item)
+    return out
+
+
 def render_text(turns: list[dict[str, Any]]) -> str:
     """The trajectory as plain text for a reader (the behaviour check's judge): per turn, the
     newest message the agent sent and the model's answer."""
     lines: list[str] = []
     for t in turns:
         request, response = t["request"] if isinstance(t["request"], dict) else {}, t["response"]
-        messages = request.get("messages") or []
+        messages = _conversation(request)
         last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
         lines.append(f"## turn {t['seq']} ({t['api']}, model {t['model']}, {t['created_at']})")
-        if isinstance(request.get("system"), (str, list)) and len(messages) <= 1:
-            lines.append(f"[system] {_clip(_content_text(request['system']))}")
+        system = request.get("system") if "system" in request else request.get("instructions")
+        if isinstance(system, (str, list)) and len(messages) <= 1:
+            lines.append(f"[system] {_clip(_content_text(system))}")
         lines.append(f"[{last.get('role', 'user')}] {_clip(_content_text(last.get('content')))}")
         lines.append(f"[model] {_clip(_content_text(response.get('text') if isinstance(response, dict) else response))}")
         calls = response.get("tool_calls") if isinstance(response, dict) else None

@@ -1,7 +1,8 @@
 """The research agent's own model (``/agent/v1/…`` on the gateway): the rollout service's code
-serving a different catalogue (``agent_models`` in the gym config), in two dialects — OpenAI
-chat completions and the Anthropic Messages API (services/rollout/anthropic.py) — with every
-turn kept as the agent's trajectory (services/records/agent_turns.py).
+serving a different catalogue (``agent_models`` in the gym config), in three dialects — OpenAI
+chat completions, the OpenAI Responses API (services/rollout/responses.py) and the Anthropic
+Messages API (services/rollout/anthropic.py) — with every turn kept as the agent's trajectory
+(services/records/agent_turns.py).
 
 Metering is the rollout service's own, unchanged: the gateway reserves the worst case on the
 run's agent-model meter (gateway/agent_model.py), this code reports the provider's exact usage
@@ -10,7 +11,6 @@ at catalogue prices (a header, or the stream's cost trailer) and the gateway set
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from functools import partial
@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kit.config import GymConfig
 from kit.errors import PermissionDenied
-from kit.http import json_object
+from kit.http import json_object, sse_data, sse_events
 from kit.identity import COST_HEADER, COST_TRAILER_PREFIX, Identity
 from kit.service_app import CurrentIdentity
 from services.records import agent_turns
-from services.rollout import anthropic
+from services.rollout import anthropic, responses
 from services.rollout.agent_spec import PREFIX, count_messages_tokens
 from services.rollout.backends.base import RolloutBackend
 from services.rollout.service import RolloutService
@@ -80,18 +80,6 @@ def _summary(completion: dict[str, Any]) -> dict[str, Any]:
     return {"text": message.get("content") or "", "tool_calls": calls, "finish_reason": choice.get("finish_reason")}
 
 
-def _events(piece: bytes) -> list[bytes]:
-    return [e for e in piece.split(b"\n\n") if e.strip()]
-
-
-def _data(event: bytes) -> Any:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            text = line[5:].strip()
-            return None if text == b"[DONE]" else json.loads(text)
-    return None
-
-
 def _tokens(usage: dict[str, Any]) -> dict[str, Any]:
     return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage}
 
@@ -133,11 +121,11 @@ class AgentModelService:
         seen, cost = _Assembled(), identity.estimate_nusd
         try:
             async for piece in stream:
-                for event in _events(piece):
+                for event in sse_events(piece):
                     if event.startswith(COST_TRAILER_PREFIX):
                         cost = int(event[len(COST_TRAILER_PREFIX):].strip() or b"0")
                         continue
-                    data = _data(event)
+                    data = sse_data(event)
                     if isinstance(data, dict):
                         seen.error = data.get("error") or seen.error
                         seen.feed(data)
@@ -172,11 +160,11 @@ class AgentModelService:
         async def chunks() -> AsyncIterator[dict[str, Any]]:
             nonlocal trailer
             async for piece in stream:
-                for event in _events(piece):
+                for event in sse_events(piece):
                     if event.startswith(COST_TRAILER_PREFIX):
                         trailer = event + b"\n\n"
                         continue
-                    data = _data(event)
+                    data = sse_data(event)
                     if not isinstance(data, dict):
                         continue
                     if data.get("error"):
@@ -194,6 +182,32 @@ class AgentModelService:
         finally:
             cost = int(trailer[len(COST_TRAILER_PREFIX):].strip() or b"0") if trailer else identity.estimate_nusd
             await self._record(identity, "anthropic", body, seen.response(), seen.usage, cost, stream=True)
+
+
+    # -- OpenAI Responses ---------------------------------------------------------------
+
+    async def responses(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        completion, cost = await self.rollout.chat(identity, responses.to_chat_body(body))
+        await self._record(identity, "responses", body, _summary(completion), completion.get("usage") or {}, cost,
+                           stream=False)
+        return responses.to_response(completion, body), cost
+
+    async def open_responses_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        stream = await self.rollout.open_stream(identity, responses.stream_chat_body(body))
+        return self._responses_stream(identity, body, stream)
+
+    async def _responses_stream(self, identity: Identity, body: dict[str, Any],
+                                stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        seen = _Assembled()
+        translated = responses.ResponsesStream(body, stream, on_chunk=seen.feed)
+        try:
+            async for event in translated.events():
+                yield event
+        finally:
+            seen.error = translated.error
+            trailer = translated.trailer
+            cost = int(trailer[len(COST_TRAILER_PREFIX):].strip() or b"0") if trailer else identity.estimate_nusd
+            await self._record(identity, "responses", body, seen.response(), seen.usage, cost, stream=True)
 
 
 router = APIRouter(prefix=PREFIX + "/v1")
@@ -233,3 +247,12 @@ async def messages(request: Request, identity: CurrentIdentity) -> Response:
         return _sse(await _service(request).open_messages_stream(identity, body))
     message, cost = await _service(request).messages(identity, body)
     return JSONResponse(message, headers={COST_HEADER: str(cost)})
+
+
+@router.post("/responses")
+async def create_response(request: Request, identity: CurrentIdentity) -> Response:
+    body = await json_object(request, allows_nul=True)
+    if body.get("stream") is True:
+        return _sse(await _service(request).open_responses_stream(identity, body))
+    response, cost = await _service(request).responses(identity, body)
+    return JSONResponse(response, headers={COST_HEADER: str(cost)})

@@ -1,4 +1,5 @@
-"""Routes of the rollout service (OpenAI-compatible). Thin: logic lives in service.py."""
+"""Routes of the rollout service (OpenAI-compatible: chat completions and the Responses API).
+Thin: logic lives in service.py and responses.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kit.http import json_object
 from kit.identity import COST_HEADER
 from kit.service_app import CurrentIdentity
+from services.rollout import responses
 from services.rollout.service import RolloutService
 
 router = APIRouter(prefix="/v1")
@@ -33,3 +35,16 @@ async def chat_completions(request: Request, identity: CurrentIdentity) -> Respo
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     completion, cost = await service.chat(identity, body)
     return JSONResponse(completion, headers={COST_HEADER: str(cost)})
+
+
+@router.post("/responses")
+async def create_response(request: Request, identity: CurrentIdentity) -> Response:
+    """The OpenAI Responses API, served as the chat it translates to (services/rollout/responses.py)."""
+    body = await json_object(request, allows_nul=True)
+    service = _service(request)
+    if body.get("stream") is True:
+        stream = await service.open_stream(identity, responses.stream_chat_body(body))
+        events = responses.ResponsesStream(body, stream).events()
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    completion, cost = await service.chat(identity, responses.to_chat_body(body))
+    return JSONResponse(responses.to_response(completion, body), headers={COST_HEADER: str(cost)})

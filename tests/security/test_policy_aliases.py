@@ -73,7 +73,7 @@ def test_every_alternative_spelling_of_every_request_schema_is_covered() -> None
                 covered.add((service, canonical, alternative))
     print(f"\n{len(covered)} alternative spellings covered: {sorted(covered)}")
     for known in [("sandbox", "templateID", "template_id"), ("sandbox", "envVars", "env_vars"),
-                  ("rollout", "max_tokens", "max_completion_tokens"),
+                  ("rollout", "max_tokens", "max_completion_tokens"), ("rollout", "max_tokens", "max_output_tokens"),
                   ("inference", "max_tokens", "max_completion_tokens")]:
         assert known in covered
 
@@ -116,6 +116,11 @@ def test_a_rule_on_max_tokens_holds_against_max_completion_tokens(make_gym: Call
         r = client.post("/rollout/v1/chat/completions", json={**ask, **extra}, headers=bearer(child.json()["key"]))
         assert r.status_code in (403, 422), (extra, r.text)
         assert r.json()["error"]["param"] in ("max_tokens",), r.text
+    # The Responses API names the cap max_output_tokens: the same rule binds it.
+    for extra in ({"max_output_tokens": 400}, {"max_tokens": 8, "max_output_tokens": 400}):
+        r = client.post("/rollout/v1/responses", json={"model": "teacher", "input": "Write a long essay.", **extra},
+                        headers=bearer(child.json()["key"]))
+        assert r.status_code in (403, 422) and r.json()["error"]["param"] == "max_tokens", (extra, r.text)
     ledger = client.get(f"/admin/v1/keys/{run['id']}/ledger", headers=admin_headers()).json()["data"]
     assert ledger == []  # nothing reserved, nothing sent to the provider
     fine = client.post("/rollout/v1/chat/completions", json={**ask, "max_completion_tokens": 8},
