@@ -34,6 +34,7 @@
     gym records annotate {hypothesis,finding,review} --json FILE    FILE: the annotation's fields (JSON object)
     gym records annotations [--kind K] [--experiment ID] [--json]
     gym records chain [--json]
+    gym mcp                               the same operations as MCP tools on stdio (rsigym.mcp)
 
 Exit codes: 0 success, 1 an error from the gym or the network (printed to stderr as
 ``error: <type>: <message> (request_id …)``), 2 a usage error; ``sandbox run`` exits with
@@ -51,7 +52,7 @@ from collections.abc import Callable, Sequence
 from .._client import Gym
 from .._version import __version__
 from ..errors import RSIGymError
-from . import balance, evaluation, keys, records, rollout, sandbox
+from . import balance, evaluation, keys, mcp, records, rollout, sandbox
 from .output import echo_err, format_error, format_usd
 
 __all__ = ["main", "build_parser", "format_error", "format_usd"]
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gym (rsigym-sdk) {__version__}")
     services = parser.add_subparsers(dest="service", metavar="<service>", required=True)
-    for group in (balance, rollout, keys, sandbox, evaluation, records):  # the order `gym --help` lists them
+    for group in (balance, rollout, keys, sandbox, evaluation, records, mcp):  # the order `gym --help` lists them
         group.add_commands(services)
     return parser
 
@@ -79,6 +80,9 @@ def main(argv: Sequence[str] | None = None, *, client_factory: ClientFactory = G
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help / --version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "standalone", None) is not None:  # `gym mcp`: builds its own client from the environment
+        code = args.standalone(args)
+        return code if isinstance(code, int) else 0
     try:
         with client_factory() as gym:
             code = args.handler(gym, args)  # most handlers return None (success); some their exit code
