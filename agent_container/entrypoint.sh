@@ -4,8 +4,10 @@
 #  2. Point the unmodified OpenAI and Anthropic SDKs at the gateway's agent route (the research
 #     agent's own model, on the run's agent-model meter) with the run key, unless the caller set
 #     OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY itself.
-#  3. Smoke check: `gym balance` must answer (retried a few times while the gateway starts).
-#  4. exec the given command (default: bash).
+#  3. A coding-agent CLI's configuration (the agent route, the MCP server `gym mcp`; written by the
+#     launcher, ops/agent_setup.py, no key in it) mounted at /run/rsigym/setup is copied into HOME.
+#  4. Smoke check: `gym balance` must answer (retried a few times while the gateway starts).
+#  5. exec the given command (default: bash).
 set -eu
 
 missing=""
@@ -21,6 +23,10 @@ export OPENAI_BASE_URL="${OPENAI_BASE_URL:-${RSIGYM_URL%/}/agent/v1}"
 export OPENAI_API_KEY="${OPENAI_API_KEY:-$RSIGYM_API_KEY}"
 export ANTHROPIC_BASE_URL="${ANTHROPIC_BASE_URL:-${RSIGYM_URL%/}/agent}"
 export ANTHROPIC_API_KEY="${ANTHROPIC_API_KEY:-$RSIGYM_API_KEY}"
+
+if [ -d /run/rsigym/setup ]; then
+    cp -R /run/rsigym/setup/. "$HOME"/
+fi
 
 attempts="${RSIGYM_SMOKE_ATTEMPTS:-5}"
 n=1

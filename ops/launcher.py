@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kit.config import GymConfig
 from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from kit.host_uids import HostUidPool, kill_uid, pid_running
 from kit.private_files import open_private, restrict_umask, write_private
 from ops import agent_namespace as ns
-from ops import launcher_compose
+from ops import agent_setup, agent_toolbox, launcher_compose
 from ops.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
 from ops.launcher_compose import ComposeTarget, compose_plan
 from ops.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
@@ -80,6 +80,28 @@ class AgentTemplate(BaseModel):
     """Extra host paths bound read-only at the same place (an operator-installed CLI)."""
     compose_command: list[str] | None = None
     """argv in compose mode (the agent image's paths), when it differs from ``command``."""
+    npm: list[str] = Field(default_factory=list)
+    """Pinned npm packages (``name@version``) the agent runs from the toolbox (ops/agent_toolbox.py:
+    ``rsigym agents install NAME``); a run of an agent whose packages are missing is refused."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment (nothing secret: it is in the registry); ``{agent_model}`` and
+    ``{agent_max_output_tokens}`` (the most ``max_tokens`` the agent route grants that model) are
+    replaced."""
+    setup: str | None = None
+    """Configuration files written into the agent's fresh HOME (ops/agent_setup.py: ``claude-code``,
+    ``codex``): the agent route, the MCP server ``gym``, their own sandbox and update checks off."""
+
+    @model_validator(mode="after")
+    def _known_setup(self) -> AgentTemplate:
+        if self.setup is not None and self.setup not in agent_setup.WRITERS:
+            raise ValueError(f"setup {self.setup!r} is not one of {sorted(agent_setup.WRITERS)}")
+        if any(spec.rpartition("@")[0] in ("", "@") for spec in self.npm):
+            raise ValueError("npm packages are pinned: name@version")
+        return self
+
+    def needs_agent_model(self) -> bool:
+        return self.setup is not None or any("{agent_model}" in part for part in [*self.command,
+                                                                                 *self.env.values()])
 
 
 class RunRecord(BaseModel):
@@ -119,16 +141,41 @@ def runs_root(data_dir: Path) -> Path:
     return Path(data_dir) / "runs"
 
 
-def agent_env(key: str, egress: bool = False) -> dict[str, str]:
+def agent_env(key: str, egress: bool = False, extra: dict[str, str] | None = None,
+              path: list[str] | None = None) -> dict[str, str]:
     """Everything the agent's environment holds, and nothing else: bubblewrap's own environment,
-    which it passes on (the key is never on a command line)."""
-    env = {"RSIGYM_URL": INSIDE_URL, "RSIGYM_API_KEY": key,
+    which it passes on (the key is never on a command line). ``extra``: the template's own
+    (non-secret) variables; ``path``: the toolbox's program directories, ahead of the system's."""
+    env = {**(extra or {}), "RSIGYM_URL": INSIDE_URL, "RSIGYM_API_KEY": key,
            "OPENAI_BASE_URL": f"{INSIDE_URL}/agent/v1", "OPENAI_API_KEY": key,
            "ANTHROPIC_BASE_URL": f"{INSIDE_URL}/agent", "ANTHROPIC_API_KEY": key,
-           "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": HOME_INSIDE, "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE}
+           "PATH": ":".join([*(path or []), "/usr/local/bin:/usr/bin:/bin"]), "HOME": HOME_INSIDE,
+           "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE}
     if egress:
         env |= proxy_env(f"http://127.0.0.1:{EGRESS_PORT}", "127.0.0.1")
     return env
+
+
+def _agent_model(template: AgentTemplate, agent: str, config: GymConfig) -> dict[str, str]:
+    """The placeholders of an agent that names its model: the gym's first agent model (``agent_models``
+    in its config) and the most output tokens the agent route grants it."""
+    if not template.needs_agent_model():
+        return {}
+    if not config.agent_models:
+        raise Unprocessable(f"agent {agent!r} needs an agent model, and this gym's config has no agent_models "
+                            "(docs/operator-guide.md: the agent route)", param="agent")
+    model = config.agent_models[0]
+    return {"{agent_model}": model.name,
+            "{agent_max_output_tokens}": str(model.max_output_tokens or config.rollout.max_tokens_cap)}
+
+
+def _fill(parts: list[str], placeholders: dict[str, str]) -> list[str]:
+    out = []
+    for part in parts:
+        for name, value in {"{instruction}": INSTRUCTION_INSIDE, **placeholders}.items():
+            part = part.replace(name, value)
+        out.append(part)
+    return out
 
 
 def _now() -> str:
@@ -144,6 +191,14 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
     if agent not in agents:
         raise Unprocessable(f"no agent {agent!r} (agents: {', '.join(sorted(agents)) or 'none'})", param="agent")
     egress = list(getattr(getattr(task, "egress", None), "allow", []) or [])
+    template = agents[agent]
+    placeholders = _agent_model(template, agent, config)
+    agent_model = placeholders.get("{agent_model}", "")
+    env = dict(zip(template.env, _fill(list(template.env.values()), placeholders), strict=True))
+    if compose is None and (absent := agent_toolbox.missing(template.npm)):
+        raise Unprocessable(f"agent {agent!r} runs {', '.join(absent)}, which is not installed in the agents' "
+                            f"toolbox ({agent_toolbox.toolbox_dir()}): run `rsigym agents install {agent}`",
+                            param="agent")
     bwrap = shutil.which("bwrap")
     if compose is None and bwrap is None:
         raise ServiceUnavailable("the embedded launcher needs bubblewrap (bwrap) on this host")
@@ -160,21 +215,27 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
     write_private(run_dir / "instruction.md", instruction)  # the agent's uid is given it when the run starts
     seconds = float(key_body.get("deadline_s") or task.limits.wall_clock_s)
     plan: dict[str, Any]
-    template = agents[agent]
     if compose is not None:
         (run_dir / "instruction.md").chmod(0o644)  # read by the container's non-root user
-        command = [part.replace("{instruction}", INSTRUCTION_INSIDE)
-                   for part in (template.compose_command or template.command)] + (extra_args or [])
+        command = _fill(template.compose_command or template.command, placeholders) + (extra_args or [])
+        if template.setup:  # the image has the SDK (`gym`) and the pinned CLIs (agent_container/Dockerfile)
+            setup_dir = run_dir / "setup"
+            setup_dir.mkdir(mode=0o755, exist_ok=True)
+            agent_setup.write(template.setup, setup_dir, uid=None, gateway_url=launcher_compose.relay_url(run),
+                              agent_model=agent_model, gym="gym", mode=0o644)
         plan = compose_plan(compose, run=run, track=task.task.track, run_dir=run_dir, command=command,
-                            egress=egress, key=minted["key"])
+                            egress=egress, key=minted["key"], setup=bool(template.setup),
+                            env=env)
     else:
         # AF_UNIX paths are short (108 bytes): the sockets live in a short private directory, linked here.
         sock_dir = Path(tempfile.mkdtemp(prefix="rsigym-run-"))
         (run_dir / "sock").symlink_to(sock_dir, target_is_directory=True)
         plan = {"mode": "embedded", "key": minted["key"], "gateway_url": gateway_url, "egress": egress,
-                "command": [part.replace("{instruction}", INSTRUCTION_INSIDE) for part in template.command]
-                + (extra_args or []),
-                "binds": template.binds, "uid_base": config.sandbox.uid_base}
+                "command": _fill(template.command, placeholders) + (extra_args or []),
+                "binds": [*template.binds, *agent_toolbox.binds()], "path": agent_toolbox.path_entries(),
+                "env": env,
+                "setup": template.setup, "agent_model": agent_model, "gym": agent_toolbox.gym_command(),
+                "uid_base": config.sandbox.uid_base}
     plan["seconds"] = seconds
     write_private(run_dir / "supervise.json", json.dumps(plan))  # the run key: operator side only, never bound inside
     with os.fdopen(open_private(run_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
@@ -294,6 +355,9 @@ async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
     servers: list[asyncio.AbstractServer] = []
     try:
         ns.prepare_host_side(run_dir, sock_dir, uid)
+        if plan.get("setup"):
+            agent_setup.write(plan["setup"], run_dir / "home", uid=uid, gateway_url=INSIDE_URL,
+                              agent_model=plan["agent_model"], gym=plan["gym"])
         servers.append(await asyncio.start_unix_server(lambda r, w: _relay(r, w, host, port),
                                                        str(sock_dir / "gateway.sock")))
         if plan.get("egress"):
@@ -309,7 +373,8 @@ async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
                                  command=plan["command"], seconds=seconds, port=INSIDE_PORT,
                                  egress_port=EGRESS_PORT if plan.get("egress") else None)
             agent = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, pass_fds=(filter_fd,),
-                                                         env=agent_env(plan["key"], bool(plan.get("egress"))),
+                                                         env=agent_env(plan["key"], bool(plan.get("egress")),
+                                                                       plan.get("env"), plan.get("path")),
                                                          umask=0o022)  # the supervisor's own is 0077
         finally:
             os.close(filter_fd)

@@ -42,6 +42,9 @@ from kit.errors import Unprocessable
 from ops.egress import proxy_env
 
 INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
+SETUP_INSIDE = "/run/rsigym/setup"
+"""A CLI's configuration files for its HOME (ops/agent_setup.py), mounted read-only; the image's
+entrypoint copies them into HOME before the agent starts (the CLIs write beside them)."""
 RELAY_PORT = 8700
 EGRESS_PORT = 3128
 HARDENING_KEYS = ("cap_drop", "security_opt", "user", "read_only")
@@ -83,8 +86,15 @@ def _gateway_url(agent: dict[str, Any]) -> str:
     return str(env.get("RSIGYM_URL") or "http://gateway:8700")
 
 
-def run_compose_file(target: ComposeTarget, *, run: str, track: str, run_dir: Path, egress: bool) -> dict[str, Any]:
-    """The run's compose project (see the module's docstring), from the gym's compose file."""
+def relay_url(run: str) -> str:
+    """The agent's ``RSIGYM_URL`` in compose mode: the run's own relay to the gateway."""
+    return f"http://{names(run)['gym']}:{RELAY_PORT}"
+
+
+def run_compose_file(target: ComposeTarget, *, run: str, track: str, run_dir: Path, egress: bool,
+                     env: dict[str, str] | None = None, setup: bool = False) -> dict[str, Any]:
+    """The run's compose project (see the module's docstring), from the gym's compose file.
+    ``env``: the agent template's own (non-secret) variables; ``setup``: mount ``<run-dir>/setup``."""
     try:
         gym_file = yaml.safe_load(target.file.read_text())
     except (OSError, yaml.YAMLError) as err:
@@ -94,11 +104,13 @@ def run_compose_file(target: ComposeTarget, *, run: str, track: str, run_dir: Pa
     if agent_source is None or proxy_source is None:
         raise Unprocessable(f"{target.file} has no agent-{track} or egress service", param="compose_file")
     n = names(run)
-    relay_url = f"http://{n['gym']}:{RELAY_PORT}"
+    volumes = [f"{(run_dir / 'instruction.md').resolve()}:{INSTRUCTION_INSIDE}:ro"]
+    if setup:
+        volumes.append(f"{(run_dir / 'setup').resolve()}:{SETUP_INSIDE}:ro")
     agent = _made_from(agent_source, target.project_dir) | {
         "container_name": n["agent"],
-        "environment": {"RSIGYM_URL": relay_url, "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE},
-        "volumes": [f"{(run_dir / 'instruction.md').resolve()}:{INSTRUCTION_INSIDE}:ro"],
+        "environment": {**(env or {}), "RSIGYM_URL": relay_url(run), "RSIGYM_INSTRUCTION": INSTRUCTION_INSIDE},
+        "volumes": volumes,
         "networks": ["run"],
         "restart": "no",
     }
@@ -126,29 +138,31 @@ def run_compose_file(target: ComposeTarget, *, run: str, track: str, run_dir: Pa
 
 
 def compose_plan(target: ComposeTarget, *, run: str, track: str, run_dir: Path, command: list[str],
-                 egress: list[str], key: str) -> dict[str, Any]:
+                 egress: list[str], key: str, env: dict[str, str] | None = None,
+                 setup: bool = False) -> dict[str, Any]:
     """Write the run's compose file and return the supervisor's plan: the ``docker compose run``
     lines (the relay and proxy detached, the agent in the foreground) and the docker CLI's
     environment, which alone holds the secrets."""
-    spec = run_compose_file(target, run=run, track=track, run_dir=run_dir, egress=bool(egress))
+    spec = run_compose_file(target, run=run, track=track, run_dir=run_dir, egress=bool(egress), env=env,
+                            setup=setup)
     path = run_dir / "compose.yml"
     path.write_text("# Written by `rsigym run start --mode compose` for this run only.\n" + yaml.safe_dump(spec))
     path.chmod(0o600)
     n = names(run)
     base = [target.docker, "compose", "-f", str(path), "--project-directory", str(target.project_dir),
             "-p", spec["name"], "run", "--rm"]
-    env: dict[str, str] = {"RSIGYM_API_KEY": key}
+    docker_env: dict[str, str] = {"RSIGYM_API_KEY": key}
     detached = [[*base, "-d", "--name", n["gym"], "gym"]]
     agent = [*base, "-T", "--name", n["agent"], "-e", "RSIGYM_API_KEY"]
     if egress:
         token = secrets.token_urlsafe(24)
-        env |= {"RSIGYM_EGRESS_ALLOW": " ".join(egress), "RSIGYM_EGRESS_TOKEN": token}
+        docker_env |= {"RSIGYM_EGRESS_ALLOW": " ".join(egress), "RSIGYM_EGRESS_TOKEN": token}
         detached.append([*base, "-d", "--name", n["egress"], "-e", "RSIGYM_EGRESS_ALLOW", "-e", "RSIGYM_EGRESS_TOKEN",
                          "egress"])
         proxy = proxy_env(f"http://run:{token}@{n['egress']}:{EGRESS_PORT}", n["gym"])
-        env |= proxy
+        docker_env |= proxy
         agent += [a for name in proxy for a in ("-e", name)]
-    return {"mode": "compose", "docker": target.docker, "network": n["network"], "env": env,
+    return {"mode": "compose", "docker": target.docker, "network": n["network"], "env": docker_env,
             "detached": detached, "argv": [*agent, "agent", *command],
             "containers": [n["agent"], n["gym"], *([n["egress"]] if egress else [])]}
 

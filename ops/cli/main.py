@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from ops.cli import audits, benchmarks, demos, keys, lists, models, records, runs, scoring, serving, tasks
+from ops.cli import agents, audits, benchmarks, demos, keys, lists, models, records, runs, scoring, serving, tasks
 from ops.cli.common import print_error
 
 app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
@@ -29,6 +29,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(benchmarks.app, name="benchmarks")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(runs.app, name="run")
+app.add_typer(agents.app, name="agents")
 
 
 def main() -> None:

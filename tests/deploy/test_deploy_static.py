@@ -1290,3 +1290,29 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     check = subprocess.run([promtool, "check", "rules", str(tmp_path / "queries.yml")], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_agent_image_installs_the_clis_at_the_launchers_pins_and_the_sdk_with_its_mcp_server() -> None:
+    from ops.launcher import load_agents
+
+    dockerfile = (ROOT / "agent_container" / "Dockerfile").read_text()
+    pins = sorted(spec for t in load_agents().values() for spec in t.npm)
+    assert pins == ["@anthropic-ai/claude-code@2.1.332", "@openai/codex@0.171.0"]
+    installed = re.search(r"npm install -g [^\n]*", dockerfile)
+    assert installed is not None and sorted(p for p in installed.group(0).split() if "@" in p) == pins
+    assert '"/tmp/rsigym-sdk[mcp]"' in dockerfile  # `gym mcp` in the image
+
+
+def test_compose_mode_mounts_a_clis_setup_and_the_entrypoint_copies_it_into_home(tmp_path: Path) -> None:
+    from ops.launcher_compose import SETUP_INSIDE, ComposeTarget, run_compose_file
+
+    (tmp_path / "instruction.md").write_text("x")
+    spec = run_compose_file(ComposeTarget(file=ROOT / "docker-compose.yml", project_dir=ROOT), run="key_abc",
+                            track="joint", run_dir=tmp_path, egress=False, env={"DISABLE_AUTOUPDATER": "1"},
+                            setup=True)
+    agent = spec["services"]["agent"]
+    assert f"{(tmp_path / 'setup').resolve()}:{SETUP_INSIDE}:ro" in agent["volumes"]
+    assert agent["environment"]["DISABLE_AUTOUPDATER"] == "1"
+    assert "RSIGYM_API_KEY" not in agent["environment"]  # the key stays in the docker CLI's environment
+    entrypoint = (ROOT / "agent_container" / "entrypoint.sh").read_text()
+    assert f'cp -R {SETUP_INSIDE}/. "$HOME"/' in entrypoint
