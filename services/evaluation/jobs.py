@@ -9,6 +9,12 @@ keys are revoked when that worker is done. A trial is claimed in the store befor
 (:class:`~services.evaluation.tables.TrialClaim`), so several workers can share one job's trials,
 and its result is written as soon as it ends, so a cancel, a crash or a resumed job keeps what
 was done and never runs a recorded trial again.
+
+A trial that fails is not always the agent's 0 (services/evaluation/failures.py): a platform
+failure (the gateway trials call back on unreachable, the sandbox service down) or a verifier that
+gave no reward is run again, :data:`TRIAL_RETRIES` times at most, and if it persists the job
+stops taking trials and fails, naming the kind, how many trials and one of them — it never
+succeeds with them counted as zeros. Only the agent's own failures score 0.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from kit.display_text import inert
 from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
 from kit.settings import JobSettings
 from services.evaluation.benchmarks import TaskRef
+from services.evaluation.failures import RETRIED, FailureKind, failure_kind
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import EvaluationJob, ScoreRow, TrialClaim, TrialResultRow
@@ -51,6 +58,10 @@ ASSIST_TASK = "rsigym.evaluation.assist"
 CLAIM_POLL_S = 0.2
 RECORDED_PURPOSES = ("agent", "score", "baseline")
 """Jobs whose end is a platform event (validations are the benchmark's, kept on its row)."""
+TRIAL_RETRIES = 2
+"""How many times a trial that failed on the platform or its verifier is run again."""
+RETRY_BACKOFF_S = (2.0, 5.0)
+"""The wait before each of those runs: an outage of a few seconds (a gateway restarting) is ridden out."""
 OPERATOR_PURPOSES = ("score", "baseline", "validation")
 """The operator's jobs: billed to the operator's key, never charged to a run's storage quota
 (their evidence is always kept), and their ends recorded on the operator's record, never on
@@ -62,8 +73,13 @@ class _AlreadyRecorded(Exception):
 
 
 def job_score(rewards: dict[str, list[float | None]]) -> float | None:
-    """avg@k: the mean over tasks of each task's mean reward over its attempts (a failed
-    attempt counts 0). Full precision; None when nothing ran."""
+    """avg@k: the mean over tasks of each task's mean reward over its attempts. Full precision;
+    None when nothing ran. The caller passes an agent's failed attempt as 0 (the seeds rule);
+    None stands for an attempt nobody scored (a platform or verifier failure,
+    services/evaluation/failures.py), and one such leaves the whole job without a score: it is
+    never counted as 0."""
+    if any(r is None for attempts in rewards.values() for r in attempts):
+        return None
     per_task = [sum(r or 0.0 for r in attempts) / len(attempts) for attempts in rewards.values() if attempts]
     return sum(per_task) / len(per_task) if per_task else None
 
@@ -134,13 +150,37 @@ class EvaluationRunner(JobRunnerBase):
         job_id = job.id
         while True:
             self._participate(job)
-            if self._stopped(job_id) or self._complete(job):
+            if self._stopped(job_id) or self._complete(job) or self._unscored(job_id):
                 break
             self._drop_stale_claims(job_id)
             time.sleep(CLAIM_POLL_S)
         with self.store.transaction() as s:
             cancelled = bool(s.scalar(select(EvaluationJob.cancel_requested).where(EvaluationJob.id == job_id)))
+        unscored = None if cancelled else self._unscored(job_id)
+        if unscored is not None:
+            self._finish(job_id, "failed", unscored)
+            return
         self._finish(job_id, "cancelled" if cancelled else "succeeded", None)
+
+    def _unscored(self, job_id: str) -> str | None:
+        """Why the job cannot be scored: its recorded trials that failed on the platform or the
+        verifier after their retries (the kind, how many, one example); None when there are none."""
+        with self.store.transaction() as s:
+            rows = s.execute(select(TrialResultRow.task_id, TrialResultRow.attempt, TrialResultRow.reward,
+                                    TrialResultRow.error, TrialResultRow.failure_kind)
+                             .where(TrialResultRow.job_id == job_id)
+                             .order_by(TrialResultRow.task_id, TrialResultRow.attempt)).all()
+        failed: dict[FailureKind, list[tuple[str, int, str | None]]] = {}
+        for task_id, attempt, reward, error, kind in rows:
+            resolved = failure_kind(reward, error, kind)
+            if resolved in RETRIED:
+                failed.setdefault(resolved, []).append((task_id, attempt, error))
+        if not failed:
+            return None
+        parts = [f"{kind} failure: {len(trials)} trial(s) failed after {TRIAL_RETRIES} retries each, e.g. "
+                 f"{trials[0][0]} attempt {trials[0][1]}: {(trials[0][2] or 'no reward')[:300]}"
+                 for kind, trials in sorted(failed.items())]
+        return "; ".join(parts) + " (not scored: a platform or verifier failure is not the agent's 0)"
 
     def assist(self, job_id: str) -> bool:
         """A helper task: share a running job's trials (or own the job if it is still queued).
@@ -215,14 +255,30 @@ class EvaluationRunner(JobRunnerBase):
                     task=tasks[task_id], harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
                     door_key=door_key, model=job.model, sampling=dict(job.sampling), attempt=attempt,
                     trials_dir=trials_dir, agent=agent)  # type: ignore[arg-type]
-                outcome = await self.run_trial(request)
-                if job.purpose == "validation" and outcome.reward is None and outcome.error:
-                    # the run itself broke (not the oracle's answer): judge the task on a second run
-                    log.warning("validation of %s/%s: retrying after %s", job.benchmark, task_id, inert(outcome.error))
-                    outcome = await self.run_trial(request)
+                outcome = await self._run_with_retries(job, request)
                 await asyncio.to_thread(self._record, job.id, outcome, attempt)
 
         await asyncio.gather(*(lane() for _ in range(self.trial_concurrency)))
+
+    async def _run_with_retries(self, job: EvaluationJob, request: TrialRequest) -> TrialOutcome:
+        """Run the trial; run it again (after a short wait) while it failed on the platform or the
+        verifier, :data:`TRIAL_RETRIES` times at most. A validation's oracle or empty answer that
+        failed otherwise gets one more run too (the run itself broke, not the task's answer: judge
+        the task on a second run)."""
+        outcome = await self.run_trial(request)
+        for n, wait in enumerate(RETRY_BACKOFF_S[:TRIAL_RETRIES]):
+            kind = failure_kind(outcome.reward, outcome.error, outcome.failure_kind)
+            if kind is None:
+                break
+            if kind not in RETRIED and not (job.purpose == "validation" and outcome.reward is None and n == 0):
+                break
+            log.warning("job %s: trial %s/%d failed (%s), running it again in %.0f s: %s", job.id, request.task.id,
+                        request.attempt, kind, wait if kind in RETRIED else 0, inert(outcome.error or "no reward"))
+            await asyncio.sleep(wait if kind in RETRIED else 0)
+            if await asyncio.to_thread(self._stopped, job.id):
+                break
+            outcome = await self.run_trial(request)
+        return outcome
 
     def _stopped(self, job_id: str) -> bool:
         """Cancel requested, or the job is no longer running (finished, or re-queued after a reap)."""
@@ -234,6 +290,13 @@ class EvaluationRunner(JobRunnerBase):
         row = s.execute(select(EvaluationJob.cancel_requested, EvaluationJob.status)
                         .where(EvaluationJob.id == job_id)).first()
         return row is None or bool(row[0]) or row[1] != "running"
+
+    @staticmethod
+    def _failed_in(s: Session, job_id: str) -> bool:
+        """A trial of the job failed on the platform or its verifier after its retries: the job will
+        fail unscored, so no further trial is taken (one SQL count, in the claim's transaction)."""
+        return bool(s.scalar(select(func.count()).select_from(TrialResultRow).where(
+            TrialResultRow.job_id == job_id, TrialResultRow.failure_kind.in_(sorted(RETRIED)))))
 
     def _open_trials(self, job: EvaluationJob) -> list[tuple[str, int, str]]:
         """Trials neither recorded nor claimed, in plan order."""
@@ -252,7 +315,7 @@ class EvaluationRunner(JobRunnerBase):
         when the job is stopped (cancel requested, finished, re-queued) or nothing is left open.
         One transaction: a trial's claim costs one round trip to the store, not three."""
         with self.store.transaction() as s:
-            if self._stopped_in(s, job.id):
+            if self._stopped_in(s, job.id) or self._failed_in(s, job.id):
                 return None
             for task_id, attempt, agent in self._open_in(s, job):
                 try:
@@ -298,7 +361,8 @@ class EvaluationRunner(JobRunnerBase):
                         shutil.rmtree(trial_dir, ignore_errors=True)
                 s.add(TrialResultRow(
                     job_id=job_id, task_id=outcome.task_id, attempt=attempt, reward=outcome.reward,
-                    error=outcome.error, trajectory=trajectory,
+                    error=outcome.error, failure_kind=failure_kind(outcome.reward, outcome.error, outcome.failure_kind),
+                    trajectory=trajectory,
                     verifier_output=verifier_output,
                     agent_output=agent_output, sandbox_id=outcome.sandbox_id,
                     started_at=outcome.started_at, finished_at=outcome.finished_at))
@@ -343,8 +407,9 @@ class EvaluationRunner(JobRunnerBase):
             return
         rows = session.scalars(select(TrialResultRow).where(TrialResultRow.job_id == job_id)).all()
         rewards: dict[str, list[float | None]] = {}
-        for r in rows:
-            rewards.setdefault(r.task_id, []).append(r.reward)
+        for r in rows:  # an agent's failure is its 0; a platform or verifier failure is nobody's score (None)
+            kind = failure_kind(r.reward, r.error, r.failure_kind)
+            rewards.setdefault(r.task_id, []).append(None if kind in RETRIED else (r.reward or 0.0))
         job.score = job_score(rewards) if job.purpose != "validation" else None
         session.execute(update(ScoreRow).where(ScoreRow.job_id == job_id).values(
             score=job.score if status == "succeeded" else None, status=status))

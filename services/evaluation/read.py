@@ -5,7 +5,7 @@ imports it (no harbor)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
+from services.evaluation.failures import failure_kind
 from services.evaluation.tables import (
     BenchmarkRow,
     EvaluationJob,
@@ -217,7 +218,8 @@ def submissions(s: Session, *, run_id: str | None = None, newest_first: bool = F
 
 @dataclass(frozen=True)
 class TrialSummary:
-    """A trial as a job's trial list shows it."""
+    """A trial as a job's trial list shows it. ``failure_kind``: whose failure it was when it
+    failed (platform, verifier or agent: services/evaluation/failures.py); only an agent's is its 0."""
 
     id: int
     task_id: str
@@ -225,6 +227,7 @@ class TrialSummary:
     reward: float | None
     error: str | None
     finished_at: str | None
+    failure_kind: str | None
 
 
 @dataclass(frozen=True)
@@ -242,16 +245,22 @@ class Trial(TrialSummary):
 def job_trials(s: Session, job_id: str) -> list[TrialSummary]:
     """The job's trials by task and attempt (their trajectories left unread), in ``s``."""
     rows = s.execute(select(TrialResultRow.id, TrialResultRow.task_id, TrialResultRow.attempt,
-                            TrialResultRow.reward, TrialResultRow.error, TrialResultRow.finished_at)
+                            TrialResultRow.reward, TrialResultRow.error, TrialResultRow.finished_at,
+                            TrialResultRow.failure_kind)
                      .where(TrialResultRow.job_id == job_id)
                      .order_by(TrialResultRow.task_id, TrialResultRow.attempt))
-    return [view(TrialSummary, r) for r in rows]
+    return [TrialSummary(id=r.id, task_id=r.task_id, attempt=r.attempt, reward=r.reward, error=r.error,
+                         finished_at=r.finished_at, failure_kind=failure_kind(r.reward, r.error, r.failure_kind))
+            for r in rows]
 
 
 def trial(s: Session, trial_id: int) -> Trial | None:
     """The trial ``trial_id`` (any job's), in ``s``."""
     row = s.get(TrialResultRow, trial_id)
-    return None if row is None else view(Trial, row)
+    if row is None:
+        return None
+    found = view(Trial, row)
+    return replace(found, failure_kind=failure_kind(row.reward, row.error, row.failure_kind))
 
 
 EVALUATION_JOBS = listing(EvaluationJob, EvaluationJob.created_at,

@@ -33,6 +33,7 @@ from kit.errors import (
 from kit.identity import Identity
 from kit.ids import new_id
 from kit.spec import ServiceContext
+from services.evaluation.failures import failure_kind
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
@@ -69,6 +70,7 @@ def job_view(job: EvaluationJob) -> dict[str, Any]:
 
 def result_view(r: TrialResultRow) -> dict[str, Any]:
     return {"task_id": r.task_id, "attempt": r.attempt, "reward": r.reward, "error": r.error,
+            "failure_kind": failure_kind(r.reward, r.error, r.failure_kind),
             "trajectory": r.trajectory, "verifier_output": r.verifier_output, "agent_output": r.agent_output,
             "sandbox_id": r.sandbox_id, "started_at": r.started_at, "finished_at": r.finished_at}
 

@@ -105,6 +105,9 @@ class TrialResultRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     reward: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    failure_kind: Mapped[str | None] = mapped_column(String(16), nullable=True, default=None)
+    """platform | verifier | agent when the trial failed (services/evaluation/failures.py): only an
+    agent failure is the system under test's 0; None on a trial that did not fail (and rows before 0018)."""
     trajectory: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     verifier_output: Mapped[str] = mapped_column(Text, default="")
     agent_output: Mapped[str] = mapped_column(Text, default="")

@@ -8,7 +8,9 @@ task's solution) or ``nop`` (an empty answer) — runs Harbor's ``Trial`` and ma
 ``TrialResult`` to a :class:`TrialOutcome`.
 
 It never raises for a trial-level failure: a refused sandbox, a broken harness, a verifier
-that wrote no reward all end up in ``TrialOutcome.error``. And it always kills the trial's
+that wrote no reward all end up in ``TrialOutcome.error``, and whose failure it was in
+``TrialOutcome.failure_kind`` (platform, verifier or agent: services/evaluation/failures.py).
+And it always kills the trial's
 sandbox: Harbor stops the environment itself, and afterwards a sandbox whose kill did not go
 through is killed again and, when a create was cut short before its answer (it can leave a
 sandbox Harbor never heard of), every sandbox the sandbox key still has running under this
@@ -52,6 +54,7 @@ from harbor.trial.trial import Trial, check_trial_config  # noqa: E402
 from kit.private_files import lock_down, private_dir  # noqa: E402
 from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
+from services.evaluation.failures import NO_REWARD, FailureKind, Phase, classify_failure  # noqa: E402
 from services.evaluation.harbor.trial_sandboxes import SandboxCredentials, trial_sandboxes  # noqa: E402
 from services.evaluation.harbor_agent import (  # noqa: E402
     INSTALL_LOG,
@@ -106,6 +109,8 @@ class TrialOutcome:
     started_at: str
     finished_at: str
     result_path: str | None
+    failure_kind: FailureKind | None = None
+    """Whose failure it was when ``error`` is set (services/evaluation/failures.py); None otherwise."""
 
 
 async def run_trial(req: TrialRequest) -> TrialOutcome:
@@ -114,13 +119,14 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     trial_name = f"{_safe(req.task.id)}__a{req.attempt}__{secrets.token_hex(4)}"
     try:
         config = build_trial_config(req, trial_name)
-    except (ValueError, TypeError) as exc:
-        return _outcome(req, started_at, error=f"{type(exc).__name__}: {exc}")
+    except (ValueError, TypeError) as exc:  # the gym could not configure it: nothing the harness did
+        return _outcome(req, started_at, error=f"{type(exc).__name__}: {exc}", kind="platform")
 
     private_dir(req.trials_dir)  # Harbor writes the trial's files under the process's umask: closed around them
     trial: Trial | None = None
     result: TrialResult | None = None
     error: str | None = None
+    kind: FailureKind | None = None
     sandbox_id: str | None = None
     async with trial_sandboxes(SandboxCredentials(req.sandbox_key, req.door_key), req.gateway_url) as sandboxes:
         try:
@@ -128,6 +134,8 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
             result = await trial.run()
         except Exception as exc:  # noqa: BLE001 - a trial-level failure is recorded, never raised
             error = f"{type(exc).__name__}: {exc}"
+            # Harbor's run records what the harness's phases raise: what escapes is outside them
+            kind = classify_failure(type(exc).__name__, str(exc), "prepare")
         finally:
             if trial is not None:
                 sandbox_id = getattr(trial.agent_environment, "sandbox_id", None)
@@ -138,10 +146,11 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     if result is not None and result.exception_info is not None and error is None:
         info = result.exception_info
         error = f"{info.exception_type}: {info.exception_message}"
+        kind = classify_failure(info.exception_type, info.exception_message, _phase(result))
     rewards = result.verifier_result.rewards if result and result.verifier_result else None
     reward = _reward(rewards)
     if error is None and reward is None:
-        error = "the verifier produced no reward"
+        error, kind = NO_REWARD, "verifier"
     return TrialOutcome(
         task_id=req.task.id,
         attempt=req.attempt,
@@ -154,7 +163,17 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
         started_at=started_at,
         finished_at=_now(),
         result_path=str(paths.result_path) if paths.result_path.is_file() else None,
+        failure_kind=kind if error is not None else None,
     )
+
+
+def _phase(result: TrialResult) -> Phase:
+    """Where the trial was when Harbor recorded its exception: the last phase it started."""
+    if result.verifier is not None and result.verifier.started_at is not None:
+        return "verify"
+    if any(t is not None and t.started_at is not None for t in (result.agent_setup, result.agent_execution)):
+        return "agent"
+    return "prepare"
 
 
 async def create_trial(config: TrialConfig) -> Trial:
@@ -269,10 +288,10 @@ def _agent_output(agent_dir: Path, agent: str) -> str:
     return _tail("\n".join(parts))
 
 
-def _outcome(req: TrialRequest, started_at: str, *, error: str) -> TrialOutcome:
+def _outcome(req: TrialRequest, started_at: str, *, error: str, kind: FailureKind) -> TrialOutcome:
     return TrialOutcome(task_id=req.task.id, attempt=req.attempt, reward=None, trajectory=None, verifier_output="",
                         agent_output="", error=error, sandbox_id=None, started_at=started_at, finished_at=_now(),
-                        result_path=None)
+                        result_path=None, failure_kind=kind)
 
 
 def _read_text(path: Path) -> str:

@@ -245,10 +245,13 @@ def test_failures_are_recorded_not_raised(served: Served, tasks: dict[str, TaskR
     assert "sleep 30" not in processes and "test.sh" in processes, processes
     assert no_harness.error and "harness_dir" in no_harness.error
     assert served.running_sandboxes() == []
+    # whose failure each was (services/evaluation/failures.py): only the harness's are its zeros
+    assert [o.failure_kind for o in (refused, install_failed, timed_out, no_harness)] == [
+        "platform", "agent", "agent", "platform"]
 
     # a key that can no longer create sandboxes: an error, not an exception
     (bad,) = run(served.request(tasks["sub-0001"], agent="oracle", sandbox_key="rsk-not-a-key"))
-    assert bad.reward is None and "401" in (bad.error or "")
+    assert bad.reward is None and "401" in (bad.error or "") and bad.failure_kind == "platform"
 
 
 def test_a_trial_cut_short_during_its_sandbox_create_leaves_no_sandbox(
