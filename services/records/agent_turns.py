@@ -22,6 +22,7 @@ from sqlalchemy import JSON, BigInteger, Boolean, CheckConstraint, Integer, Stri
 from sqlalchemy.orm import Mapped, mapped_column
 
 from billing.money import nusd_to_usd
+from kit.display_text import inert
 from storage.store import Store
 from storage.tables import Base, UTCDateTime, utcnow
 
@@ -124,7 +125,12 @@ def run_turns(store: Store, run_id: str, *, limit: int = 10_000) -> list[dict[st
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= MAX_RENDER_CHARS else text[:MAX_RENDER_CHARS] + f" […{len(text) - MAX_RENDER_CHARS} more chars]"
+    """At most :data:`MAX_RENDER_CHARS`, and inert (kit/display_text.py): what the agent's tools
+    printed — shell output included — is read by the judge and by an operator's terminal, so a
+    control sequence in it is shown escaped, never acted on."""
+    clipped = text if len(text) <= MAX_RENDER_CHARS else (
+        text[:MAX_RENDER_CHARS] + f" […{len(text) - MAX_RENDER_CHARS} more chars]")
+    return inert(clipped, lines=True)
 
 
 def _content_text(content: Any) -> str:

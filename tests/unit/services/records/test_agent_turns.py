@@ -46,3 +46,11 @@ def test_a_responses_turn_renders_its_input_and_a_tool_result() -> None:
     assert "[tool] 200000" in text and "[model] done" in text
     assert "[system] Be brief." in render_text([_turn("responses", {"model": "m", "instructions": "Be brief.",
                                                                     "input": "hi"})])
+
+
+def test_what_a_tool_printed_reaches_the_judge_and_the_terminal_inert() -> None:
+    attack = "ok\x1b]52;c;ZXZpbA==\x07\x1b[2J\r\u202eforged"  # clipboard write, clear screen, overwrite, bidi
+    loop = {"model": "m", "input": [{"type": "function_call_output", "call_id": "c1", "output": attack}]}
+    text = render_text([_turn("responses", loop, attack)])
+    assert "\x1b" not in text and "\r" not in text and "\u202e" not in text
+    assert "\\x1b]52;c;ZXZpbA==" in text  # what the agent tried stays visible to the judge
