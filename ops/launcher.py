@@ -156,7 +156,7 @@ def agent_env(key: str, egress: bool = False, extra: dict[str, str] | None = Non
     return env
 
 
-def _agent_model(template: AgentTemplate, agent: str, config: GymConfig) -> dict[str, str]:
+def _placeholders(template: AgentTemplate, agent: str, config: GymConfig) -> dict[str, str]:
     """The placeholders of an agent that names its model: the gym's first agent model (``agent_models``
     in its config) and the most output tokens the agent route grants it."""
     if not template.needs_agent_model():
@@ -192,7 +192,7 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
         raise Unprocessable(f"no agent {agent!r} (agents: {', '.join(sorted(agents)) or 'none'})", param="agent")
     egress = list(getattr(getattr(task, "egress", None), "allow", []) or [])
     template = agents[agent]
-    placeholders = _agent_model(template, agent, config)
+    placeholders = _placeholders(template, agent, config)
     agent_model = placeholders.get("{agent_model}", "")
     env = dict(zip(template.env, _fill(list(template.env.values()), placeholders), strict=True))
     if compose is None and (absent := agent_toolbox.missing(template.npm)):

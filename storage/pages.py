@@ -1,5 +1,6 @@
-"""What the services' read modules share: a row's view dataclass, a job's fraction done, and the
-keyset paging of a table's rows as operators list them across runs (ops/admin_lists.py)."""
+"""What the services' read modules share: a row's view dataclass, a job's fraction done, a run's
+rows by creation time, and the keyset paging of a table's rows as operators list them across runs
+(ops/admin_lists.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import InstrumentedAttribute
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from storage.store import Store
 
@@ -25,6 +26,20 @@ def progress(done: int, total: int) -> float | None:
 def view[V: DataclassInstance](cls: type[V], row: Any) -> V:
     """The view dataclass ``cls`` of a row: its fields, read by name (the read modules' shared helper)."""
     return cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
+
+
+def by_creation(s: Session, table: Any, *, run_id: str | None = None, newest_first: bool = False,
+                limit: int | None = None, in_flight: bool | None = None,
+                open_statuses: tuple[str, ...] = ()) -> list[Any]:
+    """``table``'s rows by ``created_at``, of one run or all, in ``s``; ``in_flight``: only those
+    whose ``status`` is one of ``open_statuses`` (True) or none of them (False)."""
+    query = select(table)
+    if run_id is not None:
+        query = query.where(table.run_id == run_id)
+    if in_flight is not None:
+        query = query.where(table.status.in_(open_statuses) if in_flight else table.status.not_in(open_statuses))
+    order = table.created_at.desc() if newest_first else table.created_at
+    return list(s.scalars(query.order_by(order).limit(limit)))
 
 
 @dataclass(frozen=True)

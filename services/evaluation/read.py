@@ -22,7 +22,7 @@ from services.evaluation.tables import (
     SubmissionRow,
     TrialResultRow,
 )
-from storage.pages import listing, progress, view
+from storage.pages import by_creation, listing, progress, view
 from storage.store import Store
 
 
@@ -139,13 +139,9 @@ def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None
          limit: int | None = None) -> list[JobView]:
     """Evaluation jobs by creation time, of one run or all (``in_flight``: only queued and running
     ones, or with False only ended ones), in ``s``."""
-    query = select(EvaluationJob)
-    if run_id is not None:
-        query = query.where(EvaluationJob.run_id == run_id)
-    if in_flight is not None:
-        query = query.where(EvaluationJob.status.in_(OPEN) if in_flight else EvaluationJob.status.not_in(OPEN))
-    order = EvaluationJob.created_at.desc() if newest_first else EvaluationJob.created_at
-    return [view(JobView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+    rows = by_creation(s, EvaluationJob, run_id=run_id, newest_first=newest_first, limit=limit, in_flight=in_flight,
+                       open_statuses=tuple(OPEN))
+    return [view(JobView, r) for r in rows]
 
 
 def job(s: Session, job_id: str) -> JobView | None:
@@ -190,9 +186,8 @@ class ScoreView:
 def scores(s: Session, *, run_id: str | None = None, newest_first: bool = False,
            limit: int | None = None) -> list[ScoreView]:
     """Score rows by creation time, of one run or all, in ``s``."""
-    query = select(ScoreRow) if run_id is None else select(ScoreRow).where(ScoreRow.run_id == run_id)
-    order = ScoreRow.created_at.desc() if newest_first else ScoreRow.created_at
-    return [view(ScoreView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+    return [view(ScoreView, r) for r in by_creation(s, ScoreRow, run_id=run_id, newest_first=newest_first,
+                                                     limit=limit)]
 
 
 @dataclass(frozen=True)
@@ -211,9 +206,8 @@ class SubmissionView:
 def submissions(s: Session, *, run_id: str | None = None, newest_first: bool = False,
                 limit: int | None = None) -> list[SubmissionView]:
     """Submissions by creation time, of one run or all, in ``s``."""
-    query = select(SubmissionRow) if run_id is None else select(SubmissionRow).where(SubmissionRow.run_id == run_id)
-    order = SubmissionRow.created_at.desc() if newest_first else SubmissionRow.created_at
-    return [view(SubmissionView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+    return [view(SubmissionView, r) for r in by_creation(s, SubmissionRow, run_id=run_id, newest_first=newest_first,
+                                                          limit=limit)]
 
 
 @dataclass(frozen=True)

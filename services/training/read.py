@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
 from services.training.checkpoints import Checkpoint
 from services.training.tables import Dataset, TrainingJob
-from storage.pages import listing, progress, view
+from storage.pages import by_creation, listing, progress, view
 from storage.store import Store
 
 
@@ -91,13 +91,9 @@ def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None
          limit: int | None = None) -> list[JobView]:
     """Training jobs by creation time, of one run or all (``in_flight``: only queued and running
     ones, or with False only ended ones), in ``s``."""
-    query = select(TrainingJob)
-    if run_id is not None:
-        query = query.where(TrainingJob.run_id == run_id)
-    if in_flight is not None:
-        query = query.where(TrainingJob.status.in_(OPEN) if in_flight else TrainingJob.status.not_in(OPEN))
-    order = TrainingJob.created_at.desc() if newest_first else TrainingJob.created_at
-    return [view(JobView, r) for r in s.scalars(query.order_by(order).limit(limit))]
+    rows = by_creation(s, TrainingJob, run_id=run_id, newest_first=newest_first, limit=limit, in_flight=in_flight,
+                       open_statuses=tuple(OPEN))
+    return [view(JobView, r) for r in rows]
 
 
 def running_by_queue(s: Session) -> dict[str, int]:
