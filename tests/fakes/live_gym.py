@@ -135,8 +135,11 @@ def live_gym(data_dir: Path, *, trial_concurrency: int = 4, sandbox: SandboxConf
              config: GymConfig | None = None, secrets: dict[str, str] | None = None) -> Iterator[LiveGym]:
     """An embedded gym served on a free loopback port (as ``rsigym up`` serves it). ``config``
     (e.g. with a rollout catalogue and an audit judge) gets the evaluation and sandbox settings
-    here; ``secrets``: the provider keys its catalogue names."""
-    config = (config or GymConfig()).model_copy(update={
+    here; ``secrets``: the provider keys its catalogue names. Without one: the default config, its
+    instruct model the tiny one (tests/conftest.py: ``tiny_instruct``)."""
+    from tests.conftest import tiny_instruct
+
+    config = (config or tiny_instruct(GymConfig())).model_copy(update={
         "evaluation": EvaluationConfig(workers=2, trial_concurrency=trial_concurrency),
         "sandbox": sandbox or SandboxConfig()})
     gym = build_embedded(GymSettings(data_dir=data_dir, admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR),

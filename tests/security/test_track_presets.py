@@ -17,7 +17,7 @@ from access.presets import (
     submission_needs,
     track_label,
 )
-from kit.config import GymConfig
+from kit.config import GymConfig, smollm2_installed
 from kit.errors import Unprocessable
 from ops.builder import Gym
 from services.training.tables import TrainingJob
@@ -297,7 +297,8 @@ def test_presets_render_against_the_tracks_config() -> None:
 
 def test_tracks_config_defaults_and_checks() -> None:
     t = GymConfig().tracks
-    assert (t.base_model, t.instruct_model, t.teachers, t.offline_teacher) == ("tiny", "tiny", [], None)
+    instruct = "smollm2" if smollm2_installed() else "tiny"  # `make install` installs its wheel
+    assert (t.base_model, t.instruct_model, t.teachers, t.offline_teacher) == ("tiny", instruct, [], None)
     # an offline gym without a teacher grants no rollout at all
     assert "rollout" not in preset_policy("joint", GymConfig(), offline=True).services
     with pytest.raises(ValueError, match="not a configured base model"):
