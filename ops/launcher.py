@@ -1,6 +1,6 @@
 """The run launcher (``rsigym run start|list|show|stop|logs``): embedded mode below; compose mode
 (:func:`compose_plan`) runs the agent in its track's container with ``docker compose run`` and the
-same supervisor stops it at the wall clock. A task's egress allowlist is served by ops/egress.py
+same supervisor stops it at the wall clock. A task's egress allowlist is served by kit/egress.py
 (embedded: on a socket the in-namespace relay exposes at 127.0.0.1:8701; compose: a per-run
 ``egress`` container).
 
@@ -15,7 +15,7 @@ ops.launcher supervise DIR``, its own session) which:
   host's system directories and a minimal /etc read-only, a fresh HOME, the instruction, the
   agent's files and the socket directory bound; the data dir, the store, provider keys and the
   admin token are not there, and the run key is in its environment, never on a command line;
-* inside, ops/launcher_relay.py listens on 127.0.0.1:8700 (the agent's ``RSIGYM_URL``) and
+* inside, kit/namespace_relay.py listens on 127.0.0.1:8700 (the agent's ``RSIGYM_URL``) and
   relays to that socket: the agent's only network reach is the gateway. It kills the agent when
   the task's wall clock passes; the supervisor kills the whole sandbox a little later should the
   relay not have (the gateway refuses the run key after its deadline regardless);
@@ -44,21 +44,22 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kit import namespace_relay
 from kit.config import GymConfig
+from kit.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
 from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from kit.host_uids import HostUidPool, kill_uid, pid_running
+from kit.namespace_relay import _pipe  # the same byte pipe the in-namespace relay runs
 from kit.private_files import open_private, restrict_umask, write_private
 from ops import agent_namespace as ns
 from ops import agent_setup, agent_toolbox, launcher_compose
-from ops.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
 from ops.launcher_compose import ComposeTarget, compose_plan
-from ops.launcher_relay import _pipe  # the same byte pipe the in-namespace relay runs
 from services.sandbox import seccomp
 
 AGENTS = Path(__file__).with_name("agents.toml")
 AGENT_FILES = Path(__file__).resolve().parents[1] / "agent_container" / "agents"
 HARNESS_FILES = AGENT_FILES.parent / "harness"
-RELAY = Path(__file__).with_name("launcher_relay.py")
+RELAY = Path(namespace_relay.__file__)
 INSIDE_PORT = 8700
 INSIDE_URL = f"http://127.0.0.1:{INSIDE_PORT}"
 EGRESS_PORT = 8701

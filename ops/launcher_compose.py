@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
+from kit.egress import proxy_env
 from kit.errors import Unprocessable
-from ops.egress import proxy_env
 
 INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
 SETUP_INSIDE = "/run/rsigym/setup"

@@ -123,11 +123,11 @@ def egress_proxy(
     port: Annotated[int, typer.Option("--port")] = 3128,
 ) -> None:
     """The research agent's egress allowlist proxy (compose mode's per-run ``egress`` service; see
-    ops/egress.py). With RSIGYM_EGRESS_TOKEN set, it serves only clients that present it."""
+    kit/egress.py). With RSIGYM_EGRESS_TOKEN set, it serves only clients that present it."""
     import asyncio
 
+    from kit.egress import EgressPolicy, serve_tcp
     from kit.settings import EgressSettings
-    from ops.egress import EgressPolicy, serve_tcp
 
     settings = EgressSettings()
     policy = EgressPolicy.from_env(allow if allow is not None else settings.allow)

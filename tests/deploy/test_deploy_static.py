@@ -101,7 +101,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 EGRESS = "egress"
-"""The per-run egress allowlist proxy (ops/egress.py): built from the gateway image but not a
+"""The per-run egress allowlist proxy (kit/egress.py): built from the gateway image but not a
 platform part — no store, no secret, started by the compose-mode launcher per run, not in a track."""
 
 

@@ -1,4 +1,4 @@
-"""The agent's egress allowlist proxy (ops/egress.py), played as an agent that wants out:
+"""The agent's egress allowlist proxy (kit/egress.py), played as an agent that wants out:
 names outside the list, a listed name that resolves onto the host's loopback or private network
 (DNS rebinding toward the store), ports the entry does not name, malformed and oversized heads."""
 
@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
+from kit.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, decide
 from kit.errors import PermissionDenied
-from ops.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, decide
 
 
 def resolver(table: dict[str, list[str]]) -> Callable[[str, int], list[str]]:

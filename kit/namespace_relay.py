@@ -1,7 +1,7 @@
 """Runs inside the launcher's namespaces (stdlib only, under the system python): the agent's one
 way out. Listens on 127.0.0.1:PORT and relays each connection to the bind-mounted Unix socket the
 launcher's supervisor serves (which forwards to the gateway); likewise ``--egress-port`` to the
-supervisor's egress proxy (ops/egress.py) when the task allows any host; then runs the agent command and exits
+supervisor's egress proxy (kit/egress.py) when the task allows any host; then runs the agent command and exits
 with its status; the agent is killed when ``--seconds`` pass (the run's wall clock)."""
 
 import argparse

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit.errors import AuthenticationFailed, GymError, PermissionDenied
-from ops.launcher_relay import _pipe
+from kit.namespace_relay import _pipe
 
 HEAD_LIMIT = 16 * 1024
 """Bytes of request line and headers the proxy reads before refusing (431)."""
