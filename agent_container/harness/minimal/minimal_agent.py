@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,8 @@ EXIT_CONFIG_ERROR = 2
 
 RETRY_STATUSES = (429, 503)
 RESERVED_SAMPLING_KEYS = ("model", "messages", "tools", "stream")
+ANSWER_KINDS = ("qa", "code")
+"""Task kinds with an answer file the harness writes when the model only replies in text."""
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -220,8 +223,8 @@ class Config:
 
     @property
     def answer_file(self) -> Path | None:
-        """The QA answer file, for QA tasks only (relative paths are under the workdir)."""
-        if self.metadata.get("kind") != "qa" or not self.metadata.get("answer_file"):
+        """The answer file of a QA or code task (relative paths are under the workdir)."""
+        if self.metadata.get("kind") not in ANSWER_KINDS or not self.metadata.get("answer_file"):
             return None
         return self.resolve(str(self.metadata["answer_file"]))
 
@@ -543,21 +546,28 @@ class Run:
         if target is None:
             return "finished"
         try:
-            write_answer(target, self.finish_answer)
+            write_answer(target, self.finish_answer, code=self.cfg.metadata.get("kind") == "code")
         except OSError as e:
             return f"finished, but writing the answer to {target} failed: {e}"
         self.answer_written_by = "finish"
         return f"finished; answer written to {target}"
 
 
-def write_answer(path: Path, answer: str) -> None:
+def write_answer(path: Path, answer: str, code: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(answer.strip(), encoding="utf-8")
+    # code keeps its leading indentation (a completion continues the prompt's function)
+    path.write_text(answer.rstrip() + "\n" if code else answer.strip(), encoding="utf-8")
+
+
+def code_of(text: str) -> str:
+    """A code task's answer in a plain reply: its last fenced block (```python … ```), else the whole text."""
+    blocks = re.findall(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", text, flags=re.S)
+    return blocks[-1] if blocks else text
 
 
 def qa_fallback(run: Run, before: FileSnapshot) -> None:
-    """For QA tasks: if the model neither finished with an answer nor wrote the answer file
-    itself, write its last text reply there."""
+    """For QA and code tasks: if the model neither finished with an answer nor wrote the answer
+    file itself, write its last text reply there (a code task's: the code in it, :func:`code_of`)."""
     target = run.cfg.answer_file
     if target is None or run.answer_written_by is not None:
         return
@@ -565,11 +575,13 @@ def qa_fallback(run: Run, before: FileSnapshot) -> None:
         run.answer_written_by = "model"
         return
     answer = run.last_text.strip()
+    if run.cfg.metadata.get("kind") == "code":
+        answer = code_of(run.last_text).rstrip()
     if not answer:
-        log(f"QA task but no answer to write to {target}")
+        log(f"{run.cfg.metadata.get('kind')} task but no answer to write to {target}")
         return
     try:
-        write_answer(target, answer)
+        write_answer(target, answer, code=run.cfg.metadata.get("kind") == "code")
         run.answer_written_by = "fallback"
     except OSError as e:
         log(f"could not write the fallback answer to {target}: {e}")

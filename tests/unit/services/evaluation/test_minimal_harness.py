@@ -8,6 +8,7 @@ directory, here with ``-I -S`` so that anything beyond the standard library fail
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -24,6 +25,11 @@ import pytest
 from harbor.models.trajectories import Trajectory
 
 HARNESS_DIR = Path(__file__).resolve().parents[4] / "agent_container" / "harness" / "minimal"
+_SPEC = importlib.util.spec_from_file_location("minimal_agent", HARNESS_DIR / "minimal_agent.py")
+assert _SPEC is not None and _SPEC.loader is not None
+minimal_agent = importlib.util.module_from_spec(_SPEC)
+sys.modules.setdefault("minimal_agent", minimal_agent)  # its dataclasses look their module up
+_SPEC.loader.exec_module(minimal_agent)
 SANDBOX_PYTHON = Path("/usr/bin/python3")
 
 pytestmark = pytest.mark.skipif(not SANDBOX_PYTHON.exists(), reason="/usr/bin/python3 is missing")
@@ -276,6 +282,20 @@ def test_qa_plain_text_answer_falls_back_to_the_answer_file(serve: Any, run_agen
     assert result.summary["stop_reason"] == "no_tool_calls"
     assert result.summary["answer_written_by"] == "fallback"
     assert [s.source for s in result.trajectory().steps] == ["user", "agent"]
+
+
+def test_code_plain_reply_falls_back_to_its_last_code_block(serve: Any, run_agent: Any, tmp_path: Path) -> None:
+    """A code task (HumanEval's ``kind = "code"``): a model that answers with a fenced block and no
+    tool call still gets scored — the block goes to the answer file, its indentation kept."""
+    fake, url = serve([reply("Here it is:\n```python\n    return a + b\n```\nDone.")])
+    metadata = json.dumps({"kind": "code", "answer_file": str(tmp_path / "app" / "completion.py")})
+    result = run_agent(url, RSIGYM_TASK_METADATA=metadata)
+    assert result.code == 0, result.stderr
+    assert (result.workdir / "completion.py").read_text() == "    return a + b\n"
+    assert result.summary["answer_written_by"] == "fallback"
+    # a reply cut off inside its block (max_tokens) still gives the code so far; no block: the text
+    assert minimal_agent.code_of("```py\n    x = 1\n    return x") == "    x = 1\n    return x"
+    assert minimal_agent.code_of("    return 1") == "    return 1"
 
 
 def test_qa_finish_answer_is_written(serve: Any, run_agent: Any, tmp_path: Path) -> None:
