@@ -237,6 +237,9 @@ class SandboxTemplate(_Strict):
     disk_mb: int = Field(default=1024, gt=0)
     """The sandbox's whole writable filesystem (a tmpfs: memory or swap, not the host's disk);
     writing past it fails with ENOSPC inside."""
+    layer: str | None = None
+    """Set by the gym on a template it built from a Dockerfile (services/sandbox/templates.py):
+    the built layer's directory. Not for config files."""
 
 
 def _default_templates() -> list[SandboxTemplate]:
@@ -267,6 +270,20 @@ class SandboxConfig(_Strict):
     e2b_domain: str = "e2b.app"
     e2b_sandbox_url: str | None = None
     """Send every sandbox-daemon call here instead of E2B's per-sandbox hosts (tests, self-hosted E2B)."""
+
+    build_egress: list[str] = Field(default_factory=list)
+    """Hosts a template build may reach (``pypi.org``, ``files.pythonhosted.org``, ``*.debian.org:80`` …),
+    through the egress allowlist proxy (kit/egress.py); empty: builds have no network at all."""
+    build_templates_dir: str | None = None
+    """Where templates built from Dockerfiles are kept (default: ``<data dir>/sandbox-templates``);
+    sandbox replicas on several hosts need it shared."""
+
+    @field_validator("templates")
+    @classmethod
+    def _no_layers(cls, templates: list[SandboxTemplate]) -> list[SandboxTemplate]:
+        if any(t.layer for t in templates):
+            raise ValueError("a template's layer is set by the gym's builds, not in the config")
+        return templates
 
     def template(self, name: str) -> SandboxTemplate | None:
         return next((t for t in self.templates if t.name == name), None)

@@ -81,14 +81,16 @@ class AdminClient:
         return self.list_data("GET", "/admin/v1/benchmarks")
 
     def score(self, run_id: str, *, attempts: int = 3, benchmarks: list[str] | None = None,
-              split: str = "official", submission_id: str | None = None) -> list[dict[str, Any]]:
+              split: str = "official", submission_id: str | None = None, subset: int | None = None,
+              subset_seed: int | None = None, reference: str | None = None) -> list[dict[str, Any]]:
         """Score the run's final submission (``submission_id``: the audited one; 409 if it is not
-        the final one). The gym ends an open run first."""
+        the final one). The gym ends an open run first. ``subset``/``subset_seed``: a seeded subset
+        of each split; ``reference``: a base model scored next to the initial system."""
         body: dict[str, Any] = {"attempts": attempts, "split": split}
         if benchmarks:
             body["benchmarks"] = benchmarks
-        if submission_id is not None:
-            body["submission_id"] = submission_id
+        optional = {"submission_id": submission_id, "subset": subset, "subset_seed": subset_seed, "reference": reference}
+        body.update({k: v for k, v in optional.items() if v is not None})
         return self.list_data("POST", f"/admin/v1/runs/{quote(run_id, safe='')}/score", json=body)
 
     def latest_submission(self, run_id: str) -> dict[str, Any] | None:

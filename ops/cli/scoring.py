@@ -28,46 +28,60 @@ from ops.cli.common import (
     with_admin,
 )
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
-from services.evaluation.report import INITIAL_RUN, build_report_rows
+from services.evaluation.report import build_report_rows
+from services.evaluation.schemas import BASELINE_RUNS, REFERENCE_RUN
 
 
 def _score_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _subset_text(r: dict[str, Any]) -> str:
+    return "all" if r.get("subset") is None else f"{r['subset']} (seed {r.get('subset_seed')})"
+
+
 def _scores_table(rows: list[dict[str, Any]]) -> Table:
-    table = PlainTable("score id", "run", "benchmark", "split", "model", "harness", "attempts", "status", "progress", "score")
+    table = PlainTable("score id", "run", "benchmark", "split", "subset", "split seed", "model", "harness", "attempts",
+                       "status", "progress", "score")
     for r in rows:
         p = r.get("progress") or {}
         progress = f"{p.get('done', 0)}/{p.get('total', 0)}" if p else "-"
-        table.add_row(r["id"], r["run_id"], r["benchmark"], r["split"], r["model"], r["harness"], str(r["attempts"]),
-                      r["status"], progress, _score_text(r.get("score")))
+        table.add_row(r["id"], r["run_id"], r["benchmark"], r["split"], _subset_text(r), r.get("split_seed") or "fixed",
+                      r["model"], r["harness"], str(r["attempts"]), r["status"], progress, _score_text(r.get("score")))
     return table
 
 
-def watched_records(started: list[dict[str, Any]], scores: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+def _scope_of(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What a score was taken on: initial and reference records are watched on the run's scope."""
+    return r["benchmark"], r["split"], r["attempts"], r.get("subset"), r.get("subset_seed"), r.get("split_seed")
+
+
+def watched_records(started: list[dict[str, Any]], scores: list[dict[str, Any]], run_id: str,
+                    reference: str | None = None) -> list[dict[str, Any]]:
     """The score records ``rsigym score RUN --wait`` waits for: the ones just started, and the
-    initial system's records for the same benchmarks, split and attempts (a baseline that was
-    already cached is not in ``started``)."""
+    initial system's (and the ``reference`` model's) records on the same scope (benchmark, split,
+    attempts, subset, seeds): a baseline that was already cached is not in ``started``."""
     ids = {r["id"] for r in started}
-    wanted = {(r["benchmark"], r["split"], r["attempts"]) for r in started if r["run_id"] == run_id}
+    wanted = {_scope_of(r) for r in started if r["run_id"] == run_id}
     return [r for r in scores if r["id"] in ids
-            or (r["run_id"] == INITIAL_RUN and (r["benchmark"], r["split"], r["attempts"]) in wanted)]
+            or (r["run_id"] in BASELINE_RUNS and _scope_of(r) in wanted
+                and (r["run_id"] != REFERENCE_RUN or r["model"] == reference))]
 
 
 def _wait_for_scores(started: list[dict[str, Any]], run_id: str, poll: float, data_dir: Path | None,
-                     url: str | None) -> list[dict[str, Any]]:
+                     url: str | None, reference: str | None = None) -> list[dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bars: dict[str, Any] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
                   TimeElapsedColumn(), console=err_console) as progress:
         while True:
-            watched = watched_records(started, with_admin(data_dir, url, lambda c: c.scores()), run_id)
+            watched = watched_records(started, with_admin(data_dir, url, lambda c: c.scores()), run_id, reference)
             for r in watched:
                 p = r.get("progress") or {}
                 if r["id"] not in bars:
-                    label = f"{r['run_id']} {r['benchmark']}/{r['split']} avg@{r['attempts']}"
+                    subset = "" if r.get("subset") is None else f" subset {r['subset']}@seed {r.get('subset_seed')}"
+                    label = f"{r['run_id']} {r['benchmark']}/{r['split']}{subset} avg@{r['attempts']}"
                     bars[r["id"]] = progress.add_task(escape(inert(label)), total=p.get("total") or None, status="")
                 progress.update(bars[r["id"]], completed=p.get("done", 0), total=p.get("total") or None,
                                 status=escape(inert(f"{r['status']} {_score_text(r.get('score'))}")))
@@ -81,6 +95,14 @@ def score(
     attempts: Annotated[int, typer.Option("--attempts", min=1, max=10, help="Attempts per task (avg@k).")] = 3,
     benchmark: Annotated[list[str] | None, typer.Option("--benchmark", help="Only this benchmark (repeatable).")] = None,
     split: Annotated[str, typer.Option("--split", help="The split scored (hidden from agents).")] = "official",
+    subset: Annotated[int | None, typer.Option("--subset", min=1, help="Score N tasks of the split, drawn by --seed "
+                                                                     "(the same N for the initial system and every run)."
+                                               )] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="The subset's seed (required with --subset; "
+                                                                   "named in the scores and the report).")] = None,
+    reference: Annotated[str | None, typer.Option("--reference", metavar="MODEL", help="Also score this base model "
+                                                  "with the minimal harness (the gap to reference; not in the "
+                                                  "RSI-Index).")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the run's and the initial system's "
                                                       "scores are final (exit 1 if one failed).")] = False,
     poll: PollOpt = 2.0,
@@ -97,8 +119,16 @@ def score(
     system (base model + minimal harness) is scored the same way once per benchmark, split and
     attempts, and cached. The submission is scored on a visible split (dev) as well, and with
     --wait the run is audited again once the scores are in: the audit's score-gap check flags an
-    official score that beats the dev score by more than sampling noise."""
+    official score that beats the dev score by more than sampling noise.
+
+    --subset N --seed S scores a seeded subset of N tasks of each benchmark's split instead
+    (services/evaluation/subsets.py): the same tasks for the initial system, the --reference
+    model and every run scored with that N and seed; each score names its subset, subset seed
+    and split seed. The dev score for the score-gap check stays on the whole dev split."""
     shown = err_console if as_json else console
+    if (subset is None) != (seed is None):
+        print_error("give --subset N and --seed S together: the seed that draws the subset is named in every report")
+        raise typer.Exit(2)
     if with_admin(data_dir, url, lambda c: c.latest_submission(run_id)) is None:
         print_error(f"run {run_id} has submitted nothing: nothing scored, the run left as it is")
         raise typer.Exit(1)
@@ -111,11 +141,13 @@ def score(
     shown.print(f"audit of {run_id}'s final submission {escape(inert(str(submission_id)))}: "
                 f"[bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
     started = with_admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split,
-                                                      submission_id=submission_id))
+                                                      submission_id=submission_id, subset=subset, subset_seed=seed,
+                                                      reference=reference))
     # The score-gap check compares the official score with the same system's dev score.
     started_dev = with_admin(data_dir, url, lambda c: score_visible_splits(c, run_id, attempts, benchmark, split,
                                                                         submission_id))
-    watched = _wait_for_scores(started + started_dev, run_id, poll, data_dir, url) if wait else started + started_dev
+    watched = (_wait_for_scores(started + started_dev, run_id, poll, data_dir, url, reference) if wait
+               else started + started_dev)
     rows = [r for r in watched if r["split"] == split]
     after = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url) if wait else None
     if after is not None:
@@ -126,6 +158,8 @@ def score(
                                                        "audit_id": verdict.get("audit_id"),
                                                        "submission_id": submission_id},
                                "run_ended_now": ended is not None,
+                               "subset": None if subset is None else {"size": subset, "seed": seed},
+                               "reference": reference,
                                "dev_scores": [r for r in watched if r["split"] != split],
                                "audit_after_scoring": None if after is None else {
                                    "status": after["status"], "hacking_rate": after["hacking_rate"],

@@ -126,6 +126,7 @@ def _score_views(s: Session, rows: Sequence[evaluation.ScoreView]) -> list[dict[
             "id": r.id, "run_id": r.run_id, "agent": r.agent, "submission_id": r.submission_id or "",
             "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
             "attempts": r.attempts, "job_id": r.job_id, "score": score, "status": status,
+            "subset": r.subset, "subset_seed": r.subset_seed, "split_seed": r.split_seed,
             "done": job.trials_done if job else None, "total": job.trials_total if job else None,
             "audit": audits.get((r.run_id, r.submission_id), AUDIT_STATUS),
             "created_at": r.created_at.isoformat() if r.created_at else None,
@@ -240,7 +241,8 @@ def evaluation_job(store: Store, job_id: str) -> dict[str, Any]:
         trials = evaluation.job_trials(s, job_id)
         return {"job": evaluation_job_view(job),
                 "trials": [{"id": t.id, "task_id": t.task_id, "attempt": t.attempt, "reward": t.reward,
-                            "error": t.error or "", "finished_at": t.finished_at or ""} for t in trials]}
+                            "error": t.error or "", "failure_kind": t.failure_kind or "",
+                            "finished_at": t.finished_at or ""} for t in trials]}
 
 
 def trial(store: Store, job_id: str, trial_id: int) -> dict[str, Any]:
@@ -253,7 +255,7 @@ def trial(store: Store, job_id: str, trial_id: int) -> dict[str, Any]:
             "job": evaluation_job_view(job) if job else {"id": job_id},
             "trial": {"id": row.id, "task_id": row.task_id, "attempt": row.attempt, "reward": row.reward,
                       "error": row.error or "", "started_at": row.started_at or "", "finished_at": row.finished_at or "",
-                      "sandbox_id": row.sandbox_id or ""},
+                      "sandbox_id": row.sandbox_id or "", "failure_kind": row.failure_kind or ""},
             "steps": trajectory_steps(row.trajectory),
             "trajectory_meta": _trajectory_meta(row.trajectory),
             "raw_trajectory": None if row.trajectory is None else json.dumps(row.trajectory, indent=2, ensure_ascii=False),

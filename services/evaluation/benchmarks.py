@@ -4,7 +4,8 @@ A benchmark is a directory, or a ``.tar.gz`` holding one (at the top or in a sin
 
     benchmark.toml                 name, description, version, [splits.<split>] hidden = bool
                                    (a generated split also generator = "<name>", count = N),
-                                   optionally [training] pool = "train.jsonl"
+                                   optionally [training] pool = "train.jsonl",
+                                   optionally [judge] model = "<rollout model>", max_tokens = N
     <split>/<task-id>/             one Harbor task per folder, ids unique across splits:
         task.toml                  Harbor's TaskConfig; [metadata] kind ("qa" also answer_file)
         instruction.md
@@ -17,6 +18,14 @@ A **generated split** (``[splits.official] generator = "arithmetic"``, ``count =
 folder: the gym draws its tasks at registration from a seed its operator holds
 (services/evaluation/official_splits.py), so no file of the benchmark's repository holds them. Until
 then the split has no tasks; the registered copy has them in ``<split>/`` like any other split.
+
+A **judged benchmark** (``[judge] model = "judge"``, Arena-Hard style) declares a model of the
+gym's rollout catalogue (checked at registration) that its verifiers may ask. The verifier's
+sandbox — never the agent's — gets a door to ``/rollout/v1`` with a key minted per job below the
+operator's key (the judge is never paid by the run), and ``tests/test.sh`` sees
+``RSIGYM_JUDGE_URL`` (an OpenAI-compatible base URL: ``$RSIGYM_JUDGE_URL/chat/completions``),
+``RSIGYM_JUDGE_MODEL`` and, if declared, ``RSIGYM_JUDGE_MAX_TOKENS`` (the judge key refuses more).
+The model and the prompts it was sent are recorded with each trial's result.
 
 A **training pool** is the benchmark's train split, in the sense of GSM8K's: questions of the
 benchmark's own form that no task of any split asks, published to agents (``GET
@@ -82,6 +91,14 @@ class Split:
 
 
 @dataclass(frozen=True, slots=True)
+class Judge:
+    """A judged benchmark's judge (``[judge]``): a rollout catalogue model its verifiers may ask."""
+
+    model: str
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Benchmark:
     name: str
     description: str
@@ -90,6 +107,8 @@ class Benchmark:
     splits: dict[str, Split]
     training_pool: str | None = None
     """The training pool's path relative to ``root`` (``[training] pool``), if it declares one."""
+    judge: Judge | None = None
+    """The judge its verifiers may ask (``[judge]``), if it declares one."""
 
     def tasks(self) -> Iterator[tuple[Split, TaskRef]]:
         for split in self.splits.values():
@@ -118,7 +137,7 @@ def load_benchmark(source: Path | str, *, extract_to: Path | None = None) -> Ben
         for name, (hidden, generated) in header["splits"].items()
     }
     return Benchmark(header["name"], header["description"], header["version"], root.resolve(), splits,
-                     header["pool"])
+                     header["pool"], header["judge"])
 
 
 def validate_structure(benchmark: Benchmark) -> None:
@@ -243,9 +262,33 @@ def _read_header(path: Path) -> dict[str, Any]:
             errors.append("[training] pool must be a relative path inside the benchmark (no '..')")
         else:
             pool = PurePosixPath(raw).as_posix()
+    judge, problems = _judge(data.get("judge"))
+    errors.extend(problems)
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))
-    return {**data, "splits": splits, "pool": pool}
+    return {**data, "splits": splits, "pool": pool, "judge": judge}
+
+
+JUDGE_MAX_TOKENS = 1_000_000
+
+
+def _judge(table: Any) -> tuple[Judge | None, list[str]]:
+    """``[judge] model = "<name>"``, optionally ``max_tokens = N``; whether the model is in the
+    gym's rollout catalogue is the registry's to check (services/evaluation/registry.py)."""
+    if table is None:
+        return None, []
+    if not isinstance(table, dict):
+        return None, ["[judge] must be a table"]
+    problems = [f"[judge] {k}: unknown key (model, max_tokens)" for k in table if k not in ("model", "max_tokens")]
+    model, max_tokens = table.get("model"), table.get("max_tokens")
+    if not isinstance(model, str) or not model.strip() or len(model) > 200:
+        problems.append('[judge] model must name a model of the gym\'s rollout catalogue, e.g. model = "judge"')
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or not 1 <= max_tokens <= JUDGE_MAX_TOKENS):
+        problems.append(f"[judge] max_tokens must be a whole number from 1 to {JUDGE_MAX_TOKENS}")
+    if problems:
+        return None, problems
+    return Judge(str(model), max_tokens), []
 
 
 def _generated(split: str, table: dict[str, Any]) -> tuple[Generated | None, list[str]]:

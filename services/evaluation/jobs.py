@@ -5,7 +5,10 @@ the operator's for scoring): a *sandbox key* that may create trial sandboxes wit
 and a *door key* that may call only the evaluated model through inference. The door key never
 enters a sandbox: the door puts it on requests. So every trial's sandbox seconds and every token
 the harness spends are metered through the ordinary gateway path to the right budget, and the
-keys are revoked when that worker is done. A trial is claimed in the store before it runs
+keys are revoked when that worker is done. A judged benchmark's job (``[judge] model``) mints a
+third, the *judge key*, always below the operator's key — the run's own dev evaluation included: the
+judge is the benchmark's cost, never the run's — that may call only the judge model through
+rollout; only the verifier's sandbox gets a door with it. A trial is claimed in the store before it runs
 (:class:`~services.evaluation.tables.TrialClaim`), so several workers can share one job's trials,
 and its result is written as soon as it ends, so a cancel, a crash or a resumed job keeps what
 was done and never runs a recorded trial again.
@@ -39,12 +42,14 @@ from jobs.lifecycle import Dispatcher, JobRunnerBase, PoolDispatcher
 from kit.display_text import inert
 from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
 from kit.settings import JobSettings
-from services.evaluation.benchmarks import TaskRef
+from services.evaluation import templates
+from services.evaluation.benchmarks import Judge, TaskRef
 from services.evaluation.failures import RETRIED, FailureKind, failure_kind
+from services.evaluation.harbor.trial_sandboxes import JudgeDoor
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.registry import BenchmarkRegistry
 from services.evaluation.tables import EvaluationJob, ScoreRow, TrialClaim, TrialResultRow
-from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial
+from services.evaluation.trials import TrialOutcome, TrialRequest, run_trial, unbuilt_outcome
 from services.records.events import EVALUATION_JOB, OPERATOR_RECORD, EventLog
 from storage.store import Store
 from storage.tables import ApiKey, utcnow
@@ -97,7 +102,7 @@ class EvaluationRunner(JobRunnerBase):
                  *, workers: int = 1, trial_concurrency: int = 4, runner: TrialRunner = run_trial,
                  gateway_url: Callable[[], str | None] = lambda: None, dispatcher: Dispatcher | None = None,
                  job_settings: JobSettings | None = None, workers_per_job: int = 1, events: EventLog | None = None,
-                 max_running_per_run: int | None = None):
+                 max_running_per_run: int | None = None, operator_key: Callable[[], str] | None = None):
         super().__init__(store, workers=workers, name="rsigym-eval", settings=job_settings, dispatcher=dispatcher,
                          max_running_per_run=max_running_per_run)
         self.events = events
@@ -108,6 +113,8 @@ class EvaluationRunner(JobRunnerBase):
         self.trial_concurrency = trial_concurrency
         self.run_trial = runner
         self.gateway_url = gateway_url
+        self.operator_key = operator_key
+        """The operator's root key (made on first use), which judged benchmarks' judges are paid from."""
         """Where trials reach the gateway: the gym's configured address, read when a job runs
         (never the row's, never a request's), since the trial's keys are sent there."""
 
@@ -222,7 +229,12 @@ class EvaluationRunner(JobRunnerBase):
             raise ServiceUnavailable("the gym does not know its own address (RSIGYM_GATEWAY_URL)")
         sandbox_key, door_key, minted = self._mint_keys(job)
         try:
-            asyncio.run(self._trials(job, tasks, harness_dir, sandbox_key, door_key, gateway))
+            if job.purpose == "validation":  # tasks whose Dockerfile has RUN get their template now
+                templates.save(benchmark.root, templates.build_templates(
+                    tasks.values(), gateway, self._mint_builder(job, minted)))
+            built = templates.load(benchmark.root)
+            judge = self._mint_judge(job, benchmark.judge, minted) if benchmark.judge is not None else None
+            asyncio.run(self._trials(job, tasks, harness_dir, sandbox_key, door_key, gateway, judge, built))
         finally:
             for key_id in minted:
                 try:
@@ -244,9 +256,39 @@ class EvaluationRunner(JobRunnerBase):
             parent_id=job.key_id, name=f"evaluation {job.id} model door", platform=True)
         return sandbox_key, door_key, [sandbox_view["id"], door_view["id"]]
 
+    def _mint_builder(self, job: EvaluationJob, minted: list[str]) -> str:
+        """A validation job's key that may build sandbox templates (a platform grant, below the
+        operator's key that validations run on); appended to ``minted`` to be revoked with the rest."""
+        view, key = self.keys.create(
+            policy=Policy.model_validate({"services": {"sandbox": {"build": True, "internet": False}}}),
+            budget_nusd=None, parent_id=job.key_id, name=f"evaluation {job.id} template builds", platform=True)
+        minted.append(view["id"])
+        return key
+
+    def _mint_judge(self, job: EvaluationJob, judge: Judge, minted: list[str]) -> JudgeDoor:
+        """The judge key of a judged benchmark's job: below the operator's key whoever's job it
+        is (an agent's dev evaluation too), rollout of the judge model only (and at most its
+        ``max_tokens``); appended to ``minted`` so it is revoked with the job's other keys."""
+        if job.purpose in OPERATOR_PURPOSES:
+            parent = job.key_id
+        elif self.operator_key is not None:
+            parent = self.operator_key()
+        else:
+            raise ServiceUnavailable("this gym's evaluation runner has no operator key to pay a benchmark's judge")
+        rollout: dict[str, Any] = {"models": [judge.model], "max_concurrency": self.trial_concurrency}
+        if judge.max_tokens is not None:
+            rollout["fields"] = {"max_tokens": {"range": [1, judge.max_tokens]}}
+        view, key = self.keys.create(policy=Policy.model_validate({"services": {"rollout": rollout}}),
+                                     budget_nusd=None, parent_id=parent, name=f"evaluation {job.id} judge",
+                                     platform=True)
+        minted.append(view["id"])
+        return JudgeDoor(key=key, model=judge.model, max_tokens=judge.max_tokens)
+
     async def _trials(self, job: EvaluationJob, tasks: dict[str, TaskRef], harness_dir: Path | None,
-                      sandbox_key: str, door_key: str, gateway_url: str) -> None:
+                      sandbox_key: str, door_key: str, gateway_url: str, judge: JudgeDoor | None = None,
+                      built: templates.TaskTemplates | None = None) -> None:
         trials_dir = self.trials_root / job.id
+        built = built or templates.TaskTemplates()
 
         async def lane() -> None:
             while (claimed := await asyncio.to_thread(self._claim_trial, job)) is not None:
@@ -254,8 +296,12 @@ class EvaluationRunner(JobRunnerBase):
                 request = TrialRequest(
                     task=tasks[task_id], harness_dir=harness_dir, gateway_url=gateway_url, sandbox_key=sandbox_key,
                     door_key=door_key, model=job.model, sampling=dict(job.sampling), attempt=attempt,
-                    trials_dir=trials_dir, agent=agent)  # type: ignore[arg-type]
-                outcome = await self._run_with_retries(job, request)
+                    trials_dir=trials_dir, agent=agent, judge=judge,  # type: ignore[arg-type]
+                    template=built.template_of(task_id))
+                if task_id in built.failed:  # the task's own Dockerfile: nothing to run, nothing to retry
+                    outcome = unbuilt_outcome(request, built.failed[task_id])
+                else:
+                    outcome = await self._run_with_retries(job, request)
                 await asyncio.to_thread(self._record, job.id, outcome, attempt)
 
         await asyncio.gather(*(lane() for _ in range(self.trial_concurrency)))
@@ -365,7 +411,7 @@ class EvaluationRunner(JobRunnerBase):
                     trajectory=trajectory,
                     verifier_output=verifier_output,
                     agent_output=agent_output, sandbox_id=outcome.sandbox_id,
-                    started_at=outcome.started_at, finished_at=outcome.finished_at))
+                    started_at=outcome.started_at, finished_at=outcome.finished_at, judge=outcome.judge))
                 s.flush()
                 s.execute(update(EvaluationJob).where(EvaluationJob.id == job_id)
                           .values(trials_done=EvaluationJob.trials_done + 1))

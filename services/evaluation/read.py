@@ -181,6 +181,10 @@ class ScoreView:
     score: float | None
     status: str
     created_at: datetime
+    subset: int | None = None
+    subset_seed: int | None = None
+    split_seed: str | None = None
+    """The scope a score was taken on (services/evaluation/subsets.py); None: the whole split."""
 
 
 def scores(s: Session, *, run_id: str | None = None, newest_first: bool = False,

@@ -15,6 +15,9 @@ A benchmark's training pool (services/evaluation/benchmarks.py) is checked at re
 contamination audit's own scanner and settings: a pool row that the audit would match to any task
 of the benchmark refuses the registration, naming the rows, so an agent that trains on the pool is
 never flagged for it.
+
+A judged benchmark's ``[judge] model`` must be a model of the gym's rollout catalogue: a judge the
+gym cannot serve would fail every verifier, so registration refuses it at once (422).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from kit.config import AuditConfig
+from kit.config import AuditConfig, RolloutConfig
 from kit.errors import Conflict, NotFound, Unprocessable
 from kit.private_files import lock_down, private_dir
+from services.evaluation import templates
 from services.evaluation.benchmarks import Benchmark, load_benchmark, pool_questions, validate_structure
 from services.evaluation.official_splits import (
     Seed,
@@ -70,6 +74,16 @@ def check_pool_disjoint(bench: Benchmark, audit: AuditConfig) -> int:
     return len(questions)
 
 
+def check_judge(bench: Benchmark, rollout: RolloutConfig | None) -> None:
+    """``ValueError`` when the benchmark declares a judge the gym's rollout catalogue lacks."""
+    if bench.judge is None:
+        return
+    names = [m.name for m in rollout.models] if rollout is not None else []
+    if bench.judge.model not in names:
+        raise ValueError(f"[judge] model {bench.judge.model!r} is not in the gym's rollout catalogue "
+                         f"({', '.join(names) or 'empty'}): a judged benchmark's verifiers ask a catalogue model")
+
+
 def _pool_info(bench: Benchmark) -> dict[str, Any] | None:
     if bench.training_pool is None:
         return None
@@ -79,9 +93,12 @@ def _pool_info(bench: Benchmark) -> dict[str, Any] | None:
 
 
 class BenchmarkRegistry:
-    def __init__(self, store: Store, root: Path, audit: AuditConfig | None = None):
+    def __init__(self, store: Store, root: Path, audit: AuditConfig | None = None,
+                 rollout: RolloutConfig | None = None):
         self.store, self.root = store, root
         self.audit = audit or AuditConfig()
+        self.rollout = rollout
+        """The rollout catalogue a judged benchmark's judge must be in (None: no judge is accepted)."""
         private_dir(self.root)
         self._cache: dict[str, Benchmark] = {}
         self._lock = threading.Lock()
@@ -102,6 +119,7 @@ class BenchmarkRegistry:
             try:
                 bench = load_benchmark(source, extract_to=staging / "unpacked")
                 validate_structure(bench)
+                check_judge(bench, self.rollout)
             except ValueError as err:
                 raise Unprocessable(f"benchmark refused: {err}", param="path") from err
             dest = self.root / f"{bench.name}-{bench.version}"
@@ -163,6 +181,7 @@ class BenchmarkRegistry:
             oracle = {r.task_id: r for r in results if r.attempt == 1}
             empty = {r.task_id: r for r in results if r.attempt == 2}
             total = sum(info["tasks"] for info in row.splits.values())
+            unbuilt = templates.load(Path(row.path)).failed  # a task's Dockerfile that could not be built
             bad_oracle = sorted(t for t, r in oracle.items() if r.reward != 1.0)
             bad_empty = sorted(t for t, r in empty.items() if r.reward not in (0.0, None) or r.error)
             complete = len(oracle) == total and len(empty) == total
@@ -171,6 +190,7 @@ class BenchmarkRegistry:
                 "status": status, "job_id": job_id, "tasks": total, "oracle_scored_1": total - len(bad_oracle)
                 if complete else len(oracle) - len(bad_oracle), "empty_scored_0": len(empty) - len(bad_empty),
                 "oracle_failures": bad_oracle[:50], "empty_failures": bad_empty[:50],
+                **({"build_failures": dict(list(unbuilt.items())[:50])} if unbuilt else {}),
                 **({} if complete else {"error": "validation did not run every task"}),
             }
 

@@ -5,6 +5,11 @@ full precision in JSON; tables show four decimals. Charts are drawn on matplotli
 directly, leaving pyplot's global state alone. Names an agent may have chosen (a run's agent
 name, a key's name) are shown as inert text: plain in the terminal's tables, escaped in Markdown
 (kit/display_text.py).
+
+Every score is shown with its scope (split, the seed that drew the split, seeded subset and its
+seed, attempts: services/evaluation/subsets.py), and an initial score is paired only with a run's
+score on the same scope. A reference system's score (``rsigym score --reference MODEL``) on that
+scope is shown next to them, with the gap to it; it never enters the RSI-Index.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kit.display_text import PlainTable, markdown_inline
-from services.evaluation.rsi_index import BenchmarkScore, RSIIndex, mean_or_none, rsi_index
+from services.evaluation.rsi_index import BenchmarkScore, BenchmarkTerm, RSIIndex, ScoreScope, mean_or_none, rsi_index
+from services.evaluation.schemas import BASELINE_RUNS, INITIAL_RUN, REFERENCE_RUN
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
 DECIMALS = 4
@@ -121,6 +127,14 @@ def timeline_from_api(body: dict[str, Any]) -> RunTimeline:
 
 
 @dataclass(frozen=True, slots=True)
+class ReferenceScore:
+    """A reference system's score on a benchmark, on the scope of the run's score there."""
+
+    model: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunScores:
     """One run's scores: who ran it, on which track, and each benchmark before and after."""
 
@@ -128,6 +142,8 @@ class RunScores:
     agent: str
     track: str
     scores: tuple[BenchmarkScore, ...]
+    references: Mapping[str, ReferenceScore] = field(default_factory=dict)
+    """benchmark → the reference system's score (shown; never in the index)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +158,8 @@ class ScoreRow:
     submitted: float
     submission_id: str | None = None
     """The scored submission (its audit is the run's integrity)."""
+    scope: ScoreScope | None = None
+    reference: ReferenceScore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +172,7 @@ class RunReport:
     """The verdict (accepted | flagged) of the newest audit of the scored submission, ``not
     audited``, or ``unknown``."""
     hacking_rate: float | None = None
+    references: Mapping[str, ReferenceScore] = field(default_factory=dict)
 
     @property
     def index(self) -> float | None:
@@ -193,13 +212,15 @@ class ReportFiles:
 
 def group_rows(rows: Iterable[ScoreRow]) -> list[RunScores]:
     """Group flat rows by run, keeping first-seen order; a run's agent and track must agree."""
-    runs: dict[str, tuple[str, str, list[BenchmarkScore]]] = {}
+    runs: dict[str, tuple[str, str, list[BenchmarkScore], dict[str, ReferenceScore]]] = {}
     for row in rows:
-        agent, track, scores = runs.setdefault(row.run_id, (row.agent, row.track, []))
+        agent, track, scores, references = runs.setdefault(row.run_id, (row.agent, row.track, [], {}))
         if (agent, track) != (row.agent, row.track):
             raise ValueError(f"run {row.run_id!r} has rows for more than one agent or track")
-        scores.append(BenchmarkScore(row.benchmark, row.initial, row.submitted))
-    return [RunScores(run_id, agent, track, tuple(scores)) for run_id, (agent, track, scores) in runs.items()]
+        scores.append(BenchmarkScore(row.benchmark, row.initial, row.submitted, row.scope))
+        if row.reference is not None:
+            references[row.benchmark] = row.reference
+    return [RunScores(run_id, agent, track, tuple(scores), refs) for run_id, (agent, track, scores, refs) in runs.items()]
 
 
 def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] | None = None,
@@ -217,7 +238,7 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
         verdict = (audits or {}).get(row.run_id)
         runs.append(RunReport(row.run_id, row.agent, row.track, result,
                               integrity=verdict.status if verdict else integrity_default,
-                              hacking_rate=verdict.hacking_rate if verdict else None))
+                              hacking_rate=verdict.hacking_rate if verdict else None, references=row.references))
 
     by_agent: dict[str, list[RunReport]] = {}
     for run in runs:
@@ -258,6 +279,26 @@ def _table(title: str, text: list[str], numbers: list[str]) -> Table:
     for name in numbers:
         table.add_column(name, justify="right", no_wrap=True, min_width=len(fmt(-0.0)))
     return table
+
+
+def scope_cells(scope: ScoreScope | None) -> list[str]:
+    """split, subset size, subset seed, split seed: each named, ``all`` / ``-`` / ``fixed`` when none."""
+    if scope is None:
+        return ["-", "-", "-", "-"]
+    return [scope.split, "all" if scope.subset is None else str(scope.subset),
+            "-" if scope.subset_seed is None else str(scope.subset_seed), scope.split_seed or "fixed"]
+
+
+SCOPE_HEADER = ["split", "subset", "subset seed", "split seed"]
+
+
+def reference_cells(run: RunReport, t: BenchmarkTerm) -> list[str]:
+    """The reference system's model and score, and the gap to it (reference minus submitted)."""
+    ref = run.references.get(t.benchmark)
+    return ["-", "n/a", "n/a"] if ref is None else [ref.model, fmt(ref.score), fmt(ref.score - t.submitted)]
+
+
+REFERENCE_HEADER = ["reference", "reference score", "gap to reference"]
 
 
 def _flagged_cell(a: AgentReport) -> str:
@@ -314,11 +355,15 @@ def render_tables(report: Report) -> list[Table]:
     for r in report.runs:
         runs.add_row(r.run_id, r.agent, r.track, f"{len(r.result.included)} of {len(r.result.terms)}", r.integrity,
                      fmt(r.hacking_rate), fmt(r.index))
-    scores = _table("Scores and terms", ["run", "benchmark"], ["initial", "submitted", "term"])
+    scores = _table("Scores and terms", ["run", "benchmark", *SCOPE_HEADER],
+                    ["initial", "submitted", "term"])
+    for name in REFERENCE_HEADER:
+        scores.add_column(name, overflow="fold")
     scores.add_column("note", overflow="fold")
     for r in report.runs:
         for t in r.result.terms:
-            scores.add_row(r.run_id, t.benchmark, fmt(t.initial), fmt(t.submitted), fmt(t.term), t.reason or "")
+            scores.add_row(r.run_id, t.benchmark, *scope_cells(t.scope), fmt(t.initial), fmt(t.submitted), fmt(t.term),
+                           *reference_cells(r, t), t.reason or "")
     tables = [agents, runs, scores]
     if report.timelines:
         timeline = PlainTable(title="Timeline per run")
@@ -359,10 +404,13 @@ def to_markdown(report: Report) -> str:
          for r in report.runs],
     )
     lines += ["", "## Scores", ""]
+    lines += ["Each initial score is on the run's scope: the same split, split seed, subset, subset seed "
+              "and attempts. The reference system is shown for comparison and is not in the RSI-Index.", ""]
     lines += _md_table(
-        ["run", "benchmark", "initial", "submitted", "term", "note"],
+        ["run", "benchmark", *SCOPE_HEADER, "attempts", "initial", "submitted", "term", *REFERENCE_HEADER, "note"],
         [
-            [r.run_id, t.benchmark, fmt(t.initial), fmt(t.submitted), fmt(t.term), t.reason or ""]
+            [r.run_id, t.benchmark, *scope_cells(t.scope), str(t.scope.attempts) if t.scope else "-", fmt(t.initial),
+             fmt(t.submitted), fmt(t.term), *reference_cells(r, t), t.reason or ""]
             for r in report.runs
             for t in r.result.terms
         ],
@@ -405,11 +453,13 @@ def to_json(report: Report) -> dict[str, Any]:
                 "benchmarks": [
                     {
                         "benchmark": t.benchmark,
+                        **_scope_json(t.scope),
                         "initial": t.initial,
                         "submitted": t.submitted,
                         "term": t.term,
                         "included": t.included,
                         "reason": t.reason,
+                        "reference": _reference_json(r.references.get(t.benchmark), t),
                     }
                     for t in r.result.terms
                 ],
@@ -419,6 +469,21 @@ def to_json(report: Report) -> dict[str, Any]:
         ],
         "timelines": [_timeline_json(t, figures[t.run_id]) for t in report.timelines],
     }
+
+
+def _scope_json(scope: ScoreScope | None) -> dict[str, Any]:
+    """The seeds that shaped a score, by name: the split's (``split_seed``) and the subset's."""
+    if scope is None:
+        return {"split": None, "attempts": None, "subset": None, "subset_seed": None, "split_seed": None}
+    return {"split": scope.split, "attempts": scope.attempts, "subset": scope.subset,
+            "subset_seed": scope.subset_seed, "split_seed": scope.split_seed}
+
+
+def _reference_json(ref: ReferenceScore | None, t: BenchmarkTerm) -> dict[str, Any] | None:
+    if ref is None:
+        return None
+    return {"model": ref.model, "score": ref.score, "gap_to_reference": ref.score - t.submitted,
+            "initial_gap_to_reference": ref.score - t.initial, "in_rsi_index": False}
 
 
 def _timeline_json(t: RunTimeline, figure: str) -> dict[str, Any]:
@@ -547,8 +612,6 @@ def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Consol
 
 # -- rows from score records ------------------------------------------------------------
 
-INITIAL_RUN = "initial"
-"""The run id under which an operator records the initial system's scores."""
 FINAL_SCORE_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
@@ -556,22 +619,31 @@ def _newest(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     return max(records, key=lambda r: r.get("created_at") or "", default=None)
 
 
+def score_scope(record: dict[str, Any]) -> ScoreScope:
+    """A score record's scope (records before subsets scored whole splits: no subset)."""
+    return ScoreScope(split=record["split"], attempts=record["attempts"], subset=record.get("subset"),
+                      subset_seed=record.get("subset_seed"), split_seed=record.get("split_seed"))
+
+
 def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
                       split: str = "official") -> tuple[list[ScoreRow], list[str]]:
     """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
 
-    For each scored run (not ``initial``) and benchmark, the newest succeeded record on ``split``
-    is the submitted score; the initial score is the newest succeeded ``initial`` record with the
-    same benchmark, split and attempts (one on the same model first, when the run kept its base
-    model). The run's track comes from its key; its agent from the score record, else the key's name.
+    For each scored run (not ``initial`` or ``reference``) and benchmark, the newest succeeded
+    record on ``split`` is the submitted score; the initial score is the newest succeeded
+    ``initial`` record on the same scope (benchmark, split, split seed, subset, subset seed and
+    attempts; one on the same model first, when the run kept its base model), and the reference
+    score, if any, the newest succeeded ``reference`` record on that scope. The run's track comes
+    from its key; its agent from the score record, else the key's name.
     """
     ok = [r for r in scores
           if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
     initial = [r for r in ok if r["run_id"] == INITIAL_RUN]
+    reference = [r for r in ok if r["run_id"] == REFERENCE_RUN]
     by_key = {k["id"]: k for k in keys}
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for r in ok:
-        if r["run_id"] != INITIAL_RUN:
+        if r["run_id"] not in BASELINE_RUNS:
             current = latest.get((r["run_id"], r["benchmark"]))
             if current is None or (r.get("created_at") or "") >= (current.get("created_at") or ""):
                 latest[(r["run_id"], r["benchmark"])] = r
@@ -579,17 +651,21 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
     notes: list[str] = []
     runs: dict[str, tuple[str, str]] = {}
     for (run_id, bench), rec in latest.items():
-        same = [i for i in initial if (i["benchmark"], i["attempts"]) == (bench, rec["attempts"])]
+        scope = score_scope(rec)
+        same = [i for i in initial if (i["benchmark"], score_scope(i)) == (bench, scope)]
         base = _newest(i for i in same if i["model"] == rec["model"]) or _newest(same)
         if base is None:
-            notes.append(f"{run_id} on {bench}: no initial-system score ({split}, avg@{rec['attempts']}) yet; left out")
+            notes.append(f"{run_id} on {bench}: no initial-system score ({scope.describe()}) yet; left out")
             continue
+        ref = _newest(i for i in reference if (i["benchmark"], score_scope(i)) == (bench, scope))
         key = by_key.get(run_id, {})
         agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
         rows.append(ScoreRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
                               initial=float(base["score"]), submitted=float(rec["score"]),
-                              submission_id=rec.get("submission_id")))
-    unfinished = sorted({r["run_id"] for r in scores if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] != INITIAL_RUN})
+                              submission_id=rec.get("submission_id"), scope=scope,
+                              reference=None if ref is None else ReferenceScore(ref["model"], float(ref["score"]))))
+    unfinished = sorted({r["run_id"] for r in scores
+                         if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] not in BASELINE_RUNS})
     if unfinished:
         notes.append(f"still being scored (not in this report): {', '.join(unfinished)}")
     return rows, notes

@@ -6,6 +6,11 @@ floats here; rounding happens only where numbers are displayed.
 
 A benchmark whose initial score is already 1 has no headroom: it is reported with no term and
 a reason, and left out of the mean. A regression (``s < s0``) gives a negative term.
+
+``s0`` and ``s`` are comparable only when both were taken on the same tasks the same way: one
+:class:`ScoreScope` (split, the seed that drew it, seeded subset and its seed, attempts). The
+report pairs them on it (services/evaluation/report.py) and each term carries it, so a reader
+sees what the index was computed on. A reference system's score is never an input here.
 """
 
 from __future__ import annotations
@@ -27,12 +32,32 @@ def _check_score(name: str, value: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreScope:
+    """What a benchmark's scores were taken on; initial and submitted must share it."""
+
+    split: str
+    attempts: int
+    subset: int | None = None
+    """How many of the split's tasks (services/evaluation/subsets.py); None: all of them."""
+    subset_seed: int | None = None
+    split_seed: str | None = None
+    """The seed that drew the split, by name; None for a fixed split."""
+
+    def describe(self) -> str:
+        """``official, avg@3, subset 100 at subset seed 23, split seed: gym seed 1f…``."""
+        subset = "all tasks" if self.subset is None else f"subset {self.subset} at subset seed {self.subset_seed}"
+        split_seed = f"split seed: {self.split_seed}" if self.split_seed else "fixed split"
+        return f"{self.split}, avg@{self.attempts}, {subset}, {split_seed}"
+
+
+@dataclass(frozen=True, slots=True)
 class BenchmarkScore:
-    """One benchmark's score before (``initial``) and after (``submitted``) a run."""
+    """One benchmark's score before (``initial``) and after (``submitted``) a run, on ``scope``."""
 
     benchmark: str
     initial: float
     submitted: float
+    scope: ScoreScope | None = None
 
     def __post_init__(self) -> None:
         if not self.benchmark:
@@ -50,6 +75,7 @@ class BenchmarkTerm:
     submitted: float
     term: float | None
     reason: str | None = None
+    scope: ScoreScope | None = None
 
     @property
     def included(self) -> bool:
@@ -75,8 +101,9 @@ class RSIIndex:
 def benchmark_term(score: BenchmarkScore) -> BenchmarkTerm:
     headroom = 1.0 - score.initial
     if headroom <= 0.0:
-        return BenchmarkTerm(score.benchmark, score.initial, score.submitted, None, NO_HEADROOM)
-    return BenchmarkTerm(score.benchmark, score.initial, score.submitted, (score.submitted - score.initial) / headroom)
+        return BenchmarkTerm(score.benchmark, score.initial, score.submitted, None, NO_HEADROOM, score.scope)
+    return BenchmarkTerm(score.benchmark, score.initial, score.submitted, (score.submitted - score.initial) / headroom,
+                         scope=score.scope)
 
 
 def mean_or_none(values: Iterable[float]) -> float | None:

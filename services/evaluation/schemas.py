@@ -6,6 +6,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MINIMAL = "minimal"
 """The harness every gym ships (services/evaluation/harnesses.py); the default of a job."""
+INITIAL_RUN = "initial"
+"""The run id of the initial system's scores (the run's base model, minimal harness)."""
+REFERENCE_RUN = "reference"
+"""The run id of a reference system's scores (a named base model, minimal harness): shown next
+to the initial system ("gap to reference"), never part of the RSI-Index."""
+BASELINE_RUNS = (INITIAL_RUN, REFERENCE_RUN)
 
 
 class Sampling(BaseModel):
@@ -52,3 +58,12 @@ class ScoreRequest(BaseModel):
     submission_id: str | None = Field(default=None, max_length=40)
     """The submission the operator audited: scoring is refused (409) unless it is the run's
     final one (services/evaluation/submissions.py)."""
+    subset: int | None = Field(default=None, ge=1)
+    """Score this many tasks of the split, drawn by ``subset_seed`` (services/evaluation/subsets.py);
+    the initial and reference systems are scored on the same tasks. Default: the whole split."""
+    subset_seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    """The seed of the subset draw: required with ``subset`` (and only with it), so every report
+    names the seed that chose its tasks."""
+    reference: str | None = Field(default=None, max_length=200)
+    """A base model of the gym scored with the minimal harness next to the initial system (the
+    "gap to reference", e.g. the Instruct model); never part of the RSI-Index."""

@@ -37,9 +37,17 @@ from services.evaluation.failures import failure_kind
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
-from services.evaluation.schemas import JobRequest, ScoreRequest, SubmissionRequest
+from services.evaluation.schemas import (
+    BASELINE_RUNS,
+    INITIAL_RUN,
+    REFERENCE_RUN,
+    JobRequest,
+    ScoreRequest,
+    SubmissionRequest,
+)
 from services.evaluation.submissions import final_submission
-from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
+from services.evaluation.subsets import draw_subset, split_seed_name
+from services.evaluation.tables import BenchmarkRow, EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
 from services.records.experiments import Experiment, ExperimentRegistry
 from services.training.checkpoints import CheckpointRegistry
@@ -72,7 +80,8 @@ def result_view(r: TrialResultRow) -> dict[str, Any]:
     return {"task_id": r.task_id, "attempt": r.attempt, "reward": r.reward, "error": r.error,
             "failure_kind": failure_kind(r.reward, r.error, r.failure_kind),
             "trajectory": r.trajectory, "verifier_output": r.verifier_output, "agent_output": r.agent_output,
-            "sandbox_id": r.sandbox_id, "started_at": r.started_at, "finished_at": r.finished_at}
+            "sandbox_id": r.sandbox_id, "started_at": r.started_at, "finished_at": r.finished_at,
+            **({"judge": r.judge} if r.judge is not None else {})}
 
 
 class EvaluationService:
@@ -83,7 +92,8 @@ class EvaluationService:
         data = context.data_dir / "evaluation"
         self.events = EventLog(self.store, context.internal_secret)
         self.experiments = ExperimentRegistry(self.events)
-        self.registry = BenchmarkRegistry(self.store, data / "benchmarks", audit=self.config.audit)
+        self.registry = BenchmarkRegistry(self.store, data / "benchmarks", audit=self.config.audit,
+                                          rollout=self.config.rollout)
         self.harnesses = HarnessStore(self.store, data / "harnesses", events=self.events,
                                       quota=StorageQuota.of(context))
         self.keys = KeyRegistry(self.store)
@@ -93,7 +103,8 @@ class EvaluationService:
                                        trial_concurrency=context.config.evaluation.trial_concurrency,
                                        workers_per_job=context.config.evaluation.workers_per_job,
                                        max_running_per_run=context.config.evaluation.max_running_per_run,
-                                       gateway_url=lambda: context.settings.gateway_url, events=self.events)
+                                       gateway_url=lambda: context.settings.gateway_url, events=self.events,
+                                       operator_key=self._operator_key)
 
     # -- benchmarks --------------------------------------------------------------------
 
@@ -324,13 +335,21 @@ class EvaluationService:
 
     def score_run(self, identity: Identity, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Score a run's final submission on the official splits, avg@k, on the operator's key;
-        score the initial system (base model + minimal) the same way once per benchmark.
+        score the initial system (base model + minimal) the same way once per benchmark, and the
+        ``reference`` base model (+ minimal) too when one is named.
 
-        An open run is ended first (services/evaluation/submissions.py: the latest submission
-        before the run ends counts), so what is scored cannot change under the scoring.
-        ``submission_id`` (the one ``rsigym score`` audited) must be that final submission."""
+        ``subset``/``subset_seed``: every system is scored on the same seeded subset of each split
+        (services/evaluation/subsets.py); each score row records the subset, its seed and the
+        split's own seed. An open run is ended first (services/evaluation/submissions.py: the
+        latest submission before the run ends counts), so what is scored cannot change under the
+        scoring. ``submission_id`` (the one ``rsigym score`` audited) must be that final submission."""
         self._operator(identity)
         req = validated(ScoreRequest, body, what="request")
+        if (req.subset is None) != (req.subset_seed is None):
+            raise Unprocessable("give subset and subset_seed together (the seed that draws the subset is "
+                                "named in every report)", param="subset_seed" if req.subset is not None else "subset")
+        if req.reference is not None and self.config.base_model(req.reference) is None:
+            raise NotFound(f"reference model {req.reference!r} is not a base model of this gym", param="reference")
         with self.store.transaction() as s:  # what would refuse is refused before the run is ended
             if final_submission(s, run_id) is None:
                 raise NotFound(f"run {run_id} has submitted nothing", param="run")
@@ -338,6 +357,7 @@ class EvaluationService:
                    and (req.benchmarks is None or r.name in req.benchmarks)]
         if not benches:
             raise NotFound("no ready benchmark to score on", param="benchmarks")
+        scoped = [(bench.name, *self._scope(bench, req)) for bench in benches if req.split in bench.splits]
         ends_at, ended_now = end_run_now(self.store, run_id)
         with self.store.transaction() as s:
             sub = final_submission(s, run_id)  # read after the end: nothing lands after it
@@ -349,40 +369,55 @@ class EvaluationService:
             raise Conflict(f"submission {req.submission_id} is not run {run_id}'s final submission ({sub.id}, its "
                            "latest before the run ended): audit the run again and score that one",
                            param="submission_id")
-        base_model = self._base_of(sub.model)
+        # (scored run, submission id, model, harness, agent name); the baselines are scored once per scope
+        plans: list[tuple[str, str | None, str, str, str | None]] = [
+            (INITIAL_RUN, None, self._base_of(sub.model), MINIMAL, None),
+            *([(REFERENCE_RUN, None, req.reference, MINIMAL, None)] if req.reference is not None else []),
+            (run_id, sub.id, sub.model, sub.harness, agent or run_id)]
         key_id = self._operator_key()
         scores = []
-        for bench in benches:
-            if req.split not in bench.splits:
-                continue
-            task_ids = [t.id for t in self.registry.load(bench.name).splits[req.split].tasks]
-            # (scored run, submission id, model, harness, agent name)
-            plans: list[tuple[str, str | None, str, str, str | None]] = [("initial", None, base_model, MINIMAL, None)]
-            plans.append((run_id, sub.id, sub.model, sub.harness, agent or run_id))
+        for benchmark, task_ids, split_seed in scoped:
             for scored_run, submission_id, model, harness, agent_name in plans:
-                if scored_run == "initial" and self._baseline(bench.name, req.split, model, req.attempts):
+                baseline = scored_run in BASELINE_RUNS
+                if baseline and self._baseline(scored_run, benchmark, req, model, split_seed):
                     continue
-                job = self._new_job(run_id=scored_run if scored_run != "initial" else "operator",
-                                    key_id=key_id, purpose="baseline" if scored_run == "initial" else "score",
-                                    benchmark=bench.name, split=req.split, model=model, harness=harness,
+                job = self._new_job(run_id="operator" if baseline else scored_run,
+                                    key_id=key_id, purpose="baseline" if baseline else "score",
+                                    benchmark=benchmark, split=req.split, model=model, harness=harness,
                                     attempts=req.attempts, sampling={}, task_ids=task_ids,
                                     trials=len(task_ids) * req.attempts)
                 score = ScoreRow(id=new_id("scr"), run_id=scored_run, submission_id=submission_id,
-                                 benchmark=bench.name, split=req.split, model=model, harness=harness,
-                                 attempts=req.attempts, job_id=job.id, score=None, status="queued", agent=agent_name)
+                                 benchmark=benchmark, split=req.split, model=model, harness=harness,
+                                 attempts=req.attempts, job_id=job.id, score=None, status="queued", agent=agent_name,
+                                 subset=req.subset, subset_seed=req.subset_seed, split_seed=split_seed)
                 with self.store.transaction() as s:
                     s.add(score)
                 self.runner.submit(job.id)
                 scores.append(score_view(score))
         return {"object": "list", "data": scores,
                 "run": {"id": run_id, "submission_id": sub.id, "ended_now": ended_now,
-                        "ends_at": ends_at.isoformat() if ends_at else None}}
+                        "ends_at": ends_at.isoformat() if ends_at else None},
+                "subset": None if req.subset is None else {"size": req.subset, "seed": req.subset_seed},
+                "reference": req.reference}
 
-    def _baseline(self, benchmark: str, split: str, model: str, attempts: int) -> bool:
+    def _scope(self, bench: BenchmarkRow, req: ScoreRequest) -> tuple[list[str], str | None]:
+        """The task ids scored on ``bench`` (the split's, or its seeded subset: a 422 when the split
+        is smaller than the subset) and the split's seed by name."""
+        task_ids = [t.id for t in self.registry.load(bench.name).splits[req.split].tasks]
+        if req.subset is not None and req.subset_seed is not None:
+            task_ids = draw_subset(task_ids, req.subset, req.subset_seed, where=f"{bench.name}/{req.split}")
+        return task_ids, split_seed_name(bench.splits, req.split, bench.path)
+
+    def _baseline(self, run: str, benchmark: str, req: ScoreRequest, model: str, split_seed: str | None) -> bool:
+        """Whether ``run`` (initial or reference) already has a live or finished score of ``model`` on
+        exactly these tasks: the same benchmark, split, split seed, subset, subset seed and attempts."""
         with self.store.transaction() as s:
             return s.scalars(select(ScoreRow.id).where(
-                ScoreRow.run_id == "initial", ScoreRow.benchmark == benchmark, ScoreRow.split == split,
-                ScoreRow.model == model, ScoreRow.attempts == attempts,
+                ScoreRow.run_id == run, ScoreRow.benchmark == benchmark, ScoreRow.split == req.split,
+                ScoreRow.model == model, ScoreRow.attempts == req.attempts,
+                ScoreRow.subset.is_not_distinct_from(req.subset),
+                ScoreRow.subset_seed.is_not_distinct_from(req.subset_seed),
+                ScoreRow.split_seed.is_not_distinct_from(split_seed),
                 ScoreRow.status.in_(("queued", "running", "succeeded")))).first() is not None
 
     def _base_of(self, model: str) -> str:
@@ -411,12 +446,17 @@ class EvaluationService:
     def _operator_key(self) -> str:
         """The gym's own root key that scoring and validation are billed to (created once)."""
         with self.store.transaction() as s:
-            key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == OPERATOR_KEY_NAME, ApiKey.parent_id.is_(None),
-                                                      ApiKey.track.is_(None)))
-        if key_id is not None:
-            return key_id
+            found = s.execute(select(ApiKey.id, ApiKey.policy).where(
+                ApiKey.name == OPERATOR_KEY_NAME, ApiKey.parent_id.is_(None), ApiKey.track.is_(None))).first()
         policy = Policy.model_validate({"services": {
-            "sandbox": {"door": True, "internet": False}, "inference": {"models": "*", "cross_run": True}}})
+            "sandbox": {"door": True, "internet": False}, "inference": {"models": "*", "cross_run": True},
+            "rollout": {"models": "*"}}})  # rollout: judged benchmarks' judges (services/evaluation/jobs.py)
+        if found is not None:
+            kept = Policy.model_validate(found[1])
+            if kept.service("rollout") is None:  # a key made before judged benchmarks: it pays for judges now
+                kept.services["rollout"] = policy.services["rollout"]
+                self.keys.set_policy(found[0], kept)
+            return str(found[0])
         view, _ = self.keys.create(policy=policy, budget_nusd=usd_to_nusd(OPERATOR_BUDGET_USD), track=None,
                                    name=OPERATOR_KEY_NAME)
         return view["id"]
@@ -433,6 +473,7 @@ def submission_view(r: SubmissionRow) -> dict[str, Any]:
 def score_view(r: ScoreRow) -> dict[str, Any]:
     return {"id": r.id, "object": "score", "run_id": r.run_id, "agent": r.agent, "submission_id": r.submission_id,
             "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
-            "attempts": r.attempts, "job_id": r.job_id, "score": r.score, "status": r.status,
+            "attempts": r.attempts, "subset": r.subset, "subset_seed": r.subset_seed, "split_seed": r.split_seed,
+            "job_id": r.job_id, "score": r.score, "status": r.status,
             "created_at": r.created_at.isoformat() if r.created_at else None}
 

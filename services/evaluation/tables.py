@@ -114,6 +114,10 @@ class TrialResultRow(Base):
     sandbox_id: Mapped[str | None] = mapped_column(String(40))
     started_at: Mapped[str | None] = mapped_column(String(40))
     finished_at: Mapped[str | None] = mapped_column(String(40))
+    judge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    """A judged benchmark's trial: ``{model, calls, prompts: [{path, model, messages}], truncated}``,
+    what its verifier asked the judge (kept at the judge's door, bounded: services/sandbox/door.py);
+    None otherwise (and on rows before 0020)."""
 
 
 class TrialClaim(Base):
@@ -151,7 +155,8 @@ class ScoreRow(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40))
-    """The scored run, or "initial" for the initial system's baseline."""
+    """The scored run, "initial" for the initial system's baseline, or "reference" for a reference
+    system (a base model with the minimal harness, shown next to the initial one)."""
     submission_id: Mapped[str | None] = mapped_column(String(40))
     benchmark: Mapped[str] = mapped_column(String(100))
     split: Mapped[str] = mapped_column(String(40))
@@ -163,3 +168,10 @@ class ScoreRow(Base):
     status: Mapped[str] = mapped_column(String(24), default="running")
     agent: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    subset: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    """How many of the split's tasks were scored (services/evaluation/subsets.py); None: all of them."""
+    subset_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True, default=None)
+    """The seed that drew the subset (None without a subset)."""
+    split_seed: Mapped[str | None] = mapped_column(String(120), nullable=True, default=None)
+    """The seed that drew the split, by name (``gym seed <fingerprint>``, ``split_seed 17``); None
+    for a fixed split (and rows before 0019)."""

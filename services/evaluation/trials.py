@@ -17,7 +17,10 @@ sandbox Harbor never heard of), every sandbox the sandbox key still has running 
 trial's name (:meth:`~services.evaluation.harbor.trial_sandboxes.TrialSandboxes.sweep`).
 
 The two keys are minted by the caller (the evaluation service) for this trial's job: the
-sandbox key (sandbox only, with a model door) and the door key (inference of one model).
+sandbox key (sandbox only, with a model door) and the door key (inference of one model); for a
+judged benchmark, a third, the judge key (rollout of the judge model, below the operator's key),
+which only the verifier's sandbox gets a door with. What the verifier asked the judge is returned
+in ``TrialOutcome.judge``.
 Neither is written into Harbor's trial directory; they reach the environment through
 :func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`.
 """
@@ -55,7 +58,11 @@ from kit.private_files import lock_down, private_dir  # noqa: E402
 from services.evaluation import task_views  # noqa: E402
 from services.evaluation.benchmarks import TaskRef  # noqa: E402
 from services.evaluation.failures import NO_REWARD, FailureKind, Phase, classify_failure  # noqa: E402
-from services.evaluation.harbor.trial_sandboxes import SandboxCredentials, trial_sandboxes  # noqa: E402
+from services.evaluation.harbor.trial_sandboxes import (  # noqa: E402
+    JudgeDoor,
+    SandboxCredentials,
+    trial_sandboxes,
+)
 from services.evaluation.harbor_agent import (  # noqa: E402
     INSTALL_LOG,
     RUN_EXIT_CODE,
@@ -94,6 +101,8 @@ class TrialRequest:
     agent: AgentKind = "harness"
     agent_timeout_s: float | None = None
     verifier_timeout_s: float | None = None
+    judge: JudgeDoor | None = None
+    """A judged benchmark's judge (its key never enters Harbor's config)."""
 
 
 @dataclass
@@ -111,6 +120,8 @@ class TrialOutcome:
     result_path: str | None
     failure_kind: FailureKind | None = None
     """Whose failure it was when ``error`` is set (services/evaluation/failures.py); None otherwise."""
+    judge: dict[str, Any] | None = None
+    """A judged trial's judge: its model and what the verifier asked it (services/sandbox/door.py)."""
 
 
 async def run_trial(req: TrialRequest) -> TrialOutcome:
@@ -128,7 +139,10 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     error: str | None = None
     kind: FailureKind | None = None
     sandbox_id: str | None = None
-    async with trial_sandboxes(SandboxCredentials(req.sandbox_key, req.door_key), req.gateway_url) as sandboxes:
+    judge: dict[str, Any] | None = None
+    door_failures: dict[str, Any] | None = None
+    async with trial_sandboxes(SandboxCredentials(req.sandbox_key, req.door_key, req.judge),
+                               req.gateway_url) as sandboxes:
         try:
             trial = await create_trial(config)
             result = await trial.run()
@@ -140,6 +154,10 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
             if trial is not None:
                 sandbox_id = getattr(trial.agent_environment, "sandbox_id", None)
             await asyncio.shield(sandboxes.sweep({TRIAL_METADATA_KEY: trial_name}))
+            judge = sandboxes.judge_calls
+            door_failures = sandboxes.door_failures
+            if judge is None and req.judge is not None:  # the verifier never got its sandbox
+                judge = {"model": req.judge.model, "calls": 0, "prompts": [], "truncated": False}
 
     paths = TrialPaths(trial_dir=req.trials_dir / trial_name)
     lock_down(paths.trial_dir)  # what Harbor wrote, made the gym's alone (kit/private_files.py)
@@ -151,6 +169,12 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
     reward = _reward(rewards)
     if error is None and reward is None:
         error, kind = NO_REWARD, "verifier"
+    if door_failures and kind not in ("platform", "verifier") and (reward is None or reward < 1.0):
+        # The harness met a platform failure at its model door and did not succeed: not its zero.
+        error = (f"the model door failed {door_failures['count']} call(s) on the platform's side "
+                 f"(last: {door_failures.get('last')}); the harness then " +
+                 (f"failed: {error}" if error else f"scored {reward}"))
+        reward, kind = None, "platform"
     return TrialOutcome(
         task_id=req.task.id,
         attempt=req.attempt,
@@ -164,6 +188,7 @@ async def run_trial(req: TrialRequest) -> TrialOutcome:
         finished_at=_now(),
         result_path=str(paths.result_path) if paths.result_path.is_file() else None,
         failure_kind=kind if error is not None else None,
+        judge=judge,
     )
 
 
@@ -286,6 +311,12 @@ def _agent_output(agent_dir: Path, agent: str) -> str:
         if path.is_file():
             parts.append(f"--- {label}\n{_read_text(path)}")
     return _tail("\n".join(parts))
+
+
+def unbuilt_outcome(req: TrialRequest, reason: str) -> TrialOutcome:
+    """The trial of a task whose Dockerfile could not be built (services/evaluation/templates.py):
+    not run; the benchmark's own failure (``verifier``), never the agent's."""
+    return _outcome(req, _now(), error=f"the task's Dockerfile could not be built: {reason}", kind="verifier")
 
 
 def _outcome(req: TrialRequest, started_at: str, *, error: str, kind: FailureKind) -> TrialOutcome:

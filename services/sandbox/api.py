@@ -44,6 +44,12 @@ async def create(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     return await _run(_svc(request).create, identity, await json_object(request))
 
 
+@router.post("/v2/templates")
+async def build_template(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
+    """The gym's extension: build a task's Dockerfile into a template (services/sandbox/templates.py)."""
+    return await _run(_svc(request).build_template, identity, await json_object(request))
+
+
 @router.get("/sandboxes")
 @router.get("/v2/sandboxes")
 async def list_sandboxes(request: Request, identity: CurrentIdentity, metadata: str | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -12,6 +13,10 @@ class DoorRequest(BaseModel):
 
     key: str = Field(min_length=8, max_length=200)
     """The key the door puts on every request it lets through (never shown to the sandbox)."""
+    service: Literal["inference", "rollout"] = "inference"
+    """Where the door leads: ``inference`` (an agent's sandbox: the evaluated model), or
+    ``rollout`` (a judged task's verifier: the benchmark's judge, on the operator's key; what it
+    is asked is kept for the trial's result — services/sandbox/door.py)."""
 
 
 MAX_DIRS = 32

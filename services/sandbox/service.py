@@ -25,13 +25,14 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
 from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from access.keys import KeyRegistry
+from access.keys import KeyRegistry, Principal
 from billing.concurrency import ConcurrencySlots
 from billing.ledger import Ledger
 from billing.money import nusd_to_usd
@@ -51,11 +52,12 @@ from kit.spec import ServiceContext
 from services.records.events import CALL_REFUSED, SANDBOX_SESSION, EventLog
 from services.sandbox import tokens
 from services.sandbox.backends.base import SandboxBackend, SandboxSpec
-from services.sandbox.door import DOOR_PORT, DoorServer
+from services.sandbox.door import DOOR_PORT, PREFIXES, DoorServer
 from services.sandbox.metering import SliceMeter, nusd_per_second
 from services.sandbox.replicas import ReplicaLease
 from services.sandbox.schemas import CreateSandbox
 from services.sandbox.tables import SandboxRow
+from services.sandbox.templates import BuiltTemplates
 from storage.tables import LedgerEntry, utcnow
 
 log = logging.getLogger("rsigym.sandbox")
@@ -108,6 +110,14 @@ def _refuse_unless_reachable(row: SandboxRow | _Reach | None, identity: Identity
             if row is not None and reachable(row, identity) and row.state != "running" else ""))
 
 
+def _gym_judge_key(door: Principal) -> bool:
+    """A key that may call rollout and nothing else, below a root key that may open model doors
+    (``sandbox.door`` is platform-granted: the gym's operator key has it, a run's root never)."""
+    own, root = door.policies[-1], door.policies[0]
+    sandbox = root.service("sandbox")
+    return len(door.chain_ids) > 1 and set(own.services) == {"rollout"} and sandbox is not None and sandbox.door
+
+
 @dataclass
 class _Live:
     meter: SliceMeter
@@ -129,6 +139,8 @@ class SandboxService:
         self.secret = context.internal_secret
         self.events = EventLog(context.store, context.internal_secret)
         self._doors: DoorServer | None = None
+        self.built = BuiltTemplates(Path(self.config.build_templates_dir) if self.config.build_templates_dir
+                                    else context.data_dir / "sandbox-templates", self.config)
         self.replicas = ReplicaLease(context.store, self.config.replica_lease_s)
         self._renew_at = self._reap_at = 0.0
         """When (monotonic) the lease is renewed and dead replicas' sandboxes are reaped next."""
@@ -151,9 +163,23 @@ class SandboxService:
         with self._lock:
             return self.replicas.id or self.replicas.register()
 
+    def build_template(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        """Build a Dockerfile into a template, or find it built (services/sandbox/templates.py)."""
+        if not any(p.build for p in identity.policies):
+            raise PermissionDenied("template builds are for the platform's benchmark registration", param="base")
+        build = getattr(self.backend, "build_template", None)
+        if build is None:
+            raise Unprocessable(f"the {self.backend.name} sandbox backend builds no templates; a task whose "
+                                "Dockerfile has RUN needs the local backend", param="dockerfile")
+        view = self.built.build(body, build)
+        log.info("template %s %s for %s", view["templateID"], "reused" if view["reused"] else "built",
+                 identity.key_id)
+        return view
+
     def create(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
         req = validated(CreateSandbox, body, what="sandbox request")
-        template = self.config.template(req.template_id or self.config.default_template)
+        name = req.template_id or self.config.default_template
+        template = self.config.template(name) or self.built.get(name)
         if template is None:
             names = ", ".join(t.name for t in self.config.templates)
             raise NotFound(f"template {req.template_id!r} not found; templates: {names}", param="templateID")
@@ -173,7 +199,7 @@ class SandboxService:
             if not self.context.settings.gateway_url:
                 raise ServiceUnavailable("model doors are unavailable: the gym does not know its own address "
                                          "(RSIGYM_GATEWAY_URL, or `rsigym up`'s --host/--port)")
-            self._check_door_key(identity, req.rsigym_door.key)
+            self._check_door_key(identity, req.rsigym_door.key, req.rsigym_door.service)
             door_port = DOOR_PORT
 
         sandbox_id = new_id("sbx")
@@ -192,9 +218,11 @@ class SandboxService:
             made = self.backend.make_dirs(sandbox_id, [(d.path, d.mode) for d in req.rsigym_dirs]) \
                 if req.rsigym_dirs else None
             if req.rsigym_door is not None:
+                judge = req.rsigym_door.service == "rollout"
                 self.doors.open(sandbox_id, self.backend.door_path(sandbox_id) or "",
                                 self.context.settings.gateway_url or "", req.rsigym_door.key,
-                                owner=getattr(self.backend, "uid_of", lambda _id: None)(sandbox_id))
+                                owner=getattr(self.backend, "uid_of", lambda _id: None)(sandbox_id),
+                                prefix=PREFIXES[req.rsigym_door.service], capture=judge)
                 undo.callback(self.doors.close, sandbox_id)
             replica = self._registered()
             meter.restart_clock()
@@ -215,21 +243,32 @@ class SandboxService:
                 identity.run_id, identity.key_id, door_port is not None, list(identity.chain_ids), "running", None))
         log.info("sandbox %s started for run %s (template %s)", sandbox_id, identity.run_id, template.name)
         view = self.created_view(row)
-        if door_port is not None:
-            view["rsigymDoorUrl"] = f"http://127.0.0.1:{door_port}/inference/v1"
+        if door_port is not None and req.rsigym_door is not None:
+            view["rsigymDoorUrl"] = f"http://127.0.0.1:{door_port}{PREFIXES[req.rsigym_door.service].rstrip('/')}"
         if made is not None:
             view["rsigymDirsMade"] = made  # absent before (parents included): each holds only the others
         return view
 
-    def _check_door_key(self, identity: Identity, key: str) -> None:
+    def _check_door_key(self, identity: Identity, key: str, service: str = "inference") -> None:
         """The door's key must be a live key of the caller's own run: a door never carries a
-        foreign (or made-up) credential to the gateway."""
+        foreign (or made-up) credential to the gateway. A judge door (``rollout``) may also carry
+        a key of the gym's own: the judge of an agent's own evaluation is paid by the operator,
+        so its key is minted below the operator's root key (services/evaluation/jobs.py) — one
+        that may call rollout and nothing else, below a root that itself may open doors (a
+        platform grant no run's root has)."""
         try:
             door = self.keys.authenticate(key)
         except GymError:
             door = None
-        if door is None or door.run_id != identity.run_id:
-            raise PermissionDenied("the door key must be an active key of this run", param="rsigymDoor.key")
+        if door is not None and door.run_id == identity.run_id:
+            return
+        if door is not None and service == "rollout" and _gym_judge_key(door):
+            return
+        raise PermissionDenied("the door key must be an active key of this run", param="rsigymDoor.key")
+
+    def judge_calls(self, sandbox_id: str) -> dict[str, Any] | None:
+        """What the sandbox's judge door was asked (model and messages, bounded); None without one."""
+        return self._doors.captured(sandbox_id) if self._doors is not None else None
 
     def kill(self, identity: Identity, sandbox_id: str) -> None:
         self.check_owned(identity, sandbox_id)
@@ -551,8 +590,15 @@ class SandboxService:
         }
 
     def detail_view(self, row: SandboxRow) -> dict[str, Any]:
-        return {**self.listed_view(row), "envdAccessToken": tokens.mint(self.secret, row.key_id, row.id),
+        view = {**self.listed_view(row), "envdAccessToken": tokens.mint(self.secret, row.key_id, row.id),
                 "allow_internet_access": row.internet, "domain": None}
+        judged = self.judge_calls(row.id)
+        if judged is not None:  # a judge door's sandbox: reachable by its creator only (owner_only)
+            view["rsigymJudgeCalls"] = judged
+        failed = self._doors.failed(row.id) if self._doors is not None else None
+        if failed is not None:  # any door's sandbox (its creator only): calls the platform failed
+            view["rsigymDoorFailures"] = failed
+        return view
 
     def record_view(self, row: SandboxRow) -> dict[str, Any]:
         """The gym's own view: ended sandboxes too, with what they cost and why they ended."""

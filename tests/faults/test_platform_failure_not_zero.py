@@ -21,7 +21,9 @@ from access.keys import KeyRegistry
 from access.presets import preset_policy
 from billing.money import usd_to_nusd
 from kit.config import GymConfig
+from kit.errors import ServiceUnavailable
 from kit.ids import new_id
+from ops.dashboard import queries as dashboard
 from services.evaluation import jobs as evaluation_jobs
 from services.evaluation.harnesses import HarnessStore
 from services.evaluation.jobs import TRIAL_RETRIES, EvaluationRunner
@@ -115,6 +117,9 @@ def test_trials_whose_gateway_is_down_fail_the_job_unscored_with_the_platform_na
     # it stopped taking trials once one failed for good: not every trial of a dead gym is tried
     assert len(rows) <= job.trials_total and len(trials.runs) <= job.trials_total * (1 + TRIAL_RETRIES)
     assert result_view(rows[0])["failure_kind"] == "platform"  # what the results API shows
+    page = dashboard.evaluation_job(store, job_id)  # and the operator's console
+    assert {t["failure_kind"] for t in page["trials"]} == {"platform"}
+    assert dashboard.trial(store, job_id, page["trials"][0]["id"])["trial"]["failure_kind"] == "platform"
     print(f"\n{job.error}")
 
 
@@ -136,3 +141,30 @@ def test_a_harness_that_crashes_is_the_agents_zero_and_the_job_succeeds(gym: Any
     assert len(rows) == 2 and all(r.failure_kind == "agent" and "install exited with code 3" in (r.error or "")
                                   for r in rows), [(r.failure_kind, r.error) for r in rows]
     assert len(trials.runs) == 2  # the agent's failure is not retried
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_model_door_the_platform_failed_is_not_the_harness_zero(
+        gym: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inference service is down (503) behind a trial's model door: the minimal harness gets no
+    answer and scores nothing, and that is recorded as the platform's failure, retried, and the
+    job fails unscored naming the door — never a 0 of the harness."""
+    from services.inference.service import InferenceService
+
+    async def down(self: Any, identity: Any, body: Any) -> Any:
+        raise ServiceUnavailable("the inference backend is down (fault injected)")
+
+    monkeypatch.setattr(InferenceService, "chat", down)
+    monkeypatch.setattr(evaluation_jobs, "RETRY_BACKOFF_S", (0.05, 0.05))
+    with serve_gym(gym) as url:
+        runner, job_id, trials = evaluation(gym.gateway.store, tmp_path, url, tasks=1, attempts=1)
+        try:
+            assert runner.execute(job_id)
+        finally:
+            runner.shutdown()
+        job, rows, score = finished(gym.gateway.store, job_id)
+    assert job.status == "failed" and job.score is None and score.score is None, (job.status, job.error)
+    assert job.error and "platform failure" in job.error and "model door failed" in job.error, job.error
+    assert "HTTP 503" in job.error
+    assert rows and all(r.reward is None and r.failure_kind == "platform" for r in rows)
+    assert len(trials.runs) == 1 + TRIAL_RETRIES  # retried, as any platform failure

@@ -10,14 +10,18 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   sandbox; the sandbox sees only the URL); and ``rsigymDirs``, Harbor's log directories (mode
   777, what a Docker run bind-mounts) and the working directory, made inside the sandbox before
   the create answers, which names every directory it made. The keys come from
-  :func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`.
+  :func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`. A judged task's verifier
+  sandbox (never the agent's) gets a door of its own instead, to ``/rollout/v1/*`` with the judge
+  key, and its commands see ``RSIGYM_JUDGE_URL`` / ``RSIGYM_JUDGE_MODEL`` (:func:`judge_env`);
+  what that door was asked is read back before the sandbox is killed.
 * **drive** — the unmodified ``e2b`` SDK, its handle built from the create's answer as the SDK's
   own ``AsyncSandbox.create`` builds it (:mod:`~services.evaluation.harbor.sandbox_sdk`; the
   gateway is its API and daemon URL), as Harbor's own E2B environment does: ``commands.run`` for
   exec, the files API for transfers (directories as one listing plus per-file reads, and batched
   multipart writes — no tar needed in the image), ``kill`` on stop.
 * **image** — there is no Docker here: the task's Dockerfile is replayed at start
-  (:mod:`~services.evaluation.harbor.image_plan`).
+  (:mod:`~services.evaluation.harbor.image_plan`), or, when it has ``RUN`` steps, was built into
+  the template the trial is given (:mod:`~services.evaluation.templates`).
 * **set-up** — what the environment does to the sandbox that nothing observes until a command
   runs or a file is read (directories an upload leaves empty or Harbor resets, the modes of
   uploaded executables) is deferred (:mod:`~services.evaluation.harbor.deferred_setup`).
@@ -71,8 +75,9 @@ from services.evaluation.harbor.deferred_setup import MKDIR, SETUP_FAILED, Setup
 from services.evaluation.harbor.image_plan import ImagePlan, expand_sources, read_image_plan
 from services.evaluation.harbor.known_commands import AGENT_SESSION_SUFFIX, chmod_x_path, rm_f_paths
 from services.evaluation.harbor.sandbox_sdk import idempotent, read_bytes, sdk_sandbox
-from services.evaluation.harbor.trial_sandboxes import TrialSandboxes, current_trial
+from services.evaluation.harbor.trial_sandboxes import JudgeDoor, TrialSandboxes, current_trial
 from services.sandbox.schemas import MAX_DIRS, normal_dir_path
+from services.sandbox.templates import ID_PREFIX as BUILT_PREFIX
 
 ENVIRONMENT_TYPE = "rsigym-sandbox"
 UPLOAD_BATCH_FILES = 200
@@ -114,6 +119,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._trial: TrialSandboxes | None = None
         self.sandbox_id: str | None = None
         self.door_url: str | None = None
+        self._judged = False
+        """Its sandbox has a judge door (a judged task's verifier)."""
         self._start_knowing_nothing()
         super().__init__(*args, **kwargs)
         self._gateway = self.options.gateway_url.rstrip("/")
@@ -177,10 +184,16 @@ class GymSandboxEnvironment(BaseEnvironment):
         self._plan = read_image_plan(self.environment_dir)
         if self._plan.refused:
             raise SandboxBuildFailedError(
-                "the gym's sandboxes do not build images; this task's Dockerfile needs "
+                "the gym's sandboxes cannot build this task's Dockerfile: it needs "
                 + "; ".join(self._plan.refused)
-                + ". Put the files under environment/ (copied at start) or use a sandbox template that has them."
+                + ". Put the files under environment/ (copied at start or by a RUN step)."
             )
+        if self._plan.runs and not self.options.template.startswith(BUILT_PREFIX):
+            raise SandboxBuildFailedError(
+                "this task's Dockerfile has RUN steps and no template was built from it; its benchmark's "
+                "validation builds one (rsigym benchmarks register)")
+        if self._plan.runs:
+            self._plan.copies = []  # built into the template with every other step of the file
         # Dockerfile ENV sits under the task's and the trial's own variables.
         self._persistent_env: dict[str, str] = {**self._plan.env, **self._persistent_env}
 
@@ -247,8 +260,11 @@ class GymSandboxEnvironment(BaseEnvironment):
             metadata["harbor.context_id"] = str(self.context_id)
         body: dict[str, Any] = {"templateID": self.options.template, "timeout": self.options.sandbox_timeout_sec,
                                 "metadata": metadata}
+        judge = None if self.is_agent_environment else trial.credentials.judge
         if self.options.door and self.is_agent_environment:
             body["rsigymDoor"] = {"key": trial.credentials.door_key}
+        elif judge is not None:  # a judged task's verifier: a door to its judge, never the agent's
+            body["rsigymDoor"] = {"key": judge.key, "service": "rollout"}
         if dirs:
             body["rsigymDirs"] = [{"path": d, **({"mode": mode} if mode is not None else {})} for d, mode in dirs.items()]
         # The run's live-sandbox cap is shared with its own sandboxes and other jobs:
@@ -266,7 +282,42 @@ class GymSandboxEnvironment(BaseEnvironment):
         if response.status_code != 201:
             raise RuntimeError(f"the sandbox service refused to create a sandbox: HTTP {response.status_code}: "
                                f"{_error_message(response)}")
-        return response.json()
+        view: dict[str, Any] = response.json()
+        if judge is not None:
+            self._judged = True
+            self._persistent_env = {**self._persistent_env, **judge_env(view, judge)}
+        return view
+
+    async def _collect_door_failures(self, trial: TrialSandboxes) -> None:
+        """What the agent's model door could not carry because the platform failed (the gateway
+        unreachable, a 502/503/504), read before the sandbox and its door go."""
+        if not self.door_url or self.sandbox_id is None or not self.is_agent_environment:
+            return
+        try:
+            response = await trial.client.get(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
+                                              headers=trial.headers)
+            failures = response.json().get("rsigymDoorFailures") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            self.logger.warning("the door failures of sandbox %s were not read: %s", self.sandbox_id, exc)
+            return
+        if isinstance(failures, dict) and failures.get("count"):
+            trial.door_failures = failures
+
+    async def _collect_judge_calls(self, trial: TrialSandboxes) -> None:
+        """What the verifier's judge door was asked, read from the sandbox service before the
+        sandbox (and its door) goes: the trial records it with the reward."""
+        judge = trial.credentials.judge
+        if not self._judged or judge is None or self.sandbox_id is None:
+            return
+        try:
+            response = await trial.client.get(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
+                                              headers=trial.headers)
+            calls = response.json().get("rsigymJudgeCalls") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError) as exc:
+            self.logger.warning("the judge calls of sandbox %s were not read: %s", self.sandbox_id, exc)
+            calls = None
+        trial.judge_calls = {"model": judge.model, **(calls if isinstance(calls, dict) else
+                                                       {"calls": None, "prompts": [], "truncated": False})}
 
     async def stop(self, delete: bool) -> None:
         """Kill the sandbox (sandboxes are ephemeral: ``delete=False`` changes nothing). Every
@@ -275,6 +326,8 @@ class GymSandboxEnvironment(BaseEnvironment):
         trial, self._trial = self._trial, None  # stopped once is stopped
         if self.sandbox_id is None or trial is None:
             return
+        await self._collect_judge_calls(trial)
+        await self._collect_door_failures(trial)
         try:
             if sandbox is not None:
                 await sandbox.kill()  # False when it was already gone: gone either way
@@ -702,6 +755,15 @@ class GymSandboxEnvironment(BaseEnvironment):
 async def _kill_quietly(handle: Any) -> None:
     with contextlib.suppress(Exception):
         await handle.kill()
+
+
+def judge_env(view: dict[str, Any], judge: JudgeDoor) -> dict[str, str]:
+    """What a judged task's ``tests/test.sh`` sees of its judge: an OpenAI-compatible base URL
+    (the door's, ``…/rollout/v1``), the model, and the most tokens the judge key allows."""
+    env = {"RSIGYM_JUDGE_URL": str(view.get("rsigymDoorUrl") or ""), "RSIGYM_JUDGE_MODEL": judge.model}
+    if judge.max_tokens is not None:
+        env["RSIGYM_JUDGE_MAX_TOKENS"] = str(judge.max_tokens)
+    return env
 
 
 def _error_message(response: httpx.Response) -> str:

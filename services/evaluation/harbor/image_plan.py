@@ -3,9 +3,10 @@
 There is no Docker here. The task's ``environment/Dockerfile`` is read with the ``e2b`` package's
 own Dockerfile converter and *replayed*: the sandbox template stands in for ``FROM``;
 ``WORKDIR`` / ``COPY`` / ``ADD`` (local files) / ``ENV`` / ``ARG`` are applied at start (the
-bundled benchmarks copy ``environment/app/`` into ``/app``). An instruction that needs a real
-image build (``RUN``, ``COPY --from``, a multi-stage file) is refused before any sandbox is
-created, rather than silently skipped.
+bundled benchmarks copy ``environment/app/`` into ``/app``). A file with ``RUN`` steps is built into
+a template of its own when its benchmark is validated (services/evaluation/templates.py); what no
+build here can do (``COPY --from``, a multi-stage file, a download) is refused before any sandbox
+is created, rather than silently skipped.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class ImagePlan:
     copies: list[Copy] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+    """``RUN`` steps: the task needs a template built from its Dockerfile (services/evaluation/templates.py),
+    which has every step of the file in it; only ``ENV`` and ``WORKDIR`` are then applied at start."""
 
 
 class _PlanBuilder:
@@ -55,7 +59,7 @@ class _PlanBuilder:
 
     def run_cmd(self, command: Any, user: str | None = None) -> _PlanBuilder:
         text = command if isinstance(command, str) else " ".join(command)
-        self.plan.refused.append(f"RUN {text[:120]}")
+        self.plan.runs.append(text[:120])
         return self
 
     def copy(self, src: str, dest: str, force_upload: Any = None, user: str | None = None, mode: int | None = None,

@@ -14,7 +14,8 @@ import functools
 import logging
 import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -33,9 +34,21 @@ class SandboxCredentials:
     """The platform-minted key the sandbox is created (and metered) with: sandbox only, with a door."""
     door_key: str
     """The key the door puts on the sandbox's inference calls: one model, inference only."""
+    judge: JudgeDoor | None = None
+    """A judged benchmark's judge: the verifier's sandbox gets a door to it (never the agent's)."""
 
     def __repr__(self) -> str:  # keep keys out of logs and tracebacks
-        return "SandboxCredentials(sandbox_key=***, door_key=***)"
+        return "SandboxCredentials(sandbox_key=***, door_key=***" + (", judge=***)" if self.judge else ")")
+
+
+@dataclass(frozen=True)
+class JudgeDoor:
+    """What a judged task's verifier sandbox is created with: a door to ``/rollout/v1`` whose key
+    (minted per job below the operator's key, rollout of one model only) never enters it."""
+
+    key: str = field(repr=False)
+    model: str
+    max_tokens: int | None = None
 
 
 class TrialSandboxes:
@@ -57,6 +70,11 @@ class TrialSandboxes:
         """Creates sent whose outcome is unknown."""
         self.running: set[str] = set()
         """Sandboxes created and not (known to be) killed."""
+        self.door_failures: dict[str, Any] | None = None
+        """The calls the agent's model door could not carry because the platform failed
+        (``rsigymDoorFailures``: count, last), read before its sandbox is killed."""
+        self.judge_calls: dict[str, Any] | None = None
+        """What the verifier's judge door was asked (``rsigymJudgeCalls``), read before its sandbox is killed."""
 
     @property
     def headers(self) -> dict[str, str]:

@@ -472,15 +472,15 @@ def configure(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def _options(argv: list[str]) -> dict[str, Any]:
-    """``--socket PATH --env-file PATH [--forward HOST:PORT=UNIX_SOCKET]... [--await-configure]``
+    """``--socket PATH --env-file PATH [--forward HOST:PORT=UNIX_SOCKET]... [--await-configure] [--seed DIR]``
     (by hand: argparse's import is ~5 ms of every sandbox's start)."""
-    opts: dict[str, Any] = {"socket": None, "env-file": None, "forward": [], "await-configure": False}
+    opts: dict[str, Any] = {"socket": None, "env-file": None, "forward": [], "await-configure": False, "seed": None}
     args = iter(argv)
     for arg in args:
         name = arg[2:] if arg.startswith("--") else ""
         if name == "await-configure":
             opts[name] = True
-        elif name in ("socket", "env-file", "forward"):
+        elif name in ("socket", "env-file", "forward", "seed"):
             value = next(args, None)
             if value is None:
                 sys.exit(f"agent: {arg} needs a value")
@@ -495,8 +495,21 @@ def _options(argv: list[str]) -> dict[str, Any]:
     return opts
 
 
+def seed_root(layer: str) -> None:
+    """A built template's own files (its /app, /opt, …), bound read-only at ``layer``, copied into
+    this sandbox's writable root before it is ready: its to change, within its disk."""
+    for name in sorted(os.listdir(layer)):
+        src, dest = os.path.join(layer, name), "/" + name
+        if os.path.isdir(src) and not os.path.islink(src):
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, dest, follow_symlinks=False)
+
+
 def main() -> None:
     opts = _options(sys.argv[1:])
+    if opts["seed"]:
+        seed_root(opts["seed"])
     threading.stack_size(THREAD_STACK)
     with open(opts["env-file"]) as fh:
         BASE_ENV.update(json.load(fh))

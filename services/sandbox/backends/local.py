@@ -64,7 +64,9 @@ from kit.host_uids import HostUidPool, kill_uid, pids_of_uid
 from kit.private_files import open_private, traversable_dir, write_private
 from services.sandbox import seccomp
 from services.sandbox.backends.base import STREAM_LINE_LIMIT, SandboxSpec
+from services.sandbox.backends.local_build import run_build
 from services.sandbox.cgroups import SandboxCgroup
+from services.sandbox.dockerfile import Steps
 from services.sandbox.login_profile import write_login_profile
 from services.sandbox.namespace_init import NamespaceInit
 
@@ -81,6 +83,9 @@ POOL_RETRY_S = 30.0
 """After a pool sandbox failed to start, the pool waits this long before trying that template again."""
 INFO_FILE = "bwrap-info.json"
 SANDBOX_UMASK = 0o022
+LAYER_FILES_INSIDE = "/run/rsigym-layer"
+"""Where a built template's own files (its /app, /opt, …) are bound read-only, for the sandbox's
+agent to copy into its tmpfs at start (``--seed``)."""
 INIT_EXIT_WAIT_S = 5.0
 """How long a kill waits for the namespace's init to exit before it sweeps the uid instead."""
 
@@ -125,6 +130,7 @@ class LocalBackend:
         sandboxes (services/sandbox/login_profile.py); None: the host's file as it is."""
         self._sandboxes: dict[str, _Local] = {}
         self._lock = threading.Lock()
+        self._layer_lock = threading.Lock()
         self.warm_pool = warm_pool
         self._warm: dict[str, list[_Local]] = {}
         """Ready, unclaimed sandboxes by template (its settings as JSON: a changed template is another pool)."""
@@ -154,6 +160,43 @@ class LocalBackend:
             self.starts[how] += 1
             self._sandboxes[spec.sandbox_id] = local
         return spec.sandbox_id
+
+    def _layer(self, template: SandboxTemplate) -> Path | None:
+        """A built template's layer where the sandbox's uid can reach it: linked (or copied) once
+        into this backend's root, which every sandbox uid traverses (the templates directory, in
+        the gym's private data dir, is not)."""
+        if not template.layer:
+            return None
+        target = self.root / "layers" / template.name
+        with self._layer_lock:
+            if not target.is_dir():
+                traversable_dir(self.root / "layers")
+                os.chmod(self.root / "layers", 0o711)
+                staging = target.with_name(target.name + ".tmp")
+                shutil.rmtree(staging, ignore_errors=True)
+                try:
+                    shutil.copytree(template.layer, staging, symlinks=True, copy_function=_link_or_copy)
+                except OSError as err:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise ServiceUnavailable(f"template {template.name!r}: its built layer is unreadable ({err})") from None
+                os.chmod(staging, 0o755)
+                staging.rename(target)
+        return target
+
+    def build_template(self, base: SandboxTemplate, steps: Steps, context: Path, out: Path,
+                       egress: list[str] | None = None) -> str:
+        """Build a Dockerfile's steps into a template layer (services/sandbox/backends/local_build.py),
+        as an unprivileged uid of the pool when the gym runs as root."""
+        if self.bwrap is None:
+            raise Unprocessable("template builds need bubblewrap (bwrap) on the sandbox host", param="base")
+        uid = self.uids.take() if self.privileged else None
+        try:
+            return run_build(bwrap=self.bwrap, base=base, steps=steps, context=context, out=out, uid=uid,
+                             work_root=self.root, egress=egress or ())
+        finally:
+            if uid is not None:
+                kill_uid(uid)
+            self.uids.free(uid)
 
     def make_dirs(self, sandbox_id: str, dirs: list[tuple[str, int | None]]) -> list[str]:
         """By the sandbox's own agent (the agent protocol's ``mkdirs``, as the sandbox's user,
@@ -300,10 +343,11 @@ class LocalBackend:
             prefix = [*cgroup.entering_argv(), *prefix]
         filter_fd = seccomp.filter_fd()
         info_fd = -1
+        layer = self._layer(spec.template)
         try:
             # bubblewrap writes its namespace init's host pid here (host-only: base is the gym's)
             info_fd = os.open(base / INFO_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            argv = [*prefix, *self._argv(spec, uid, base, filter_fd, info_fd, pooled=pooled)]
+            argv = [*prefix, *self._argv(spec, uid, base, filter_fd, info_fd, pooled=pooled, layer=layer)]
             with os.fdopen(open_private(base / "agent.log"), "wb") as errors:
                 # umask: what the sandbox's own processes create is as in any Linux box (and E2B's),
                 # whatever the gym's own (0077: kit/private_files.py)
@@ -335,7 +379,7 @@ class LocalBackend:
         return local
 
     def _argv(self, spec: SandboxSpec, uid: int | None, base: Path, filter_fd: int, info_fd: int, *,
-              pooled: bool) -> list[str]:
+              pooled: bool, layer: Path | None = None) -> list[str]:
         t = spec.template
         bwrap = self.bwrap or "bwrap"
         argv: list[str] = []
@@ -360,6 +404,11 @@ class LocalBackend:
                 argv += ["--ro-bind", str(self.login_profile), "/etc/profile"]
         for sub, mode in (("/home/user", "0755"), ("/tmp", "1777"), ("/run", "0755"), ("/var/tmp", "1777")):
             argv += ["--perms", mode, "--dir", sub]
+        # A built template's layer (services/sandbox/backends/local_build.py): /usr/local read-only
+        # as the system directories; its own files for the agent to copy in (``--seed``).
+        if layer is not None:
+            argv += ["--ro-bind", str(layer / "usr-local"), "/usr/local", "--ro-bind", str(layer / "files"),
+                     LAYER_FILES_INSIDE]
         argv += ["--proc", "/proc", "--dev", "/dev",
                  "--bind", str(base / "ctl"), "/run/rsigym",
                  "--ro-bind", str(base / "agent.py"), "/run/rsigym/agent.py",
@@ -367,6 +416,8 @@ class LocalBackend:
                  "--chdir", "/home/user", "--",
                  t.python, "-I", "-S", "/run/rsigym/agent.py", "--socket", "/run/rsigym/agent.sock",
                  "--env-file", "/run/rsigym/env.json"]
+        if layer is not None:
+            argv += ["--seed", LAYER_FILES_INSIDE]
         if pooled:
             argv += ["--await-configure"]
         elif spec.door_port is not None:
@@ -513,6 +564,13 @@ class LocalBackend:
             yield {"end": {"exit_code": -1, "status": "sandbox ended"}}
         finally:
             writer.close()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the layer's own inode, bound read-only: nothing can change it
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 @cache

@@ -46,7 +46,7 @@ def test_a_policy_file_typo_names_the_key_and_what_is_allowed_there(tmp_path: Pa
         policy_from_file(toml)
     text = " ".join(str(caught.value).split())
     assert "policy file" in text and "services.rollout.max_concurency is not a setting here" in text
-    assert "allowed: cross_run, detail, door, fields, internet, max_concurrency" in text
+    assert "allowed: build, cross_run, detail, door, fields, internet, max_concurrency" in text
     as_json = tmp_path / "policy.json"
     as_json.write_text('{"services": {"rollout": {"fields": {"temperature": {"rnge": [0, 1]}}}}}')
     with pytest.raises(FileError, match="unknown field rule 'rnge'"):
