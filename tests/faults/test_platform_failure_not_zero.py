@@ -4,17 +4,23 @@ Found in distributed mode: with the gateway address trials call back on down, an
 every trial failed to connect reported ``succeeded, score 0.0000``. Here the evaluation's real
 trials (Harbor, the gym's environment) call back on a closed port: the job ends ``failed``, its
 error names the platform, it has no score, and no trial is recorded as a 0. A harness that crashes
-is the agent's own failure: its trials score 0 and the job succeeds.
+is the agent's own failure: its trials score 0 and the job succeeds. The gateway killed after a
+job's first trial fails the rest on the platform: the job ends failed, unscored; a model door the
+platform failed (503 behind it) is not the harness's 0 either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 from sqlalchemy import select
 
 from access.keys import KeyRegistry
@@ -65,7 +71,8 @@ def closed_port() -> int:
 
 
 def evaluation(store: Store, tmp_path: Path, gateway_url: str, *, tasks: int = 2, attempts: int = 2,
-               harness_dir: Path | None = None) -> tuple[EvaluationRunner, str, CountingRuns]:
+               harness_dir: Path | None = None, trials: CountingRuns | None = None,
+               concurrency: int = 2) -> tuple[EvaluationRunner, str, CountingRuns]:
     """An agent's evaluation job on the mini benchmark, on a runner whose trials call back on ``gateway_url``."""
     registry = BenchmarkRegistry(store, tmp_path / "benchmarks")
     row, bench = registry.register(mini_benchmark(tmp_path / "src"))
@@ -82,9 +89,9 @@ def evaluation(store: Store, tmp_path: Path, gateway_url: str, *, tasks: int = 2
     harnesses = HarnessStore(store, tmp_path / "harnesses")
     if harness_dir is not None:
         harnesses.directory = lambda harness, *, run_id: harness_dir  # type: ignore[method-assign]
-    trials = CountingRuns()
+    trials = trials or CountingRuns()
     runner = EvaluationRunner(store, registry, harnesses, tmp_path / "trials", runner=trials,
-                              gateway_url=lambda: gateway_url, dispatcher=Recorder(), trial_concurrency=2)
+                              gateway_url=lambda: gateway_url, dispatcher=Recorder(), trial_concurrency=concurrency)
     return runner, job_id, trials
 
 
@@ -168,3 +175,50 @@ def test_a_model_door_the_platform_failed_is_not_the_harness_zero(
     assert "HTTP 503" in job.error
     assert rows and all(r.reward is None and r.failure_kind == "platform" for r in rows)
     assert len(trials.runs) == 1 + TRIAL_RETRIES  # retried, as any platform failure
+
+
+class KilledAfterFirst(CountingRuns):
+    """The real trials; once the first has ended, the gateway they call back on is killed."""
+
+    def __init__(self, server: uvicorn.Server, thread: threading.Thread) -> None:
+        super().__init__()
+        self.server, self.thread = server, thread
+
+    async def __call__(self, req: TrialRequest) -> TrialOutcome:
+        outcome = await super().__call__(req)
+        if len(self.runs) == 1:
+            self.server.should_exit = True
+            await asyncio.to_thread(self.thread.join, 20)
+        return outcome
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_gateway_killed_mid_job_fails_it_unscored(gym: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trials' gateway address goes down after the job's first trial: what was done is kept, the
+    rest fails on the platform, and the job ends failed with no score — not a score of the trials
+    that happened to run (why that address must be load-balanced in distributed mode)."""
+    monkeypatch.setattr(evaluation_jobs, "RETRY_BACKOFF_S", (0.05, 0.05))
+    port = closed_port()
+    gym.listening_at(f"http://127.0.0.1:{port}")
+    # lifespan off: only this listener dies (as a gateway replica would), not the gym behind it
+    server = uvicorn.Server(uvicorn.Config(gym.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.02)
+    killing = KilledAfterFirst(server, thread)
+    runner, job_id, trials = evaluation(gym.gateway.store, tmp_path, f"http://127.0.0.1:{port}", tasks=3,
+                                        attempts=1, trials=killing, concurrency=1)
+    try:
+        assert runner.execute(job_id)
+    finally:
+        runner.shutdown()
+        server.should_exit = True
+        thread.join(20)
+    job, rows, score = finished(gym.gateway.store, job_id)
+    assert not thread.is_alive()
+    assert job.status == "failed" and job.score is None and score.score is None, (job.status, job.error)
+    assert "platform failure" in (job.error or ""), job.error
+    first, *rest = sorted(rows, key=lambda r: r.id)
+    assert first.failure_kind is None and first.reward is not None  # the trial before the kill is kept
+    assert rest and all(r.reward is None and r.failure_kind == "platform" for r in rest), rest
