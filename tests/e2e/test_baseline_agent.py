@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from tests.e2e.test_launcher import report
 from tests.fakes.live_gym import BENCHMARKS, mini_benchmark
 from tests.fakes.servers import serve_gym
 
+OFFLINE_CONFIG = Path(__file__).resolve().parents[2] / "kit" / "offline_gym.toml"
 AGENT_ARGS = ["--limit", "2", "--rows", "24", "--steps", "4", "--votes", "2", "--poll", "0.5"]
 """Small: two dev tasks per evaluation, 24 teacher rows, 4 training steps, 2 votes."""
 TRACKS = {"harness": "harness-arithmetic", "joint": "joint-arithmetic"}
@@ -50,7 +52,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, standin: tuple[str, Any], tea
                          provider_secrets=ProviderSecrets({TEACHER_ENV: teacher_secret}))
     with serve_gym(gym) as url, pytest.MonkeyPatch.context() as mp, httpx.Client(
             base_url=url, headers=admin_headers(), timeout=60) as admin:
-        for name, value in {"RSIGYM_URL": url, "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN, "RSIGYM_DATA_DIR": str(data_dir)}.items():
+        # The CLI renders a task's policy from its own config: the gym's, whose harness model the
+        # tests keep tiny (tests/conftest.py tiny_instruct), not the default's SmolLM2.
+        cli_config = root / "cli.toml"
+        cli_config.write_text(OFFLINE_CONFIG.read_text() + '\n[tracks]\ninstruct_model = "tiny"\n')
+        for name, value in {"RSIGYM_URL": url, "RSIGYM_ADMIN_TOKEN": ADMIN_TOKEN, "RSIGYM_DATA_DIR": str(data_dir),
+                            "RSIGYM_CONFIG": str(cli_config)}.items():
             mp.setenv(name, value)
         assert admin.post("/admin/v1/benchmarks", json={"path": str(bench)}).status_code == 201
         for _ in range(600):  # validated: every oracle 1, every empty answer 0
