@@ -17,7 +17,7 @@ from gateway.access_log import AccessLogMiddleware
 from gateway.auth import require_metrics_reader
 from gateway.body_limits import install_body_limits
 from gateway.context import Gateway
-from gateway.health import StoreHealth
+from gateway.health import GymHealth, job_broker
 from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
@@ -67,7 +67,8 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     app = FastAPI(title="RSIGym gateway", version="0.1.0", lifespan=lifespan, telemetry=NO_FASTAPI_TELEMETRY)
     app.state.gw = gw
-    health = StoreHealth(gw.store)  # its own thread and connection: never queued behind calls
+    # The store on its own thread and connection (never queued behind calls), each service over its link.
+    health = GymHealth(gw.store, gw.links, broker=job_broker())
     # Innermost of the app's middleware: proxied calls go straight to ``forward``, past the router.
     app.add_middleware(ProxyDispatch, services=set(gw.specs), methods=PROXY_METHODS, forward=forward)
     install_body_limits(app, gw)  # bodies bounded in size, time and shape while they stream in
@@ -78,10 +79,8 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz(request: Request) -> JSONResponse:
-        store_ok = await health.ok()
-        body = {"status": "ok" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
-                "services": sorted(gw.specs)}
-        return JSONResponse(body, status_code=200 if store_ok else 503)
+        ok, body = await health.report()
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_metrics_reader)])
     async def metrics() -> Response:

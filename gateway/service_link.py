@@ -59,6 +59,8 @@ class ServiceLink:
     def __init__(self, base_url: str, transport: httpx.AsyncBaseTransport, timeout: httpx.Timeout,
                  direct: DirectService | None = None):
         self.client = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=timeout)
+        self.in_process = direct is not None
+        """The service's app runs in this process (embedded mode): up while the gateway is."""
         signed = SignedTransport(base_url, transport, timeout)
         self.transport: ServiceTransport = signed if direct is None else DirectTransport(direct, signed)
 

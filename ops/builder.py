@@ -79,6 +79,28 @@ def require_gateway_url(settings: GymSettings, part: str) -> None:
             "trials and sandbox doors reach the gateway (it is never taken from a request's Host header)")
 
 
+STORE_OPTIONAL = frozenset({"rollout"})
+"""The parts that may run without the shared store in distributed mode: the rollout service holds
+the provider keys and is kept off the store by design (docker-compose.yml, deploy/helm); the little
+it writes (the agent route's turns) then lands in SQLite in its own data dir, and it says so."""
+
+
+def require_shared_store(store_settings: StoreSettings, part: str) -> str | None:
+    """Distributed mode: every part on the one SQL store (RSIGYM_STORE_URL). Without it a part
+    would open SQLite in its own data dir and run as a gym apart (a split brain: keys the gateway
+    minted unknown to it, records no audit reads). Refused with SystemExit, except for a part of
+    :data:`STORE_OPTIONAL`, for which the warning to print is returned. Embedded mode keeps SQLite."""
+    if store_settings.url:
+        return None
+    if part in STORE_OPTIONAL:
+        return (f"{part}: no RSIGYM_STORE_URL, so what it records (the agent route's turns) goes to SQLite in its "
+                "own data dir, not the shared store")
+    raise SystemExit(
+        f"distributed mode ({part}) needs RSIGYM_STORE_URL, the SQL store (PostgreSQL) every part of the gym "
+        "shares: without it this part would run on a SQLite file of its own, apart from the others. "
+        "For one process on SQLite, run `rsigym up` (embedded mode)")
+
+
 def ensure_admin_token(settings: GymSettings) -> str:
     """RSIGYM_ADMIN_TOKEN, or a fresh token written to <data-dir>/admin-token (mode 0600)."""
     if settings.admin_token:

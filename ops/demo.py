@@ -16,13 +16,22 @@ import json
 import os
 import secrets
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kit.settings import default_models_dir
-from ops.demo_common import BENCHMARKS, background_process, console, rsigym_cli, trimmed_benchmarks
+from ops.demo_common import (
+    BENCHMARKS,
+    background_process,
+    console,
+    demo_data_dir,
+    own_gym,
+    pick_port,
+    rsigym_cli,
+    trimmed_benchmarks,
+)
 
 if TYPE_CHECKING:
     from rsigym import Gym
@@ -140,15 +149,33 @@ def _evaluate(gym: Gym, base: str, checkpoint: str, tasks: int = 30) -> tuple[fl
     return done[base].score or 0.0, done[checkpoint].score or 0.0
 
 
+def _own_standin(port: int, secret: str) -> Callable[[], bool]:
+    """The stand-in the demo started answers its key (another server on the port does not)."""
+    import httpx
+
+    def ready() -> bool:
+        body = {"model": "teacher", "messages": [{"role": "user", "content": "1 + 1"}], "max_tokens": 1}
+        return httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {secret}"}, timeout=2).status_code == 200
+    return ready
+
+
 def run_demo(data_dir: Path | None = None, port: int = 8700, model: str = "tiny", models_dir: Path | None = None,
-             tasks_per_split: int | None = None) -> int:
+             tasks_per_split: int | None = None, keep: bool = False) -> int:
     """The demo; ``tasks_per_split`` shortens it (the test suite's run): the arithmetic benchmark is
-    cut to its first N tasks of each split, so validation, evaluation and scoring run fewer trials."""
+    cut to its first N tasks of each split, so validation, evaluation and scoring run fewer trials.
+    Its gym is its own: on ``port`` or a free one if that is busy; in ``data_dir``, or a fresh one
+    removed at the end unless ``keep``."""
+    with demo_data_dir(data_dir, "rsigym-demo-", keep) as data:
+        port = pick_port(port)
+        return _run_demo(data, port, pick_port(port + 99, "the demo's stand-in provider"), model, models_dir,
+                         tasks_per_split)
+
+
+def _run_demo(data: Path, port: int, provider_port: int, model: str, models_dir: Path | None,
+              tasks_per_split: int | None) -> int:
     from rsigym import BudgetExhaustedError, Gym  # the agent side: the SDK only
 
-    data = Path(data_dir or tempfile.mkdtemp(prefix="rsigym-demo-"))
-    data.mkdir(parents=True, exist_ok=True)
-    provider_port = port + 99
     provider_secret = "sk-demo-" + secrets.token_hex(16)
     config = data / "gym.toml"
     config.write_text(
@@ -203,9 +230,10 @@ max_context = 2048
     console.rule("[bold]RSIGym demo")
     console.print(f"data dir {data}")
     with background_process([python, "-m", "ops.cli.main", "standin", "--port", str(provider_port), "--api-key-env", DEMO_KEY_ENV],
-                  platform_env, f"http://127.0.0.1:{provider_port}/v1/models", data / "standin.log"), \
+                  platform_env, f"http://127.0.0.1:{provider_port}/v1/models", data / "standin.log",
+                  ready=_own_standin(provider_port, provider_secret)), \
          background_process([python, "-m", "ops.cli.main", "up", "--config", str(config), "--data-dir", str(data), "--port", str(port)],
-                  platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
+                  platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200, ready=own_gym(url, data)):
         console.print(f"[green]gym up[/green] at {url} (gateway + services, one process); admin token in {data / 'admin-token'}")
 
         console.rule("operator")

@@ -14,14 +14,23 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from kit.display_text import plain
 from kit.settings import default_models_dir
-from ops.demo_common import BENCHMARKS, BUNDLED, background_process, console, rsigym_cli, trimmed_benchmarks
+from ops.demo_common import (
+    BENCHMARKS,
+    BUNDLED,
+    background_process,
+    console,
+    demo_data_dir,
+    own_gym,
+    pick_port,
+    rsigym_cli,
+    trimmed_benchmarks,
+)
 from ops.launcher import show_run
 
 TASK = "joint-arithmetic"
@@ -68,9 +77,14 @@ def _index_of(report: dict[str, Any], run_id: str) -> float | None:
 
 
 def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, tasks_per_split: int | None = None,
-                   watch_every_s: float = 20.0) -> int:
-    data = Path(data_dir or tempfile.mkdtemp(prefix=f"rsigym-demo-{agent}-"))
-    data.mkdir(parents=True, exist_ok=True)
+                   watch_every_s: float = 20.0, keep: bool = False) -> int:
+    """The demo on a gym of its own: on ``port``, or a free one if that is busy; in ``data_dir``, or a
+    fresh one removed at the end unless ``keep``."""
+    with demo_data_dir(data_dir, f"rsigym-demo-{agent}-", keep) as data:
+        return _run_agent_demo(agent, data, pick_port(port), tasks_per_split, watch_every_s)
+
+
+def _run_agent_demo(agent: str, data: Path, port: int, tasks_per_split: int | None, watch_every_s: float) -> int:
     config = data / "gym.toml"
     config.write_text(CONFIG)
     url = f"http://127.0.0.1:{port}"
@@ -82,7 +96,8 @@ def run_agent_demo(agent: str, data_dir: Path | None = None, port: int = 8700, t
     console.rule(f"[bold]RSIGym demo: a Joint run of the {agent} agent")
     console.print(f"data dir {data}")
     with background_process([sys.executable, "-m", "ops.cli.main", "up", "--config", str(config), "--data-dir", str(data),
-                   "--port", str(port)], platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200):
+                   "--port", str(port)], platform_env, f"{url}/healthz", data / "gym.log", start_timeout=1200,
+                   ready=own_gym(url, data)):
         console.print(f"[green]gym up[/green] at {url}, offline (stand-in teacher, judge and agent model)")
         benchmarks = ([BENCHMARKS / name for name in BUNDLED] if tasks_per_split is None
                       else trimmed_benchmarks(data / "benchmarks", tasks_per_split))

@@ -62,6 +62,15 @@ def say(name: str, value: object) -> None:
         B.say(name, value)
 
 
+def _first_agent_model() -> str:
+    """The first model on the agent route; a gym without one stops the agent with a clear reason."""
+    listed = B.call("/agent/v1/models")["data"]
+    if not listed:
+        raise SystemExit("this gym serves no agent model (GET /agent/v1/models is empty): the DAG agent thinks "
+                         "on the agent route, so the gym's config needs an [[agent_models]] entry")
+    return str(listed[0]["id"])
+
+
 def _json_object(text: str) -> dict[str, Any]:
     start, end = text.find("{"), text.rfind("}")
     try:
@@ -199,7 +208,7 @@ class Dag:
         listed = rules["models"].get("evaluation") or rules["models"].get("training")
         self.base = listed[0] if listed else bases[0]
         self.teacher = self._teacher()
-        self.model = args.model or B.call("/agent/v1/models")["data"][0]["id"]
+        self.model = args.model or _first_agent_model()
         self._stop = threading.Event()
 
     def can(self, service: str) -> bool:

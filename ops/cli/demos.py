@@ -21,9 +21,12 @@ def demo(
                                               "through every service (keys, rollout, training, inference, a sandbox, "
                                               "child-key budgets, evaluation, audit, score).")] = False,
     model: Annotated[str, typer.Option("--model", help="--walkthrough's base model: tiny or smollm2.")] = "tiny",
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the fresh data dir the demo makes (its logs, audit "
+                                       "and report); without --data-dir it is removed when the demo ends.")] = False,
 ) -> None:
     """Start a throw-away offline gym and run a whole Joint track on it: launch the agent, watch it,
-    audit the run, score its submission (avg@3) and print the RSI-Index report."""
+    audit the run, score its submission (avg@3) and print the RSI-Index report. A busy --port (another
+    gym) moves the demo's gym to a free one; it never talks to a gym it did not start."""
     if not walkthrough:
         from ops.demo_agent import AGENT_ARGS, run_agent_demo
 
@@ -31,9 +34,10 @@ def demo(
             raise typer.BadParameter(f"--agent is one of {', '.join(AGENT_ARGS)}")
         if model != "tiny":
             raise typer.BadParameter("--model applies to --walkthrough (the track trains its preset base model)")
-        raise typer.Exit(run_agent_demo(agent, data_dir=data_dir, port=port, tasks_per_split=tasks_per_split))
+        raise typer.Exit(run_agent_demo(agent, data_dir=data_dir, port=port, tasks_per_split=tasks_per_split,
+                                        keep=keep))
     from ops.demo import run_demo
 
     if model not in ("tiny", "smollm2"):
         raise typer.BadParameter("--model is tiny or smollm2")
-    raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model, tasks_per_split=tasks_per_split))
+    raise typer.Exit(run_demo(data_dir=data_dir, port=port, model=model, tasks_per_split=tasks_per_split, keep=keep))

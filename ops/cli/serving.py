@@ -82,15 +82,18 @@ def serve(
     from kit.config import load_config
     from kit.heap import prepare_heap
     from kit.settings import StoreSettings
-    from ops.builder import build_gateway, build_service
+    from ops.builder import build_gateway, build_service, require_shared_store
 
     settings = gym_settings(data_dir, config)
+    store_settings = StoreSettings()
+    if (warning := require_shared_store(store_settings, part)) is not None:
+        err_console.print(f"[bold yellow]warning[/bold yellow]: {warning}")
     if part == "gateway":
         urls = dict(item.split("=", 1) for item in service or [])
-        asgi = build_gateway(settings, StoreSettings(), urls).app
+        asgi = build_gateway(settings, store_settings, urls).app
         show_access_log(load_config(settings.config).logging.access)
     else:
-        asgi = build_service(part, settings)
+        asgi = build_service(part, settings, store_settings=store_settings)
     prepare_heap()
     uvicorn.run(asgi, host=host, port=port, log_level="info", access_log=False,
                 **server_options(load_config(settings.config)))
@@ -106,13 +109,16 @@ def worker(
     """Distributed mode: a Celery worker running training / evaluation jobs from Redis
     (RSIGYM_WORKER_BROKER_URL), over the same store and data dir as the services."""
     from kit.settings import StoreSettings, WorkerSettings
+    from ops.builder import require_shared_store
     from services.worker.main import parse_queues, start_worker
 
     restrict_umask()  # files at rest are the gym's alone (kit/private_files.py)
+    store_settings = StoreSettings()
+    require_shared_store(store_settings, "worker")
     worker_settings = WorkerSettings()
     if concurrency is not None:
         worker_settings = worker_settings.model_copy(update={"concurrency": concurrency})
-    start_worker(parse_queues(queues), gym_settings(data_dir, config), StoreSettings(), worker_settings)
+    start_worker(parse_queues(queues), gym_settings(data_dir, config), store_settings, worker_settings)
 
 
 def egress_proxy(

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from billing import rate_limits
-from kit.config import GymConfig
+from kit.config import GymConfig, load_config
 from kit.settings import StoreSettings
 from services.records.agent_turns import AgentTurn
 from services.records.events import CALL_REFUSED
@@ -418,3 +418,19 @@ def test_cli_keys_create_takes_the_agent_rate_from_the_policy_file(live: Any, tm
     oai = openai.OpenAI(base_url=f"{url}/agent/v1", api_key=made["key"], max_retries=0)
     with pytest.raises(openai.UnprocessableEntityError):  # one call above the whole limit can never pass
         oai.chat.completions.create(model="agent-llm", messages=[{"role": "user", "content": QUESTION}], max_tokens=8)
+
+
+def test_the_offline_default_config_serves_an_agent_model(make_gym: Any) -> None:
+    """A plain `rsigym up` (kit/offline_gym.toml): the agent route lists a model and answers on it
+    (the stand-in), so an agent that thinks there (`--agent dag`) runs with no provider key."""
+    gym = make_gym(config=load_config(None))
+    with serve_gym(gym) as url, httpx.Client(base_url=url, timeout=60) as client:
+        key = _run_key(client)
+        listed = client.get("/agent/v1/models", headers=bearer(key["key"]))
+        assert listed.status_code == 200, listed.text
+        names = [m["id"] for m in listed.json()["data"]]
+        assert names == ["agent"]
+        r = client.post("/agent/v1/chat/completions", headers=bearer(key["key"]),
+                        json={"model": names[0], "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "5"

@@ -3,6 +3,7 @@ server, over real HTTP; the service refuses anyone but the gateway."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,30 @@ def test_records_service_as_its_own_server(tmp_path: Path, standin: Any) -> None
             assert chain["ok"] is True and chain["events"] == 3  # … and the audit's own result
             direct = httpx.get(f"{records_url}/v1/events", headers=bearer(run["key"]))
             assert direct.status_code == 401
+
+
+def test_healthz_names_a_service_that_cannot_be_reached_and_answers_503(tmp_path: Path, standin: Any) -> None:
+    """/healthz asks each service run as its own server for its own health: with records served and
+    rollout's URL on a closed port, it answers 503 naming rollout, down, and why (it used to say
+    ``ok`` and list every linked service, reachable or not). When rollout comes up, it answers 200."""
+    port = free_port()
+    settings = GymSettings(data_dir=tmp_path, admin_token=ADMIN_TOKEN, internal_secret="shared-internal-secret",
+                           gateway_url=f"http://127.0.0.1:{port}")
+    config = gym_config(standin[0])
+    rollout_port = free_port()  # nothing listens there (yet)
+    with serve(build_service("records", settings, config)) as records_url:
+        gym = build_gateway(settings, StoreSettings(),
+                            {"records": records_url, "rollout": f"http://127.0.0.1:{rollout_port}"}, config)
+        with serve(gym.app, port=port) as url:
+            r = httpx.get(f"{url}/healthz", timeout=10)
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert body["status"] == "degraded" and body["store"] == "ok"
+            assert body["services"]["records"] == {"status": "ok"}
+            assert body["services"]["rollout"]["status"] == "down"
+            assert f"127.0.0.1:{rollout_port}" in body["services"]["rollout"]["reason"]
+            with serve(build_service("rollout", settings, config), port=rollout_port):
+                time.sleep(1.6)  # past the report's reuse (it is polled: probed at most every 1.5 s)
+                r = httpx.get(f"{url}/healthz", timeout=10)
+                assert r.status_code == 200, r.text
+                assert r.json()["services"] == {"records": {"status": "ok"}, "rollout": {"status": "ok"}}

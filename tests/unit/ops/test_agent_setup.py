@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kit.config import GymConfig
+from kit.config import GymConfig, load_config
 from kit.errors import Unprocessable
 from ops import agent_setup, agent_toolbox, launcher
 from ops.tasks import TASKS, find_task
@@ -83,3 +83,23 @@ def test_a_cli_not_in_the_toolbox_is_refused_with_the_install_command_and_no_key
     with pytest.raises(Unprocessable, match="no agent_models"):
         _start(tmp_path, GymConfig(), minter)
     assert minter.calls == []
+
+
+def test_the_dag_agent_on_a_gym_without_an_agent_model_is_refused_before_any_key_is_minted(tmp_path: Path) -> None:
+    """It thinks on the agent route: on a gym with no ``agent_models`` it used to start, index an
+    empty model list (IndexError) and leave its run key active; now the launcher refuses it first."""
+    minter = _Minter()
+    task = find_task("joint-arithmetic", TASKS)
+    with pytest.raises(Unprocessable, match="'dag' needs an agent model"):
+        launcher.start_run(data_dir=tmp_path, gateway_url=GATEWAY, client=minter, task=task, key_body={},
+                           instruction="x", agent="dag", config=GymConfig())
+    assert minter.calls == [] and not launcher.runs_root(tmp_path).exists()
+
+
+def test_the_offline_default_config_gives_the_dag_agent_its_model() -> None:
+    """A plain `rsigym up` (kit/offline_gym.toml) has a stand-in agent model, passed to the agent."""
+    config = load_config(None)
+    assert [m.served_by for m in config.agent_models] == ["standin"]
+    template = launcher.load_agents()["dag"]
+    filled = launcher._fill(template.command, launcher._placeholders(template, "dag", config))
+    assert filled[filled.index("--model") + 1] == config.agent_models[0].name
