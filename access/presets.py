@@ -26,7 +26,7 @@ from typing import Any
 
 from access.policy import Policy
 from kit.config import GymConfig
-from kit.errors import Unprocessable
+from kit.errors import Unprocessable, validated
 from kit.file_errors import read_model
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -124,7 +124,8 @@ def preset_policy(track: str, config: GymConfig, *, offline: bool = False) -> Po
     raw = _render(_raw(base)["policy"], config)
     if off:
         raw = _overlay(raw, _render(_raw(OFFLINE)["policy"], config))
-    return Policy.model_validate(raw)
+    # The one validation every policy gets (a misspelt section in a preset is named, not a traceback).
+    return validated(Policy, raw, what=f"preset {PRESETS_DIR / base}.toml", prefix="policy.")
 
 
 def submission_needs(track_or_label: str | None) -> tuple[str, ...]:

@@ -87,6 +87,14 @@ class Unprocessable(GymError):
     status, type = 422, "invalid_request_error"
 
 
+class NotSupported(GymError):
+    """A request for something the gym deliberately does not do (an E2B call such as pausing a
+    sandbox): 400 with its own type, never a 404 that reads as "that thing does not exist", nor
+    a 409 that E2B's SDK reads as "already done"."""
+
+    status, type = 400, "not_supported"
+
+
 class ConcurrencyLimited(GymError):
     status, type = 429, "concurrency_limit"
 
@@ -168,8 +176,14 @@ def validated[M: BaseModel](model: type[M], data: Any, *, what: str, error: type
         return model.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
-        param = prefix + ".".join(str(p) for p in first["loc"])
+        param = prefix + ".".join(str(p) for p in _where(first["loc"]))
         raise (error or Unprocessable)(f"invalid {what}: {param}: {first['msg']}", param=param or None) from err
+
+
+def _where(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A validation error's location as a dotted path names it: a refused mapping key (pydantic's
+    ``[key]``, as a policy's misspelt ``services.rolout``) is located at the key itself."""
+    return loc[:-1] if loc and loc[-1] == "[key]" else loc
 
 
 def parsed_request[M: BaseModel](schema: type[M], body: Any) -> M:

@@ -51,9 +51,11 @@ def describe(err: ValidationError, model: type[BaseModel]) -> str:
     # A misspelt key shows as "not a setting" *and* as the real one "required": the typo first.
     errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
     for e in errors[:_SHOWN_ERRORS]:
-        loc = [p for p in e["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+        loc = [p for p in e["loc"] if not str(p).startswith(("function-", "tagged-union")) and p != "[key]"]
         key = ".".join(str(p) for p in loc) or "(the whole file)"
-        if e["type"] == "extra_forbidden":
+        if e["loc"][-1:] == ("[key]",):  # a mapping key refused (a policy's unknown section): the message says it all
+            parts.append(f"{key}: {e['msg']}")
+        elif e["type"] == "extra_forbidden":
             allowed = _fields_at(model, loc[:-1])
             parts.append(f"{key} is not a setting here" + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
         elif e["type"] == "missing":

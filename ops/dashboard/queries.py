@@ -21,6 +21,8 @@ from jobs.lifecycle import merged_figures
 from kit.errors import NotFound
 from ops.dashboard.lineage import platform_lineage
 from services.evaluation import read as evaluation
+from services.evaluation.submission_rule import SUBMISSION_RULE
+from services.evaluation.submissions import final_submission
 from services.records import read as records
 from services.training import read as training
 from storage.store import Store
@@ -150,7 +152,9 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
         evaluations = evaluation.jobs(s, run_id=run_id, newest_first=True, limit=limit)
         score_rows = evaluation.scores(s, run_id=run_id, newest_first=True, limit=limit)
         graph = platform_lineage(s, run_id)
+        final = final_submission(s, run_id)
         return {
+            "submission_rule": SUBMISSION_RULE, "final_submission": final.id if final else None,
             "run": _run_view(key), "child_keys": children,
             "spend": spend_series(charged),
             "ledger": [_ledger_view(r) for r in ledger], "ledger_total": ledger_total or 0,

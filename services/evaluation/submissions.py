@@ -7,7 +7,8 @@ its final submission cannot change: the audit that ``rsigym score`` runs then an
 jobs it starts read the same row, and the score records that submission's id.
 
 Ties on ``created_at`` (two submissions in the same microsecond) are broken by id, so every
-reader names the same row.
+reader names the same row. The rule in the one sentence operators are shown:
+services/evaluation/submission_rule.py.
 """
 
 from __future__ import annotations

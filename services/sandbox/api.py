@@ -50,6 +50,13 @@ async def build_template(request: Request, identity: CurrentIdentity) -> dict[st
     return await _run(_svc(request).build_template, identity, await json_object(request))
 
 
+@router.get("/templates")
+@router.get("/v2/templates")
+async def list_templates(request: Request, identity: CurrentIdentity) -> list[dict[str, Any]]:
+    """E2B's template list: the configured templates and those built from Dockerfiles."""
+    return await _run(_svc(request).templates)
+
+
 @router.get("/sandboxes")
 @router.get("/v2/sandboxes")
 async def list_sandboxes(request: Request, identity: CurrentIdentity, metadata: str | None = None,
@@ -75,6 +82,14 @@ async def connect(sandbox_id: str, request: Request, identity: CurrentIdentity) 
     if isinstance(body.get("timeout"), int):
         await _run(svc.set_timeout, identity, sandbox_id, body["timeout"])
     return JSONResponse(svc.created_view(row), status_code=200)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause")
+@router.post("/sandboxes/{sandbox_id}/resume")
+async def pause_or_resume(sandbox_id: str, request: Request, identity: CurrentIdentity) -> None:
+    """Refused (400 ``not_supported``) for a sandbox the caller may reach: service.py says why."""
+    action = "resume" if request.url.path.endswith("/resume") else "pause"
+    await _run(_svc(request).refuse_lifecycle, identity, sandbox_id, action)
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

@@ -16,6 +16,7 @@ heartbeat and gives its slot back.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import json
@@ -26,7 +27,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import anyio
 from sqlalchemy import Table, bindparam, func, or_, select, update
@@ -41,6 +42,7 @@ from kit.errors import (
     GymError,
     InvalidRequest,
     NotFound,
+    NotSupported,
     PermissionDenied,
     ServiceUnavailable,
     Unprocessable,
@@ -57,7 +59,7 @@ from services.sandbox.metering import SliceMeter, nusd_per_second
 from services.sandbox.replicas import ReplicaLease
 from services.sandbox.schemas import CreateSandbox
 from services.sandbox.tables import SandboxRow
-from services.sandbox.templates import BuiltTemplates
+from services.sandbox.templates import BuiltTemplates, listed_view
 from storage.tables import LedgerEntry, utcnow
 
 log = logging.getLogger("rsigym.sandbox")
@@ -136,6 +138,7 @@ class SandboxService:
         self.slots = ConcurrencySlots(context.store)
         self.keys = KeyRegistry(context.store)
         self.backend = backend
+        self.started_at = utcnow()
         self.secret = context.internal_secret
         self.events = EventLog(context.store, context.internal_secret)
         self._doors: DoorServer | None = None
@@ -570,6 +573,24 @@ class SandboxService:
         if metadata:
             rows = [r for r in rows if all(r.sandbox_metadata.get(k) == v for k, v in metadata.items())]
         return rows[:limit]
+
+    def templates(self) -> builtins.list[dict[str, Any]]:  # builtins: this class has a list()
+        """Every template a create may name: the configured ones, then those built from Dockerfiles."""
+        views = [listed_view(t, base=None, created=self.started_at, envd_version=ENVD_VERSION)
+                 for t in self.config.templates]
+        for tid, base, built_at in self.built.listed():
+            template = self.built.get(tid)
+            if template is not None:
+                views.append(listed_view(template, base=base, created=built_at, envd_version=ENVD_VERSION))
+        return views
+
+    def refuse_lifecycle(self, identity: Identity, sandbox_id: str, action: str) -> NoReturn:
+        """E2B's pause and resume: the gym's sandboxes run until killed or timed out, metered by the
+        second, and are never paused (a paused sandbox would hold its memory and uid unmetered).
+        Someone else's or an unknown sandbox is still 404, as on every other route."""
+        self.check_owned(identity, sandbox_id)
+        raise NotSupported(f"{action} is not supported by the gym's sandboxes: they run until killed or timed "
+                           "out; keep one alive with set_timeout, or start a new one", param="sandboxID")
 
     # -- views -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import stat
 import tarfile
 import tempfile
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,19 @@ class BuiltTemplates:
             return None
         return base.model_copy(update={"name": name, "layer": str(self.root / name / "layer")})
 
+    def listed(self) -> list[tuple[str, str, datetime]]:
+        """``(id, base, built at)`` of every usable built template (its base still configured), oldest first."""
+        out = []
+        for manifest in self.root.glob(f"{ID_PREFIX}*/manifest.json") if self.root.is_dir() else ():
+            tid = manifest.parent.name
+            try:
+                base, built_at = json.loads(manifest.read_text(encoding="utf-8"))["base"], manifest.stat().st_mtime
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # half-written or foreign: get() would not serve it either
+            if self.config.template(base) is not None:
+                out.append((tid, base, datetime.fromtimestamp(built_at, UTC)))
+        return sorted(out, key=lambda t: (t[2], t[0]))
+
     def build(self, body: dict[str, Any], run_build: Any) -> dict[str, Any]:
         """Build (or find) the template; ``run_build(base, steps, context, out) -> log`` is the
         backend's builder. Raises Unprocessable naming what could not be built."""
@@ -161,3 +175,21 @@ class BuiltTemplates:
         info = json.loads((self.root / tid / "manifest.json").read_text(encoding="utf-8"))
         return {"templateID": tid, "base": info["base"], "reused": reused, "runs": info["runs"],
                 "buildLogTail": info.get("log_tail", "")}
+
+
+def _stamp(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+def listed_view(template: SandboxTemplate, *, base: str | None, created: datetime, envd_version: str) -> dict[str, Any]:
+    """One template as E2B's ``GET /templates`` lists it (the SDK's ``Template`` model), with the
+    gym's ``base`` (the configured template a built one stands on; null for a configured one) and
+    ``usdPerHour``. ``createdAt``: a built template's build; a configured one's, the service's start
+    (the config is read then)."""
+    return {
+        "templateID": template.name, "buildID": template.name, "aliases": [template.name], "names": [template.name],
+        "cpuCount": template.cpu_count, "memoryMB": template.memory_mb, "diskSizeMB": template.disk_mb,
+        "public": False, "createdAt": _stamp(created), "updatedAt": _stamp(created), "createdBy": None,
+        "lastSpawnedAt": None, "spawnCount": 0, "buildCount": 1 if base else 0, "envdVersion": envd_version,
+        "buildStatus": "ready", "base": base, "usdPerHour": template.usd_per_hour,
+    }
