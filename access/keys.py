@@ -17,6 +17,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from access.fanout import STATUS_EVENTS
+from access.lifecycle import END_REASONS, RunState, run_state
 from access.policy import Policy, ServicePolicy, narrowed
 from billing.deadlines import chain_ends_at
 from billing.ledger import balance_of, chain_of
@@ -63,8 +64,21 @@ class Principal:
         return caps
 
 
+RUN_FACTS = ("task", "agent", "agent_version", "agent_model")
+"""What the launcher records about a run on its key at creation (``run`` of the admin route's body)."""
+
+
+def state_of(root: ApiKey, *, audited: bool = False, scored: bool = False) -> RunState:
+    """The lifecycle state of ``root``'s run (access/lifecycle.py)."""
+    return run_state(key_status=root.status, ends_at=root.ends_at, end_reason=root.end_reason,
+                     audited=audited, scored=scored)
+
+
 def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
-    """The public description of a key (never its hash)."""
+    """The public description of a key (never its hash), with its run's facts and lifecycle state
+    (a child key's are its run's). An ended run's remaining budget is ``unspent_usd``: nothing
+    can spend it any more."""
+    root = chain[0] if chain else row
     view: dict[str, Any] = {
         "id": row.id,
         "name": row.name,
@@ -80,10 +94,24 @@ def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
         "created_at": row.created_at.isoformat(),
         "ends_at": row.ends_at.isoformat() if row.ends_at is not None else None,
         "agent_meter_id": row.agent_meter_id,
+        **{fact: getattr(root, fact) for fact in RUN_FACTS},
+        "agent_exit": root.agent_exit,
     }
+    state = state_of(root)
+    view |= {"state": str(state), "state_name": state.state, "end_reason": state.reason, "ended": state.ended}
     if chain is not None:
         view["remaining_usd"] = nusd_to_usd(balance_of(chain).remaining_nusd)
+        if view.get("ended"):
+            view["unspent_usd"] = view["remaining_usd"]
     return view
+
+
+def with_progress(view: dict[str, Any], *, audited: bool, scored: bool) -> dict[str, Any]:
+    """``view`` with its run's state moved on by what the services know (audited, scored)."""
+    if not view["ended"]:
+        return view
+    state = run_state(key_status="active", ends_at=None, end_reason=view["end_reason"], audited=audited, scored=scored)
+    return {**view, "state": str(state), "state_name": state.state}
 
 
 class KeyRegistry:
@@ -100,11 +128,13 @@ class KeyRegistry:
         parent_id: str | None = None,
         platform: bool = False,
         ends_at: datetime | None = None,
+        run: dict[str, str | None] | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Create a key; returns its view and the plaintext key (the only time it exists).
 
         ``platform``: minted by the gym itself (an evaluation job's keys), which may grant a
-        model door; everything else must still be within every ancestor's policy."""
+        model door; everything else must still be within every ancestor's policy. ``run``: what
+        the launcher records of a run key's run (:data:`RUN_FACTS`)."""
         if budget_nusd is not None and budget_nusd < 0:
             raise Unprocessable("budget must be >= 0", param="budget_usd")
         plaintext = new_api_key()
@@ -137,6 +167,7 @@ class KeyRegistry:
                 reserved_nusd=0,
                 status="active",
                 ends_at=ends_at if parent_id is None else None,  # a child ends with its run
+                **({fact: (run or {}).get(fact) for fact in RUN_FACTS} if parent_id is None else {}),
             )
             s.add(row)
             s.flush()
@@ -240,6 +271,32 @@ class KeyRegistry:
             values: dict[str, Any] = {"ends_at": ends_at, "updated_at": utcnow()}
             if reopen:
                 values["ended_at"] = None
+            s.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values)
+                      .execution_options(synchronize_session=False))
+            s.refresh(row)
+            view = key_view(row, chain_of(s, key_id))
+        self.store.key_events.publish("key.policy", key_id)  # cached principals carry ends_at
+        return view
+
+    def end_run(self, key_id: str, reason: str, agent_exit: int | None = None) -> dict[str, Any]:
+        """End a run now for ``reason`` (the launcher: its agent exited or never started, or the
+        operator stopped it): its deadline becomes now unless it has passed already, so its keys
+        are refused and the reaper stops its jobs and sandboxes as at any deadline. The first
+        recorded end stands (a later report of the same end changes nothing)."""
+        if reason not in END_REASONS:
+            raise Unprocessable(f"reason must be one of {', '.join(END_REASONS)}", param="reason")
+        now = utcnow()
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"key {key_id} not found", param="id")
+            if row.parent_id is not None:
+                raise Conflict("a run ends through its run key; child keys end with their run")
+            values: dict[str, Any] = {"updated_at": now}
+            if row.ends_at is None or row.ends_at > now:
+                values["ends_at"] = now
+            if row.end_reason is None:
+                values |= {"end_reason": reason, "agent_exit": agent_exit}
             s.execute(update(ApiKey).where(ApiKey.id == key_id).values(**values)
                       .execution_options(synchronize_session=False))
             s.refresh(row)

@@ -19,7 +19,8 @@ from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
 from gateway.run_jobs import running_jobs
-from gateway.schemas import CreateKey, EditPolicy, SetDeadline, TopUp
+from gateway.run_progress import with_run_progress
+from gateway.schemas import CreateKey, EditPolicy, EndRun, SetDeadline, TopUp
 from kit.errors import PermissionDenied, Unprocessable, validated
 from kit.http import TextJsonRoute, request_id_of
 from kit.spec import ServiceSpec
@@ -67,7 +68,7 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     ends_at = resolve_ends_at(body.ends_at, body.deadline_s)
     view, plaintext = await gw.store.call(
         partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(usd), track=track, name=body.name,
-                ends_at=ends_at)
+                ends_at=ends_at, run=body.run.model_dump() if body.run is not None else None)
     )
     if body.agent_budget_usd is not None:
         meter = await gw.store.call(partial(agent_meter.attach_meter, gw.store, view["id"],
@@ -79,14 +80,15 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
 @router.get("/keys")
 async def list_keys(request: Request, parent_id: str | None = None) -> dict[str, Any]:
     gw = gateway_of(request)
-    return {"data": await gw.store.call(partial(gw.registry.list, parent_id=parent_id))}
+    views = await gw.store.call(partial(gw.registry.list, parent_id=parent_id))
+    return {"data": await gw.store.call(with_run_progress, gw.store, views)}
 
 
 @router.get("/keys/{key_id}")
 async def show_key(key_id: str, request: Request) -> dict[str, Any]:
     """The key, and its run's disk use (``storage``, billing/storage_quota.py)."""
     gw = gateway_of(request)
-    view = await gw.store.call(gw.registry.get, key_id)
+    [view] = await gw.store.call(with_run_progress, gw.store, [await gw.store.call(gw.registry.get, key_id)])
     return {**view, "storage": await gw.store.call(StorageQuota.of(gw.context).usage, view["run_id"])}
 
 
@@ -109,6 +111,15 @@ async def set_deadline(key_id: str, body: SetDeadline, request: Request) -> dict
     round stops its jobs and sandboxes."""
     gw = gateway_of(request)
     return await gw.store.call(gw.registry.set_deadline, key_id, resolve_ends_at(body.ends_at, body.deadline_s))
+
+
+@router.post("/keys/{key_id}/end")
+async def end_run(key_id: str, body: EndRun, request: Request) -> dict[str, Any]:
+    """End a run now and record why (declared before ``/keys/{key_id}/{action}``): the launcher's
+    supervisor when the agent exits or never starts, ``rsigym run stop``. Its keys are refused at
+    once, the reaper's next round stops its jobs and sandboxes, its unspent budget stays unspent."""
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.end_run, key_id, body.reason, body.agent_exit)
 
 
 @router.post("/keys/{key_id}/{action}")

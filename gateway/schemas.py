@@ -19,6 +19,24 @@ MAX_DEADLINE_S = 10 * 365 * 86400.0
 """A run's wall-clock limit from now is at most ten years (either way, for ``SetDeadline``)."""
 
 
+class RunFacts(_Body):
+    """What a launcher records about the run a key is minted for (access/keys.py RUN_FACTS)."""
+
+    task: str | None = Field(default=None, max_length=200)
+    agent: str | None = Field(default=None, max_length=200)
+    agent_version: str | None = Field(default=None, max_length=80)
+    agent_model: str | None = Field(default=None, max_length=200)
+
+
+class EndRun(_Body):
+    """End a run now and record why (the launcher: its agent exited, never started, or was stopped)."""
+
+    reason: str = Field(max_length=24)
+    """access/lifecycle.py END_REASONS."""
+    agent_exit: int | None = None
+    """The agent process's exit status, when it had one."""
+
+
 class CreateKey(_Body):
     track: str | None = None
     """A preset: data, harness, joint (``offline`` alone: joint + offline)."""
@@ -36,6 +54,8 @@ class CreateKey(_Body):
     agent_budget_usd: float | None = Field(default=None, ge=0, le=MAX_USD, allow_inf_nan=False)
     """The run's agent-model budget (``/agent/v1/…``, a meter apart from the service budget);
     None: the run's agent gets no model through the gym."""
+    run: RunFacts | None = None
+    """What the run is (its task, agent and the agent's model), recorded on the run key."""
 
 
 class SetDeadline(_Body):

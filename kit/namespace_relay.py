@@ -52,7 +52,11 @@ async def main() -> int:
     async with server:
         # bwrap's --chdir sets PWD and this interpreter's locale coercion (PEP 538) sets LC_CTYPE: not the agent's
         env = {k: v for k, v in os.environ.items() if k not in {"PWD", "LC_CTYPE"}}
-        agent = await asyncio.create_subprocess_exec(*command, start_new_session=True, env=env)
+        try:
+            agent = await asyncio.create_subprocess_exec(*command, start_new_session=True, env=env)
+        except (FileNotFoundError, PermissionError) as err:  # the shell's 127 and 126: the agent never ran
+            print(f"rsigym: the agent's command cannot be run: {err}", file=sys.stderr, flush=True)
+            return 127 if isinstance(err, FileNotFoundError) else 126
         try:
             return await asyncio.wait_for(agent.wait(), timeout=max(args.seconds, 0.0))
         except TimeoutError:

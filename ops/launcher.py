@@ -19,10 +19,17 @@ ops.launcher supervise DIR``, its own session) which:
   relays to that socket: the agent's only network reach is the gateway. It kills the agent when
   the task's wall clock passes; the supervisor kills the whole sandbox a little later should the
   relay not have (the gateway refuses the run key after its deadline regardless);
-* records the exit in ``run.json``, sweeps the agent's uid and gives its HOME back to the gym.
+* records the exit in ``run.json``, sweeps the agent's uid and gives its HOME back to the gym;
+* ends the run at the gateway (``POST /admin/v1/keys/{id}/end``: its keys closed, the reaper stops
+  its jobs and sandboxes) with why it ended (access/lifecycle.py): ``finished`` (exit 0),
+  ``deadline`` (124), ``failed_to_start`` (125-127, or the supervisor failed before the agent ran),
+  ``crashed`` (any other exit).
 
 ``stop`` asks the supervisor to end the run (SIGTERM: it cleans up as above), kills what is left of
-its process group, and ends the run at the gateway (deadline now, admin route).
+its process group, and ends the run at the gateway (``stopped``).
+
+The run key records the run's task, agent (name and version) and the agent's model; reports
+group runs by that agent.
 """
 
 from __future__ import annotations
@@ -37,13 +44,16 @@ import sys
 import tempfile
 import time
 import tomllib
-from datetime import UTC, datetime
+import traceback
+from datetime import UTC, datetime, timedelta
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from access.lifecycle import RunState, exit_reason, run_state
 from kit import namespace_relay
 from kit.config import GymConfig
 from kit.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
@@ -100,6 +110,16 @@ class AgentTemplate(BaseModel):
             raise ValueError("npm packages are pinned: name@version")
         return self
 
+    def version(self) -> str:
+        """The version a run records: its pinned CLI's (the first npm package), else the gym's own
+        (the gym's agents ship with it)."""
+        if self.npm:
+            return self.npm[0].rpartition("@")[2]
+        try:
+            return metadata.version("rsigym")
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
     def needs_agent_model(self) -> bool:
         return self.setup is not None or any("{agent_model}" in part for part in [*self.command,
                                                                                  *self.env.values()])
@@ -112,6 +132,8 @@ class RunRecord(BaseModel):
     key_id: str
     task: str
     agent: str
+    agent_version: str | None = None
+    agent_model: str | None = None
     pid: int
     started_at: str
     deadline_s: float
@@ -120,14 +142,25 @@ class RunRecord(BaseModel):
     egress: list[str] = Field(default_factory=list)
     """The task's egress allowlist (hosts the agent reaches through the egress proxy)."""
     status: str = "running"
-    """running, exited, stopped."""
+    """running, exited, stopped (the supervisor's own view; :attr:`state` is the run's)."""
     exit_code: int | None = None
     ended_at: str | None = None
+    reason: str | None = None
+    """Why the run ended (access/lifecycle.py END_REASONS), as recorded here and at the gateway."""
+    state: str | None = None
+    """The run's lifecycle state (``run list/show``: the gateway's, which knows pauses, audits and
+    scores; else :meth:`local_state`)."""
+
+    def local_state(self, now: datetime | None = None) -> RunState:
+        """The state from this record's facts alone (the gym unreachable)."""
+        deadline = datetime.fromisoformat(self.started_at) + timedelta(seconds=self.deadline_s)
+        return run_state(key_status="active", ends_at=deadline, end_reason=self.reason, now=now)
 
 
 class KeyMinter(Protocol):
     def create_key(self, body: dict[str, Any]) -> dict[str, Any]: ...
     def set_deadline(self, key_id: str, deadline_s: float) -> dict[str, Any]: ...
+    def end_run(self, key_id: str, reason: str, agent_exit: int | None = None) -> dict[str, Any]: ...
 
 
 def load_agents(path: Path = AGENTS) -> dict[str, AgentTemplate]:
@@ -205,7 +238,8 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
         raise ServiceUnavailable("the embedded launcher needs bubblewrap (bwrap) on this host")
     if compose is not None and shutil.which(compose.docker) is None:
         raise ServiceUnavailable(f"compose mode needs the docker CLI ({compose.docker!r} is not on PATH)")
-    minted = client.create_key(key_body)
+    minted = client.create_key({**key_body, "run": {"task": task.name, "agent": agent, "agent_version": template.version(),
+                                                    "agent_model": agent_model or None}})
     run = minted.get("run_id") or minted["id"]
     runs = runs_root(data_dir)
     runs.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -238,12 +272,14 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
                 "setup": template.setup, "agent_model": agent_model, "gym": agent_toolbox.gym_command(),
                 "uid_base": config.sandbox.uid_base}
     plan["seconds"] = seconds
+    plan["admin_url"] = gateway_url  # the supervisor ends the run there when the agent exits
     write_private(run_dir / "supervise.json", json.dumps(plan))  # the run key: operator side only, never bound inside
     with os.fdopen(open_private(run_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ops.launcher", "supervise", str(run_dir)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[1])
-    record = RunRecord(run=run, key_id=minted["id"], task=task.name, agent=agent, pid=proc.pid,
+    record = RunRecord(run=run, key_id=minted["id"], task=task.name, agent=agent, agent_version=template.version(),
+                       agent_model=agent_model or None, pid=proc.pid,
                        started_at=_now(), deadline_s=seconds, mode=plan["mode"], egress=egress)
     _write(run_dir, record)
     return record
@@ -262,7 +298,7 @@ def show_run(data_dir: Path, run: str) -> RunRecord:
     record = RunRecord.model_validate_json(path.read_text())
     if record.status == "running" and not pid_running(record.pid):
         record = record.model_copy(update={"status": "exited"})  # the supervisor died without recording it
-    return record
+    return record.model_copy(update={"state": str(record.local_state())})
 
 
 def list_runs(data_dir: Path) -> list[RunRecord]:
@@ -279,15 +315,16 @@ def stop_run(data_dir: Path, run: str, client: KeyMinter) -> RunRecord:
     run_dir = runs_root(data_dir) / run
     if record.status == "running":
         _end_supervisor(record.pid)
-        record = record.model_copy(update={"status": "stopped", "ended_at": _now()})
+        record = record.model_copy(update={"status": "stopped", "ended_at": _now(), "reason": "stopped",
+                                           "state": None})
         _write(run_dir, record)
     elif record.status == "stopped":
         raise Conflict(f"run {run} is already stopped", param="run")
     if record.mode == "compose":
         launcher_compose.remove_run(json.loads((run_dir / "supervise.json").read_text()))
     _cleanup(run_dir)
-    client.set_deadline(record.key_id, 0)
-    return record
+    client.end_run(record.key_id, record.reason or "stopped", record.exit_code)  # the first recorded end stands
+    return show_run(data_dir, run)
 
 
 def _end_supervisor(pid: int) -> None:
@@ -404,18 +441,40 @@ async def _supervise(run_dir: Path) -> int:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # `run stop`: clean up, then go
+    code: int | None = None
     try:
         if plan["mode"] == "compose":
             code = await launcher_compose.supervise(plan)
         else:
             code = await _supervise_embedded(run_dir, plan)
+    except Exception:  # noqa: BLE001 - whatever broke, the run ends and its key closes
+        traceback.print_exc()
+        print("rsigym: the supervisor failed; the run is ended", file=sys.stderr, flush=True)
     finally:
         _cleanup(run_dir)
     path = run_dir / "run.json"
     record = RunRecord.model_validate_json(path.read_text())
     if record.status == "running":
-        _write(run_dir, record.model_copy(update={"status": "exited", "exit_code": code, "ended_at": _now()}))
-    return code
+        reason = exit_reason(code)
+        _end_at_gateway(run_dir, plan, record.key_id, reason, code)  # first: once `run show` says so, it has ended
+        record = RunRecord.model_validate_json(path.read_text())  # `run stop` may have come meanwhile
+        if record.status == "running":
+            _write(run_dir, record.model_copy(update={"status": "exited", "exit_code": code, "ended_at": _now(),
+                                                      "reason": reason}))
+    return 1 if code is None else code
+
+
+def _end_at_gateway(run_dir: Path, plan: dict[str, Any], key_id: str, reason: str, code: int | None) -> None:
+    """Close the run's keys at the gateway with why it ended (the operator's credentials: those of
+    the ``rsigym run start`` that started this supervisor, or the data dir's admin token)."""
+    from kit.settings import GymSettings
+    from ops.cli.admin_client import AdminClient
+
+    try:
+        AdminClient(GymSettings(data_dir=run_dir.parent.parent), plan.get("admin_url")).end_run(key_id, reason, code)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the run's deadline still ends it at the gateway
+        print(f"rsigym: could not end the run at the gateway ({err}); its deadline still will", file=sys.stderr,
+              flush=True)
 
 
 def main(argv: list[str]) -> int:

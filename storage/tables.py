@@ -124,6 +124,19 @@ class ApiKey(Base):
     """The run's wall-clock deadline (run keys; billing/deadlines.py). None: no deadline."""
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     """When a reaper ended the run (cancelled its jobs, killed its sandboxes) — claimed once."""
+    task: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """Run keys the launcher minted: the task the run works on (``rsigym run start --task``)."""
+    agent: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """… the research agent (its name in ops/agents.toml); reports group runs by it."""
+    agent_version: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    """… its version (a pinned CLI's, or the gym's own package version for the gym's agents)."""
+    agent_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """… the agent-route model it was started with (None: it names none)."""
+    end_reason: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    """Why the run ended, as the launcher recorded it (access/lifecycle.py END_REASONS); None: not
+    recorded (a deadline that passed, or a run that has not ended)."""
+    agent_exit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The agent process's exit status, when the launcher recorded one."""
 
 
 class RateCounter(Base):

@@ -132,6 +132,11 @@ class AdminClient:
         """Move the run's deadline (``0``: end the run now)."""
         return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/deadline", json={"deadline_s": deadline_s})
 
+    def end_run(self, key_id: str, reason: str, agent_exit: int | None = None) -> dict[str, Any]:
+        """End the run now and record why (access/lifecycle.py END_REASONS) and its agent's exit."""
+        return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/end",
+                            json={"reason": reason, "agent_exit": agent_exit})
+
     def key(self, key_id: str) -> dict[str, Any]:
         return self.request("GET", f"/admin/v1/keys/{quote(key_id, safe='')}")
 

@@ -16,17 +16,24 @@ app = typer.Typer(help="Run keys: create, inspect, fund, pause, revoke.", no_arg
 
 
 def _key_table(rows: list[dict[str, Any]]) -> Table:
-    table = PlainTable("id", "name", "track", "status", "budget", "spent", "reserved", "remaining", "parent")
+    """Each key with its run's state (access/lifecycle.py); an ended run's remaining budget is
+    shown as unspent (nothing can spend it)."""
+    table = PlainTable("id", "name", "track", "state", "budget", "spent", "reserved", "remaining", "parent")
     for r in rows:
         money = [f"{r[k]:.6f}" if r.get(k) is not None else "-" for k in ("budget_usd", "spent_usd", "reserved_usd", "remaining_usd")]
-        table.add_row(r["id"], r.get("name") or "", r.get("track") or "", r["status"], *money, r.get("parent_id") or "")
+        if r.get("unspent_usd") is not None:
+            money[-1] = f"{r['unspent_usd']:.6f} unspent"
+        table.add_row(r["id"], r.get("name") or "", r.get("track") or "", r.get("state") or r["status"], *money,
+                      r.get("parent_id") or "")
     return table
 
 
 def _key_details(row: dict[str, Any]) -> Table:
     table = PlainTable(show_header=False, box=None)
-    for field in ("id", "name", "track", "status", "budget_usd", "spent_usd", "reserved_usd", "remaining_usd",
-                  "parent_id", "run_id", "created_at"):
+    money = ("unspent_usd",) if row.get("unspent_usd") is not None else ("remaining_usd",)
+    for field in ("id", "name", "track", "state", "status", "task", "agent", "agent_version", "agent_model",
+                  "agent_exit", "budget_usd", "spent_usd", "reserved_usd", *money, "ends_at", "parent_id", "run_id",
+                  "created_at"):
         if row.get(field) is not None:
             table.add_row(field, str(row[field]))
     return table

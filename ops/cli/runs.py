@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from kit.display_text import PlainTable, inert
-from ops.cli.admin_client import AdminClient
+from ops.cli.admin_client import AdminClient, AdminError
 from ops.cli.common import (
     ConfigOpt,
     DataDirOpt,
@@ -76,35 +76,54 @@ def run_start(
     if as_json:
         typer.echo(record.model_dump_json(indent=2))
         return
-    console.print(f"run {record.run} started ({record.mode}): agent {record.agent} (pid {record.pid}) "
-                  f"on task {record.task}")
+    console.print(f"run {record.run} started ({record.mode}): agent {record.agent} {record.agent_version} "
+                  f"(pid {record.pid}) on task {record.task}")
 
 
 def _run_row(r: Any) -> list[str]:
-    return [r.run, r.task, r.agent, r.status, str(r.pid), r.started_at, "" if r.exit_code is None else str(r.exit_code)]
+    return [r.run, r.task, f"{r.agent} {r.agent_version or ''}".strip(), r.state or "", str(r.pid), r.started_at,
+            "" if r.exit_code is None else str(r.exit_code)]
+
+
+def with_gym_states(records: list[Any], data_dir: Path | None, url: str | None) -> list[Any]:
+    """The records with the gym's view of each run's state (its run key's ``state``: pauses,
+    audits and scores are known there), so ``run list/show`` and ``keys show`` agree; a record
+    keeps its own (derived from the same facts) when the gym cannot be asked."""
+    if not records:
+        return records
+    try:
+        keys = {k["id"]: k for k in AdminClient(gym_settings(data_dir), url).keys()}
+    except (AdminError, SystemExit):  # no admin token, the gym down: what this data dir knows
+        return records
+    return [r.model_copy(update={"state": keys[r.key_id]["state"]}) if r.key_id in keys and keys[r.key_id].get("state")
+            else r for r in records]
 
 
 @app.command("list")
-def run_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None) -> None:
-    """Every run started from this data dir."""
+def run_list(as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
+    """Every run started from this data dir, with its state (running, paused, ended (why), audited,
+    scored: access/lifecycle.py)."""
     from ops.launcher import list_runs
 
-    rows = exit_on_refusal(lambda: list_runs(Path(gym_settings(data_dir).data_dir)))
+    rows = with_gym_states(exit_on_refusal(lambda: list_runs(Path(gym_settings(data_dir).data_dir))), data_dir, url)
     if as_json:
         typer.echo(json.dumps({"data": [r.model_dump() for r in rows]}, indent=2))
         return
-    table = PlainTable("run", "task", "agent", "status", "pid", "started", "exit")
+    table = PlainTable("run", "task", "agent", "state", "pid", "started", "exit")
     for r in rows:
         table.add_row(*_run_row(r))
     console.print(table)
 
 
 @app.command("show")
-def run_show(run: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None) -> None:
+def run_show(run: str, as_json: JsonOpt = False, data_dir: DataDirOpt = None, url: UrlOpt = None) -> None:
     from ops.launcher import show_run
+    from services.evaluation.submission_rule import SUBMISSION_RULE
 
-    record = exit_on_refusal(lambda: show_run(Path(gym_settings(data_dir).data_dir), run))
-    typer.echo(record.model_dump_json(indent=2) if as_json else "\n".join(f"{k}: {v}" for k, v in record))
+    [record] = with_gym_states([exit_on_refusal(lambda: show_run(Path(gym_settings(data_dir).data_dir), run))],
+                               data_dir, url)
+    typer.echo(record.model_dump_json(indent=2) if as_json
+               else "\n".join([*(f"{k}: {v}" for k, v in record), f"submission rule: {SUBMISSION_RULE}"]))
 
 
 @app.command("stop")

@@ -117,8 +117,9 @@ def fetch_snapshot(client: AdminClient, run_id: str, *, turns: int = TURNS, scor
     last_ledger = _latest(*(r.get("created_at") for r in ledger))
     return {
         "now": _now().isoformat(),
-        "run": {k: run.get(k) for k in ("id", "name", "track", "status", "budget_usd", "spent_usd", "reserved_usd",
-                                        "remaining_usd", "created_at", "ends_at")},
+        "run": {k: run.get(k) for k in ("id", "name", "track", "status", "state", "task", "agent", "agent_version",
+                                        "agent_model", "budget_usd", "spent_usd", "reserved_usd", "remaining_usd",
+                                        "unspent_usd", "created_at", "ends_at")},
         "spend_by_service": {svc: v.get("total_usd", 0.0) for svc, v in (timeline.get("spend_by_service") or {}).items()},
         "agent_model": None if meter is None else {k: meter.get(k) for k in ("id", "budget_usd", "spent_usd",
                                                                              "reserved_usd", "remaining_usd")},
@@ -164,7 +165,11 @@ def _mib(n: int) -> str:
 def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
     run = snapshot["run"]
     head = Text.assemble(("run ", "bold"), (inert(run.get("id")), "bold cyan"),
-                         inert(f"  {run.get('name') or ''}  track {run.get('track') or '-'}  status {run.get('status')}"))
+                         inert(f"  {run.get('name') or ''}  track {run.get('track') or '-'}  "
+                               f"state {run.get('state') or run.get('status')}"))
+    if run.get("agent"):
+        head.append(inert(f"  agent {run['agent']} {run.get('agent_version') or ''}".rstrip()
+                          + (f" ({run['agent_model']})" if run.get("agent_model") else "")))
     if run.get("ends_at"):
         head.append(inert(f"  ends {run['ends_at'][:19]}"))
     idle = stall_seconds(snapshot)
@@ -185,8 +190,10 @@ def _header(snapshot: dict[str, Any], stall_minutes: float) -> RenderableType:
 def _spend(snapshot: dict[str, Any]) -> Table:
     run, meter = snapshot["run"], snapshot.get("agent_model")
     table = PlainTable("spend", "spent", "reserved", "remaining", "budget", title="Spend", title_justify="left")
+    unspent = run.get("unspent_usd")  # an ended run's: nothing can spend it
     table.add_row("services (all)", _usd(run.get("spent_usd")), _usd(run.get("reserved_usd")),
-                  _usd(run.get("remaining_usd")), _usd(run.get("budget_usd")))
+                  _usd(run.get("remaining_usd")) if unspent is None else f"{_usd(unspent)} unspent",
+                  _usd(run.get("budget_usd")))
     for svc, usd in sorted(snapshot.get("spend_by_service", {}).items()):
         table.add_row(f"  {svc}", _usd(usd), "", "", "")
     if meter is None:

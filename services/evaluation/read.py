@@ -194,6 +194,14 @@ def scores(s: Session, *, run_id: str | None = None, newest_first: bool = False,
                                                      limit=limit)]
 
 
+def scored_runs(s: Session, run_ids: set[str]) -> set[str]:
+    """Those of ``run_ids`` with a succeeded score (a run's lifecycle: access/lifecycle.py)."""
+    if not run_ids:
+        return set()
+    return set(s.scalars(select(ScoreRow.run_id).where(ScoreRow.run_id.in_(run_ids), ScoreRow.status == "succeeded")
+                         .distinct()))
+
+
 @dataclass(frozen=True)
 class SubmissionView:
     """A submission: what model with which harness a run put forward."""

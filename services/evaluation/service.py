@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from access.keys import KeyRegistry
@@ -361,7 +361,8 @@ class EvaluationService:
         ends_at, ended_now = end_run_now(self.store, run_id)
         with self.store.transaction() as s:
             sub = final_submission(s, run_id)  # read after the end: nothing lands after it
-            agent = s.scalar(select(ApiKey.name).where(ApiKey.id == run_id))
+            # the agent the launcher recorded on the run key; a key minted otherwise (or before): its name
+            agent = s.scalar(select(func.coalesce(ApiKey.agent, ApiKey.name)).where(ApiKey.id == run_id))
             if sub is None:  # submissions are never deleted: cannot happen
                 raise NotFound(f"run {run_id} has submitted nothing", param="run")
             s.expunge(sub)

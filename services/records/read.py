@@ -26,6 +26,13 @@ def audit_statuses(s: Session, run_ids: set[str]) -> dict[tuple[str, str | None]
     return out
 
 
+def audited_runs(s: Session, run_ids: set[str]) -> set[str]:
+    """Those of ``run_ids`` audited at least once (a run's lifecycle: access/lifecycle.py)."""
+    if not run_ids:
+        return set()
+    return set(s.scalars(select(AuditRow.run_id).where(AuditRow.run_id.in_(run_ids)).distinct()))
+
+
 def key_event_times(s: Session, run_id: str) -> tuple[datetime | None, datetime | None]:
     """The earliest and latest of the run's events caused by one of its keys (None: none was);
     what the platform or the operator wrote on their own (``key_id`` None) is left out."""

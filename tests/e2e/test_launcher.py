@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -278,3 +279,42 @@ def test_compose_mode_runs_the_tracks_agent_container_with_its_own_egress_proxy(
     assert ["rm", "-f", f"rsigym-agent-{run}", f"rsigym-gym-{run}", f"rsigym-egress-{run}"] in calls
     assert ["network", "rm", f"rsigym-run-{run}"] in calls
     assert not list(state.glob("rsigym-*.json"))  # every container removed
+
+
+# -- a run ends with its agent, its key closed ---------------------------------------------------------
+
+FAILING_AGENTS = """
+[agents.crasher]
+command = ["/bin/sh", "-c", "echo crashing >&2; exit 3"]
+
+[agents.missing]
+command = ["/nonexistent/agent-cli", "{instruction}"]
+"""
+
+
+@pytest.mark.parametrize(("agent", "exit_code", "reason"), [("crasher", 3, "crashed"),
+                                                              ("missing", 127, "failed_to_start")])
+def test_a_run_whose_agent_crashes_or_never_starts_ends_with_its_key_closed(
+        live: tuple[str, Path], tmp_path: Path, agent: str, exit_code: int, reason: str) -> None:
+    url, data_dir = live
+    agents = tmp_path / "agents.toml"
+    agents.write_text(FAILING_AGENTS)
+    started = rsigym("run", "start", "--task", "joint-arithmetic", "--agent", agent, "--agents", str(agents), "--json")
+    run, state = started["run"], f"ended ({reason})"
+    shown = wait_for_exit(run, tries=300)
+    assert (shown["exit_code"], shown["reason"], shown["state"]) == (exit_code, reason, state), rsigym("run", "logs", run)
+    assert [r["state"] for r in rsigym("run", "list", "--json")["data"]] == [state]
+    # The run key says the same, with what the run was, and its budget as unspent, not as still to spend.
+    key = rsigym("keys", "show", started["key_id"], "--json")
+    assert (key["state"], key["agent_exit"], key["task"], key["agent"]) == (state, exit_code, "joint-arithmetic", agent)
+    assert key["agent_version"] and key["status"] == "active"
+    assert key["unspent_usd"] == key["budget_usd"] > 0
+    details = rsigym("keys", "show", started["key_id"])
+    assert state in details and "unspent_usd" in details and "remaining_usd" not in details
+    # Closed: the gateway refuses the run key from now on.
+    refused = httpx.get(f"{url}/rollout/v1/models", headers=bearer(shown_key(data_dir, run)))
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "run_ended", refused.text
+    # Stopping it afterwards changes nothing of why it ended.
+    rsigym("run", "stop", run)
+    assert rsigym("keys", "show", started["key_id"], "--json")["state"] == state
+    assert rsigym("run", "show", run, "--json")["state"] == state

@@ -224,3 +224,20 @@ def test_register_score_and_report(served: str, tmp_path: Path) -> None:
     assert row["run_id"] == run["id"] and row["agent"] == "agent-h" and row["track"] == "harness"
     assert row["benchmarks"][0]["benchmark"] == "tiny-arithmetic"
     assert (tmp_path / "report" / "tiny-arithmetic.png").read_bytes().startswith(PNG)
+
+
+def test_report_groups_runs_of_one_task_by_the_agent_recorded_on_their_keys(
+        served: str, store: Store, tmp_path: Path) -> None:
+    """`rsigym run start` names run keys after the task: two agents' runs of one task share a key
+    name, and the report tells them apart by the agent the launcher recorded."""
+    with httpx.Client(base_url=served) as c:
+        runs = {agent: create_key(c, track="joint", name="joint-arithmetic", budget_usd=5.0,
+                                  run={"task": "joint-arithmetic", "agent": agent, "agent_version": "1.0"})["id"]
+                for agent in ("baseline", "scripted")}
+    add_score(store, "initial", "arithmetic", 0.4)
+    add_score(store, runs["baseline"], "arithmetic", 0.7, model="ckpt_b", minutes=1)  # scored before agents were recorded
+    add_score(store, runs["scripted"], "arithmetic", 0.4, model="ckpt_s", minutes=1)
+
+    data = rsigym("report", "--out", str(tmp_path / "report"), "--json")
+    assert {r["run_id"]: r["agent"] for r in data["runs"]} == {runs["baseline"]: "baseline", runs["scripted"]: "scripted"}
+    assert {a["agent"]: a["rsi_index"] for a in data["agents"]} == pytest.approx({"baseline": 0.5, "scripted": 0.0})
