@@ -125,8 +125,10 @@ def test_the_unmodified_cli_runs_its_tool_loop_through_the_gym_inside_its_namesp
             assert key not in path.read_text(errors="replace"), path
 
     with httpx.Client(base_url=url, timeout=30) as client:
-        # The Experiment OS call went through `gym mcp` with the run key: the experiment is the run's.
-        experiments = client.get("/records/v1/experiments", headers=bearer(key)).json()["data"]
+        # The Experiment OS call went through `gym mcp` with the run key: the experiment is the run's
+        # (read as the operator: the run ended with its agent, so its key is closed).
+        assert client.get("/records/v1/experiments", headers=bearer(key)).status_code == 403
+        experiments = client.get(f"/admin/v1/runs/{run}/experiments", headers=admin_headers()).json()["data"]
         assert [e["name"] for e in experiments] == [f"{agent}-probe"]
         # Every turn is in the trajectory the audit reads, on the agent route's API the CLI speaks.
         turns = client.get(f"/admin/v1/runs/{run}/trajectory", headers=admin_headers()).json()["data"]
