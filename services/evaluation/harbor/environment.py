@@ -13,7 +13,7 @@ environment it starts, execs in, and copies files to and from. This one is a gym
   :func:`~services.evaluation.harbor.trial_sandboxes.trial_sandboxes`. A judged task's verifier
   sandbox (never the agent's) gets a door of its own instead, to ``/rollout/v1/*`` with the judge
   key, and its commands see ``RSIGYM_JUDGE_URL`` / ``RSIGYM_JUDGE_MODEL`` (:func:`judge_env`);
-  what that door was asked is read back before the sandbox is killed.
+  what that door was asked is read back before the sandbox is killed (:meth:`_collect_door_reports`).
 * **drive** — the unmodified ``e2b`` SDK, its handle built from the create's answer as the SDK's
   own ``AsyncSandbox.create`` builds it (:mod:`~services.evaluation.harbor.sandbox_sdk`; the
   gateway is its API and daemon URL), as Harbor's own E2B environment does: ``commands.run`` for
@@ -288,36 +288,30 @@ class GymSandboxEnvironment(BaseEnvironment):
             self._persistent_env = {**self._persistent_env, **judge_env(view, judge)}
         return view
 
-    async def _collect_door_failures(self, trial: TrialSandboxes) -> None:
-        """What the agent's model door could not carry because the platform failed (the gateway
-        unreachable, a 502/503/504), read before the sandbox and its door go."""
-        if not self.door_url or self.sandbox_id is None or not self.is_agent_environment:
+    async def _collect_door_reports(self, trial: TrialSandboxes) -> None:
+        """What the sandbox's door kept, read in one look at the sandbox before it (and its door)
+        goes: a judged verifier's judge calls (recorded with the reward), and the calls the agent's
+        model door could not carry because the platform failed (the gateway unreachable, a
+        502/503/504)."""
+        judge = trial.credentials.judge if self._judged else None
+        wants_failures = bool(self.door_url) and self.is_agent_environment
+        if self.sandbox_id is None or (judge is None and not wants_failures):
             return
+        view: dict[str, Any] = {}
         try:
             response = await trial.client.get(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
                                               headers=trial.headers)
-            failures = response.json().get("rsigymDoorFailures") if response.status_code == 200 else None
+            if response.status_code == 200 and isinstance(body := response.json(), dict):
+                view = body
         except (httpx.HTTPError, ValueError) as exc:
-            self.logger.warning("the door failures of sandbox %s were not read: %s", self.sandbox_id, exc)
-            return
-        if isinstance(failures, dict) and failures.get("count"):
+            self.logger.warning("the door reports of sandbox %s were not read: %s", self.sandbox_id, exc)
+        if judge is not None:
+            calls = view.get("rsigymJudgeCalls")
+            trial.judge_calls = {"model": judge.model, **(calls if isinstance(calls, dict) else
+                                                           {"calls": None, "prompts": [], "truncated": False})}
+        failures = view.get("rsigymDoorFailures")
+        if wants_failures and isinstance(failures, dict) and failures.get("count"):
             trial.door_failures = failures
-
-    async def _collect_judge_calls(self, trial: TrialSandboxes) -> None:
-        """What the verifier's judge door was asked, read from the sandbox service before the
-        sandbox (and its door) goes: the trial records it with the reward."""
-        judge = trial.credentials.judge
-        if not self._judged or judge is None or self.sandbox_id is None:
-            return
-        try:
-            response = await trial.client.get(f"{self._gateway}/sandbox/sandboxes/{self.sandbox_id}",
-                                              headers=trial.headers)
-            calls = response.json().get("rsigymJudgeCalls") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError) as exc:
-            self.logger.warning("the judge calls of sandbox %s were not read: %s", self.sandbox_id, exc)
-            calls = None
-        trial.judge_calls = {"model": judge.model, **(calls if isinstance(calls, dict) else
-                                                       {"calls": None, "prompts": [], "truncated": False})}
 
     async def stop(self, delete: bool) -> None:
         """Kill the sandbox (sandboxes are ephemeral: ``delete=False`` changes nothing). Every
@@ -326,8 +320,7 @@ class GymSandboxEnvironment(BaseEnvironment):
         trial, self._trial = self._trial, None  # stopped once is stopped
         if self.sandbox_id is None or trial is None:
             return
-        await self._collect_judge_calls(trial)
-        await self._collect_door_failures(trial)
+        await self._collect_door_reports(trial)
         try:
             if sandbox is not None:
                 await sandbox.kill()  # False when it was already gone: gone either way
