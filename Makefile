@@ -25,6 +25,9 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	@command -v promtool >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends prometheus >/dev/null)); } || \
 		echo "warning: promtool (Debian package prometheus) is missing: the alert-rule unit tests are skipped"
+	@command -v haproxy >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q haproxy >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null && apt-get install -y -q haproxy >/dev/null)); } || \
+		echo "warning: haproxy is missing: the bare-metal distributed walkthrough's test needs it (CI=true fails it)"
 	@if command -v npm >/dev/null; then $(BIN)/rsigym agents install claude-code codex || \
 		echo "warning: the agents' toolbox did not install: the Claude Code and Codex tests need it (CI=true fails them)"; \
 		else echo "warning: npm is missing: Claude Code and Codex cannot be installed (CI=true fails their tests)"; fi

@@ -17,7 +17,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from access.fanout import STATUS_EVENTS
-from access.lifecycle import END_REASONS, RunState, run_state
+from access.lifecycle import END_REASONS, RunState, run_state, time_left
 from access.policy import Policy, ServicePolicy, narrowed
 from billing.deadlines import chain_ends_at
 from billing.ledger import balance_of, chain_of
@@ -71,7 +71,12 @@ RUN_FACTS = ("task", "agent", "agent_version", "agent_model")
 def state_of(root: ApiKey, *, audited: bool = False, scored: bool = False) -> RunState:
     """The lifecycle state of ``root``'s run (access/lifecycle.py)."""
     return run_state(key_status=root.status, ends_at=root.ends_at, end_reason=root.end_reason,
-                     audited=audited, scored=scored)
+                     audited=audited, scored=scored, paused_at=root.paused_at, launched=root.agent is not None,
+                     started_at=root.started_at)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
 
 
 def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
@@ -96,6 +101,9 @@ def key_view(row: ApiKey, chain: list[ApiKey] | None = None) -> dict[str, Any]:
         "agent_meter_id": row.agent_meter_id,
         **{fact: getattr(root, fact) for fact in RUN_FACTS},
         "agent_exit": root.agent_exit,
+        "started_at": _iso(root.started_at),
+        "paused_at": _iso(root.paused_at),
+        "time_left_s": time_left(root.ends_at, root.paused_at),
     }
     state = state_of(root)
     view |= {"state": str(state), "state_name": state.state, "end_reason": state.reason, "ended": state.ended}
@@ -112,6 +120,18 @@ def with_progress(view: dict[str, Any], *, audited: bool, scored: bool) -> dict[
         return view
     state = run_state(key_status="active", ends_at=None, end_reason=view["end_reason"], audited=audited, scored=scored)
     return {**view, "state": str(state), "state_name": state.state}
+
+
+def _clock_change(row: ApiKey, status: str, now: datetime) -> dict[str, Any]:
+    """How a run key's clock columns change when its status becomes ``status`` (access/lifecycle.py)."""
+    if status == "paused":
+        return {} if row.paused_at is not None else {"paused_at": now}
+    if row.paused_at is None:
+        return {}
+    values: dict[str, Any] = {"paused_at": None}
+    if status == "active" and row.ends_at is not None and row.end_reason is None and row.ends_at > row.paused_at:
+        values["ends_at"] = row.ends_at + (now - row.paused_at)
+    return values
 
 
 class KeyRegistry:
@@ -222,20 +242,48 @@ class KeyRegistry:
             return [key_view(row, chain_of(s, row.id)) for row in s.scalars(stmt).all()]
 
     def set_status(self, key_id: str, status: str, *, parent_id: str | None = None) -> dict[str, Any]:
-        """Pause, resume or revoke. Revocation is final."""
+        """Pause, resume or revoke. Revocation is final. A run key's pause stops its run's wall
+        clock; resuming pushes its deadline back by the pause's length (unless the deadline had
+        passed before the pause began: a run that ended stays ended)."""
+        now = utcnow()
         with self.store.transaction() as s:
-            row = s.get(ApiKey, key_id)
+            row = s.get(ApiKey, key_id, with_for_update=True)
             if row is None or (parent_id is not None and row.parent_id != parent_id):
                 raise NotFound(f"key {key_id} not found", param="id")
             if row.status == "revoked" and status != "revoked":
                 raise Conflict("a revoked key cannot be resumed or paused")
+            values: dict[str, Any] = {"status": status, "updated_at": now}
+            if row.parent_id is None:
+                values |= _clock_change(row, status, now)
             s.execute(
-                update(ApiKey).where(ApiKey.id == key_id).values(status=status, updated_at=utcnow())
+                update(ApiKey).where(ApiKey.id == key_id).values(**values)
                 .execution_options(synchronize_session=False)
             )
             s.refresh(row)
             view = key_view(row, chain_of(s, key_id))
         self.store.key_events.publish(STATUS_EVENTS[status], key_id)  # committed: now every replica may hear it
+        return view
+
+    def start_run(self, key_id: str) -> dict[str, Any]:
+        """The launcher's report that the run's agent has started (``created`` → ``running``). The
+        wall clock counts from here: a deadline set at creation moves by the time the launch took.
+        The first report stands."""
+        now = utcnow()
+        with self.store.transaction() as s:
+            row = s.get(ApiKey, key_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"key {key_id} not found", param="id")
+            if row.parent_id is not None:
+                raise Conflict("a run starts through its run key; child keys belong to their run")
+            if row.started_at is None:
+                values: dict[str, Any] = {"started_at": now, "updated_at": now}
+                if row.ends_at is not None and row.end_reason is None and row.ends_at > now:
+                    values["ends_at"] = row.ends_at + (now - row.created_at)
+                s.execute(update(ApiKey).where(ApiKey.id == key_id, ApiKey.started_at.is_(None)).values(**values)
+                          .execution_options(synchronize_session=False))
+            s.refresh(row)
+            view = key_view(row, chain_of(s, key_id))
+        self.store.key_events.publish("key.policy", key_id)  # cached principals carry ends_at
         return view
 
     def topup(self, key_id: str, amount_nusd: int) -> dict[str, Any]:

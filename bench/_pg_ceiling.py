@@ -64,7 +64,7 @@ def _pair(store: Store, key_id: str, estimate: int, actual: int, i: int) -> tupl
     rid = _Sql(f"('res_pgbench' || :r{i})")
     hold = _render(prepared(HOLD_AND_RECORD), {
         "kid": key_id, "x": estimate, "now": _NOW, "id": rid, "key_id": key_id, "run_id": key_id,
-        "service": "rollout", "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+        "service": "rollout", "operation": "chat.completions", "model": "teacher", "ref_id": None, "request_id": "req_bench",
         "estimate_nusd": estimate, "created_at": _NOW,
         "expires_at": _Sql("((now() + interval '5 minutes') AT TIME ZONE 'utc')")})
     close = _render(prepared(CLOSE_AND_MOVE[(False, False)]), {"rid": rid, "charge": actual, "closing": "settled",

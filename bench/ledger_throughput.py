@@ -284,7 +284,7 @@ def bench_row(key: str, now: datetime) -> dict[str, Any]:
     """A ledger row's values as :class:`Ledger` binds them for one of the bench's calls on ``key``
     at ``now`` (its id made as the ledger makes it)."""
     return {"id": new_ordered_id("res"), "key_id": key, "run_id": key, "service": "rollout",
-            "operation": "chat.completions", "ref_id": None, "request_id": "req_bench",
+            "operation": "chat.completions", "model": "teacher", "ref_id": None, "request_id": "req_bench",
             "estimate_nusd": ESTIMATE, "created_at": now, "expires_at": now + LEASE}
 
 

@@ -16,7 +16,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, or_, select, update
 from sqlalchemy.orm import Session
 
 from kit.errors import RunEnded, Unprocessable
@@ -100,7 +100,10 @@ def claim_expired_runs(store: Store, *, now: datetime | None = None) -> list[tup
     """Runs whose deadline has passed and that nobody has ended yet, each claimed by this
     caller alone: (run id, ends_at)."""
     now = now or utcnow()
-    expired = (ApiKey.parent_id.is_(None)) & ApiKey.ends_at.is_not(None) & (ApiKey.ends_at <= now) & ApiKey.ended_at.is_(None)
+    expired = ((ApiKey.parent_id.is_(None)) & ApiKey.ends_at.is_not(None) & (ApiKey.ends_at <= now)
+               & ApiKey.ended_at.is_(None)
+               # a paused run's clock stands still: only a deadline that passed before the pause ends it
+               & or_(ApiKey.paused_at.is_(None), ApiKey.ends_at <= ApiKey.paused_at))
     with store.transaction() as s:
         candidates = s.execute(select(ApiKey.id, ApiKey.ends_at).where(expired)).all()
     claimed: list[tuple[str, datetime]] = []

@@ -171,8 +171,8 @@ MOVE = (
 """A settlement on key ``kid`` at ``now``: free ``held``, charge ``charged``."""
 
 _RECORD_BINDS = {name: bindparam(name, type_=ENTRIES.c[name].type) for name in
-                 ("id", "key_id", "run_id", "service", "operation", "ref_id", "request_id", "estimate_nusd",
-                  "created_at", "expires_at")}
+                 ("id", "key_id", "run_id", "service", "operation", "model", "ref_id", "request_id",
+                  "estimate_nusd", "created_at", "expires_at")}
 _OPEN_ROW: dict[str, ColumnElement[Any]] = {
     "actual_nusd": null(), "overrun_nusd": literal_column("0"), "status": literal_column("'reserved'"),
     "settled_at": null()}
@@ -296,14 +296,16 @@ class Ledger:
         request_id: str | None = None,
         ttl_s: float | None = None,
         chain_ids: tuple[str, ...] | list[str] | None = None,
+        model: str | None = None,
     ) -> Reservation:
         """Hold ``estimate_nusd`` on the key and every ancestor, or raise BudgetExhausted.
 
         ``chain_ids`` (root first) may be passed by a caller that has just authenticated the
-        key; parent links never change, so it saves reading the chain again.
+        key; parent links never change, so it saves reading the chain again. ``model``: the
+        model the work names, kept on the row for spend by model (billing/spend.py).
         """
         hold = self._hold(key_id, service=service, operation=operation, estimate_nusd=estimate_nusd, ref_id=ref_id,
-                          request_id=request_id, ttl_s=ttl_s, chain_ids=chain_ids)
+                          request_id=request_id, ttl_s=ttl_s, chain_ids=chain_ids, model=model)
         return self.store.batched(hold, clean=REFUSALS)
 
     async def reserve_async(
@@ -315,12 +317,13 @@ class Ledger:
         estimate_nusd: int,
         request_id: str | None = None,
         chain_ids: tuple[str, ...] | list[str] | None = None,
+        model: str | None = None,
     ) -> Reservation:
         """:meth:`reserve` from an event loop, with no worker thread of its own (the gateway's
         path: :meth:`GroupCommit.run_async`). A caller cancelled once its hold was taken leaves
         nothing held: the hold is released."""
         hold = self._hold(key_id, service=service, operation=operation, estimate_nusd=estimate_nusd, ref_id=None,
-                          request_id=request_id, ttl_s=None, chain_ids=chain_ids)
+                          request_id=request_id, ttl_s=None, chain_ids=chain_ids, model=model)
         return await self.store.batched_async(hold, clean=REFUSALS, orphaned=lambda r: self.release(r.id))
 
     def _hold(
@@ -334,6 +337,7 @@ class Ledger:
         request_id: str | None,
         ttl_s: float | None,
         chain_ids: tuple[str, ...] | list[str] | None,
+        model: str | None = None,
     ) -> Callable[[Work], Reservation]:
         """The unit of work that takes a reservation (for :meth:`Store.batched`)."""
         if estimate_nusd < 0:
@@ -343,7 +347,7 @@ class Ledger:
         def entry(run_id: str) -> dict[str, Any]:
             now = utcnow()
             return {"id": new_ordered_id("res"), "key_id": key_id, "run_id": run_id, "service": service,
-                    "operation": operation, "ref_id": ref_id, "request_id": request_id,
+                    "operation": operation, "model": model, "ref_id": ref_id, "request_id": request_id,
                     "estimate_nusd": estimate_nusd, "created_at": now, "expires_at": now + ttl}
 
         def send_hold_and_record(work: Work, run_id: str) -> Callable[[], Reservation]:
@@ -554,6 +558,7 @@ def ledger_row(r: LedgerEntry) -> dict[str, Any]:
         "run_id": r.run_id,
         "service": r.service,
         "operation": r.operation,
+        "model": r.model,
         "ref_id": r.ref_id,
         "request_id": r.request_id,
         "status": r.status,
@@ -587,12 +592,13 @@ class StepMeter:
     ref_id: str | None = None
     charged_nusd: int = 0
     steps: int = 0
+    model: str | None = None
+    """The model the job works on (a training job's base model), kept on each step's row."""
 
     @contextlib.contextmanager
     def step(self, estimate_nusd: int) -> Iterator[_Step]:
-        res = self.ledger.reserve(
-            self.key_id, service=self.service, operation=self.operation, estimate_nusd=estimate_nusd, ref_id=self.ref_id
-        )
+        res = self.ledger.reserve(self.key_id, service=self.service, operation=self.operation, estimate_nusd=estimate_nusd,
+                                  ref_id=self.ref_id, model=self.model)
         step = _Step(actual_nusd=estimate_nusd)
         try:
             yield step

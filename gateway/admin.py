@@ -10,9 +10,9 @@ from fastapi.responses import Response
 
 from access.policy import Policy
 from access.presets import budget_usd, preset_policy, track_label
-from billing import agent_meter
+from billing import agent_meter, spend
 from billing.deadlines import resolve_ends_at
-from billing.money import usd_to_nusd
+from billing.money import nusd_to_usd, usd_to_nusd
 from billing.storage_quota import StorageQuota
 from gateway.auth import require_admin
 from gateway.context import gateway_of
@@ -113,6 +113,14 @@ async def set_deadline(key_id: str, body: SetDeadline, request: Request) -> dict
     return await gw.store.call(gw.registry.set_deadline, key_id, resolve_ends_at(body.ends_at, body.deadline_s))
 
 
+@router.post("/keys/{key_id}/start")
+async def start_run(key_id: str, request: Request) -> dict[str, Any]:
+    """The launcher's supervisor reports the run's agent started (``created`` → ``running``; the
+    wall clock counts from now). Declared before ``/keys/{key_id}/{action}``."""
+    gw = gateway_of(request)
+    return await gw.store.call(gw.registry.start_run, key_id)
+
+
 @router.post("/keys/{key_id}/end")
 async def end_run(key_id: str, body: EndRun, request: Request) -> dict[str, Any]:
     """End a run now and record why (declared before ``/keys/{key_id}/{action}``): the launcher's
@@ -135,6 +143,24 @@ async def change_status(key_id: str, action: str, request: Request) -> dict[str,
 async def ledger(key_id: str, request: Request) -> dict[str, Any]:
     gw = gateway_of(request)
     return {"data": await gw.store.call(gw.ledger.entries, key_id)}
+
+
+@router.get("/spend")
+async def spend_by(request: Request, by: str = "model", run_id: str | None = None, limit: int = 1000) -> dict[str, Any]:
+    """What runs were charged, from the ledger: ``by=model`` (per model and service) or ``by=key``
+    (per key and model), most first; ``run_id`` narrows to one run's keys (billing/spend.py)."""
+    if by not in ("model", "key"):
+        raise Unprocessable(f"unknown grouping {by!r}; expected model or key", param="by")
+    if limit < 1:
+        raise Unprocessable("limit must be at least 1", param="limit")
+    gw = gateway_of(request)
+    rows = await gw.store.call(spend.charged, gw.store, run_id)
+    if by == "model":
+        data = spend.by_model(rows, limit)
+    else:
+        data = await gw.store.call(spend.with_names, gw.store, spend.by_key(rows, limit))
+    return {"by": by, "run_id": run_id, "total_usd": nusd_to_usd(sum(r.nusd for r in rows)),
+            "data": [{k: v for k, v in item.items() if k != "charged_nusd"} for item in data]}
 
 
 @router.post("/reclaim")

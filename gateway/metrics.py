@@ -124,10 +124,13 @@ class JobQueueCollector(Collector):
 
 
 class LedgerChargeCollector(Collector):
-    """USD charged to runs by service, summed from the ledger at scrape time. ``rsigym_spend_usd``
-    counts what this replica settled for the calls it forwarded; training steps, sandbox slices
-    and evaluation work are settled by the services and workers themselves, so only the ledger —
-    which they all write — has every service's spend, once, whichever replica is scraped."""
+    """USD charged to runs, summed from the ledger at scrape time: by service
+    (``rsigym_ledger_charged_usd``), by model and service (``rsigym_model_spend_usd``) and by key and
+    model (``rsigym_key_spend_usd``, LiteLLM's ``litellm_spend_metric`` per key and model).
+    ``rsigym_spend_usd`` counts what this replica settled for the calls it forwarded; training
+    steps, sandbox slices and evaluation work are settled by the services and workers themselves,
+    so only the ledger — which they all write — has every service's spend, once, whichever replica
+    is scraped. The per-key and per-model series are bounded (billing/spend.py)."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -135,6 +138,7 @@ class LedgerChargeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         from sqlalchemy import func, select
 
+        from billing import spend
         from billing.money import nusd_to_usd
         from storage.tables import LedgerEntry
 
@@ -142,6 +146,8 @@ class LedgerChargeCollector(Collector):
             with self.store.transaction() as s:
                 rows = s.execute(select(LedgerEntry.service, func.sum(LedgerEntry.actual_nusd))
                                  .where(LedgerEntry.actual_nusd.is_not(None)).group_by(LedgerEntry.service)).all()
+            charged_rows = spend.charged(self.store)
+            keys = spend.with_names(self.store, spend.by_key(charged_rows))
         except StoreUnavailable:
             log.warning("/metrics: ledger charges skipped, the store cannot be reached")
             return
@@ -150,4 +156,14 @@ class LedgerChargeCollector(Collector):
                                       labels=["service"])
         for service, nusd in sorted(rows):
             charged.add_metric([service], nusd_to_usd(int(nusd or 0)))
-        yield charged
+        by_model = CounterMetricFamily("rsigym_model_spend_usd",
+                                       "USD charged to runs, by the model the work named and service, from the ledger",
+                                       labels=["model", "service"])
+        for item in spend.by_model(charged_rows):
+            by_model.add_metric([item["model"], item["service"]], item["charged_usd"])
+        by_key = CounterMetricFamily("rsigym_key_spend_usd",
+                                     "USD charged, by key (id, never the secret) and model, from the ledger",
+                                     labels=["key_id", "key_name", "run_id", "model"])
+        for item in keys:
+            by_key.add_metric([item["key_id"], item["key_name"], item["run_id"], item["model"]], item["charged_usd"])
+        yield from (charged, by_model, by_key)

@@ -136,10 +136,12 @@ class _Call:
     """State of one forwarded call, so every exit path closes what it opened."""
 
     def __init__(self, gw: Gateway, service: str, op: Operation, principal: Principal, request_id: str,
-                 caller: Principal | None = None):
+                 caller: Principal | None = None, model: str | None = None):
         self.gw, self.service, self.op, self.principal, self.request_id = gw, service, op, principal, request_id
         self.caller = caller
         """The key that called, when ``principal`` (who pays) is another account."""
+        self.model = model
+        """The model the call names, kept on its ledger row (spend by model: billing/spend.py)."""
         self.lease: str | None = None
         self.reservation: Reservation | None = None
         self.closed = False
@@ -158,6 +160,7 @@ class _Call:
                     estimate_nusd=estimate,
                     request_id=self.request_id,
                     chain_ids=self.principal.chain_ids,
+                    model=self.model,
                 )
             except BaseException:
                 await self.close(None)
@@ -228,7 +231,8 @@ async def forward(request: Request, service: str, path: str, route: BilledRoute 
         if tokens is not None:  # before the reservation: a rate-limited call leaves no ledger row
             await limit_tokens(gw, principal, service, tokens)
 
-        call = _Call(gw, service, op, payer, request_id, caller=principal if route is not None else None)
+        call = _Call(gw, service, op, payer, request_id, caller=principal if route is not None else None,
+                     model=_model_of(op, body))
         await call.open(estimate)
     except REFUSALS as err:
         await _record_refusal(gw, principal, service, op.name, err.status, err.type, err.message, err.param)
@@ -297,6 +301,15 @@ async def _record_refusal(gw: Gateway, principal: Principal, service: str, opera
                                     data=data))
     except Exception as err:  # noqa: BLE001 - the caller gets the original answer whatever happens here
         log.warning("refused %s call of key %s not recorded: %s", service, principal.key_id, type(err).__name__)
+
+
+def _model_of(op: Operation, body: dict[str, Any]) -> str | None:
+    """The model a metered call names: its operation's model field, else ``model`` (inference
+    polices a checkpoint's base model itself, so its operations declare none, but name one)."""
+    if not op.metered:
+        return None
+    model = body.get(op.model_field or "model")
+    return model[:200] if isinstance(model, str) else None
 
 
 def _error_of(content: bytes) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 way out. Listens on 127.0.0.1:PORT and relays each connection to the bind-mounted Unix socket the
 launcher's supervisor serves (which forwards to the gateway); likewise ``--egress-port`` to the
 supervisor's egress proxy (kit/egress.py) when the task allows any host; then runs the agent command and exits
-with its status; the agent is killed when ``--seconds`` pass (the run's wall clock)."""
+with its status; with ``--seconds`` the command is killed when they pass (a template build's limit;
+a launched run's clock is its supervisor's, ops/run_watch.py)."""
 
 import argparse
 import asyncio
@@ -42,7 +43,8 @@ async def main() -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--egress-port", type=int, default=None)
     parser.add_argument("--egress-socket", default=None)
-    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--seconds", type=float, default=None, help="stop the command after this long (default: never; "
+                        "the launcher's supervisor owns a run's clock, ops/run_watch.py)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -58,7 +60,7 @@ async def main() -> int:
             print(f"rsigym: the agent's command cannot be run: {err}", file=sys.stderr, flush=True)
             return 127 if isinstance(err, FileNotFoundError) else 126
         try:
-            return await asyncio.wait_for(agent.wait(), timeout=max(args.seconds, 0.0))
+            return await asyncio.wait_for(agent.wait(), timeout=None if args.seconds is None else max(args.seconds, 0.0))
         except TimeoutError:
             print("rsigym: the run's wall clock has passed; the agent is stopped", file=sys.stderr, flush=True)
             os.killpg(agent.pid, signal.SIGKILL)

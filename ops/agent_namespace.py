@@ -109,7 +109,7 @@ def _parents(dest: str, made: set[str], covered: Iterable[str]) -> list[str]:
 
 
 def bwrap_argv(*, bwrap: str, uid: int | None, filter_fd: int, run_dir: Path, sock_dir: Path, relay: Path,
-               agents: Path, harnesses: Path, binds: list[str], command: list[str], seconds: float,
+               agents: Path, harnesses: Path, binds: list[str], command: list[str],
                port: int, egress_port: int | None) -> list[str]:
     """The whole command line: bubblewrap, the relay inside, then the agent's ``command``. Nothing
     secret is on it; the agent's environment is bubblewrap's (the caller's ``env=``)."""
@@ -140,7 +140,7 @@ def bwrap_argv(*, bwrap: str, uid: int | None, filter_fd: int, run_dir: Path, so
         argv += [*_parents(dest, made, system), op, str(source), dest]
     for path in binds:  # operator-installed CLIs, at the same place
         argv += [*_parents(path, made, system), "--ro-bind", path, path]
-    relay_args = ["--port", str(port), "--socket", SOCKET_INSIDE, "--seconds", str(seconds)]
+    relay_args = ["--port", str(port), "--socket", SOCKET_INSIDE]
     if egress_port is not None:
         relay_args += ["--egress-port", str(egress_port), "--egress-socket", EGRESS_SOCKET_INSIDE]
     return [*argv, "--seccomp", str(filter_fd), "--chdir", HOME_INSIDE, "--",

@@ -16,9 +16,10 @@ ops.launcher supervise DIR``, its own session) which:
   agent's files and the socket directory bound; the data dir, the store, provider keys and the
   admin token are not there, and the run key is in its environment, never on a command line;
 * inside, kit/namespace_relay.py listens on 127.0.0.1:8700 (the agent's ``RSIGYM_URL``) and
-  relays to that socket: the agent's only network reach is the gateway. It kills the agent when
-  the task's wall clock passes; the supervisor kills the whole sandbox a little later should the
-  relay not have (the gateway refuses the run key after its deadline regardless);
+  relays to that socket: the agent's only network reach is the gateway;
+* follows the run at the gateway (ops/run_watch.py): reports the agent started (``created`` →
+  ``running``), freezes the agent while the run is paused (its wall clock stands still), and kills
+  it when the run ends there — its deadline, the operator's stop from anywhere, a revocation;
 * records the exit in ``run.json``, sweeps the agent's uid and gives its HOME back to the gym;
 * ends the run at the gateway (``POST /admin/v1/keys/{id}/end``: its keys closed, the reaper stops
   its jobs and sandboxes) with why it ended (access/lifecycle.py): ``finished`` (exit 0),
@@ -62,7 +63,7 @@ from kit.host_uids import HostUidPool, kill_uid, pid_running
 from kit.namespace_relay import _pipe  # the same byte pipe the in-namespace relay runs
 from kit.private_files import open_private, restrict_umask, write_private
 from ops import agent_namespace as ns
-from ops import agent_setup, agent_toolbox, launcher_compose
+from ops import agent_setup, agent_toolbox, launcher_compose, run_watch
 from ops.launcher_compose import ComposeTarget, compose_plan
 from services.sandbox import seccomp
 
@@ -75,9 +76,6 @@ INSIDE_URL = f"http://127.0.0.1:{INSIDE_PORT}"
 EGRESS_PORT = 8701
 """Inside, the egress proxy's address (only when the task allows a host): ``HTTPS_PROXY``."""
 HOME_INSIDE, INSTRUCTION_INSIDE = ns.HOME_INSIDE, ns.INSTRUCTION_INSIDE
-WALL_CLOCK_GRACE_S = 15.0
-"""How long past the wall clock the supervisor waits for the relay to have stopped the agent
-before it kills the whole sandbox itself (an agent may have stopped its relay)."""
 STOP_WAIT_S = 10.0
 """How long ``stop`` waits for the supervisor to clean up before it kills its process group."""
 
@@ -272,7 +270,8 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
                 "setup": template.setup, "agent_model": agent_model, "gym": agent_toolbox.gym_command(),
                 "uid_base": config.sandbox.uid_base}
     plan["seconds"] = seconds
-    plan["admin_url"] = gateway_url  # the supervisor ends the run there when the agent exits
+    plan["admin_url"] = gateway_url  # the supervisor follows the run there and ends it when the agent exits
+    plan["key_id"] = minted["id"]
     write_private(run_dir / "supervise.json", json.dumps(plan))  # the run key: operator side only, never bound inside
     with os.fdopen(open_private(run_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "ops.launcher", "supervise", str(run_dir)],
@@ -380,14 +379,14 @@ async def serve_relay(host: str, port: int, gateway_url: str) -> None:
         await server.serve_forever()
 
 
-async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
+async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> run_watch.Outcome:
     url = httpx.URL(plan["gateway_url"])
     host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
     sock_dir = (run_dir / "sock").resolve()
     bwrap = ns.bwrap_path()
     if bwrap is None:
         print("rsigym: bubblewrap (bwrap) is gone from this host; the agent was not started", file=sys.stderr, flush=True)
-        return 127
+        return run_watch.Outcome(127)
     uids = HostUidPool(int(plan["uid_base"])) if os.geteuid() == 0 else None
     uid = uids.take() if uids is not None else None
     servers: list[asyncio.AbstractServer] = []
@@ -408,7 +407,7 @@ async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
         try:
             argv = ns.bwrap_argv(bwrap=bwrap, uid=uid, filter_fd=filter_fd, run_dir=run_dir, sock_dir=sock_dir,
                                  relay=RELAY, agents=AGENT_FILES, harnesses=HARNESS_FILES, binds=plan["binds"],
-                                 command=plan["command"], seconds=seconds, port=INSIDE_PORT,
+                                 command=plan["command"], port=INSIDE_PORT,
                                  egress_port=EGRESS_PORT if plan.get("egress") else None)
             agent = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, pass_fds=(filter_fd,),
                                                          env=agent_env(plan["key"], bool(plan.get("egress")),
@@ -416,13 +415,11 @@ async def _supervise_embedded(run_dir: Path, plan: dict[str, Any]) -> int:
                                                          umask=0o022)  # the supervisor's own is 0077
         finally:
             os.close(filter_fd)
+        run = _run_at_gateway(run_dir, plan)
+        await run.start()
         try:
-            # the in-namespace relay kills the agent at the wall clock (exit 124)
-            return await asyncio.wait_for(agent.wait(), timeout=max(seconds, 0.0) + WALL_CLOCK_GRACE_S)
-        except TimeoutError:
-            print("rsigym: the run's wall clock has passed and its relay did not stop the agent; the sandbox is "
-                  "killed", file=sys.stderr, flush=True)
-            return 124
+            return await run_watch.follow(asyncio.ensure_future(agent.wait()), run_watch.ProcessTreeBox(agent), run,
+                                          seconds)
         finally:
             if agent.returncode is None:
                 agent.kill()  # bubblewrap; its PID namespace goes with it (--die-with-parent)
@@ -441,12 +438,12 @@ async def _supervise(run_dir: Path) -> int:
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # `run stop`: clean up, then go
-    code: int | None = None
+    outcome = run_watch.Outcome(None)
     try:
         if plan["mode"] == "compose":
-            code = await launcher_compose.supervise(plan)
+            outcome = await launcher_compose.supervise(plan, _run_at_gateway(run_dir, plan))
         else:
-            code = await _supervise_embedded(run_dir, plan)
+            outcome = await _supervise_embedded(run_dir, plan)
     except Exception:  # noqa: BLE001 - whatever broke, the run ends and its key closes
         traceback.print_exc()
         print("rsigym: the supervisor failed; the run is ended", file=sys.stderr, flush=True)
@@ -454,14 +451,26 @@ async def _supervise(run_dir: Path) -> int:
         _cleanup(run_dir)
     path = run_dir / "run.json"
     record = RunRecord.model_validate_json(path.read_text())
+    code = outcome.code
     if record.status == "running":
-        reason = exit_reason(code)
+        reason = outcome.reason or exit_reason(code)
         _end_at_gateway(run_dir, plan, record.key_id, reason, code)  # first: once `run show` says so, it has ended
         record = RunRecord.model_validate_json(path.read_text())  # `run stop` may have come meanwhile
         if record.status == "running":
-            _write(run_dir, record.model_copy(update={"status": "exited", "exit_code": code, "ended_at": _now(),
+            status = "exited" if outcome.reason in (None, "deadline") else "stopped"
+            _write(run_dir, record.model_copy(update={"status": status, "exit_code": code, "ended_at": _now(),
                                                       "reason": reason}))
     return 1 if code is None else code
+
+
+def _run_at_gateway(run_dir: Path, plan: dict[str, Any]) -> run_watch.AdminRun:
+    """The run key at the gateway, read and reported with the operator's credentials (those of the
+    ``rsigym run start`` that started this supervisor, or the data dir's admin token)."""
+    from kit.settings import GymSettings
+    from ops.cli.admin_client import AdminClient
+
+    return run_watch.AdminRun(AdminClient(GymSettings(data_dir=run_dir.parent.parent), plan.get("admin_url")),
+                              plan["key_id"])
 
 
 def _end_at_gateway(run_dir: Path, plan: dict[str, Any], key_id: str, reason: str, code: int | None) -> None:

@@ -40,6 +40,7 @@ import yaml
 
 from kit.egress import proxy_env
 from kit.errors import Unprocessable
+from ops import run_watch
 
 INSTRUCTION_INSIDE = "/run/rsigym/instruction.md"
 SETUP_INSIDE = "/run/rsigym/setup"
@@ -184,10 +185,33 @@ def remove_run(plan: dict[str, Any]) -> None:
                    capture_output=True, timeout=120, check=False)
 
 
-async def supervise(plan: dict[str, Any]) -> int:
-    """Start the run's relay (and proxy), then its agent; at the wall clock stop the agent (the
-    docker CLI's own exit does not stop a container); remove the run's containers and network at
-    the end."""
+class ContainerBox:
+    """A compose run's agent container, as the supervisor freezes, thaws and stops it."""
+
+    def __init__(self, docker: str, container: str, cli: asyncio.subprocess.Process):
+        self.docker, self.container, self.cli = docker, container, cli
+
+    async def freeze(self) -> None:
+        await _docker(self.docker, "pause", self.container)
+
+    async def thaw(self) -> None:
+        await _docker(self.docker, "unpause", self.container)
+
+    async def kill(self) -> None:
+        await _docker(self.docker, "unpause", self.container)  # a paused container cannot be stopped
+        await _docker(self.docker, "stop", "-t", "5", self.container)
+        try:
+            await asyncio.wait_for(self.cli.wait(), 30)
+        except TimeoutError:
+            self.cli.kill()
+            await self.cli.wait()
+
+
+async def supervise(plan: dict[str, Any], run: run_watch.RunAtGateway) -> run_watch.Outcome:
+    """Start the run's relay (and proxy), then its agent, and follow the run at the gateway
+    (ops/run_watch.py: ``docker pause`` while paused, the agent stopped at the wall clock or when
+    the run ends there — the docker CLI's own exit does not stop a container); remove the run's
+    containers and network at the end."""
     env = {**os.environ, **plan["env"]}
     docker, containers = plan["docker"], plan["containers"]
     try:
@@ -195,19 +219,11 @@ async def supervise(plan: dict[str, Any]) -> int:
             if (code := await _docker(*argv, env=env, timeout=300)) != 0:
                 print(f"rsigym: the run's {argv[-1]} container did not start (docker exit {code})", file=sys.stderr,
                       flush=True)
-                return code
+                return run_watch.Outcome(code)
         agent = await asyncio.create_subprocess_exec(*plan["argv"], stdin=subprocess.DEVNULL, env=env)
-        try:
-            return await asyncio.wait_for(agent.wait(), timeout=max(float(plan["seconds"]), 0.0))
-        except TimeoutError:
-            print("rsigym: the run's wall clock has passed; the agent is stopped", file=sys.stderr, flush=True)
-            await _docker(docker, "stop", "-t", "5", containers[0])
-            try:
-                await asyncio.wait_for(agent.wait(), 30)
-            except TimeoutError:
-                agent.kill()
-                await agent.wait()
-            return 124
+        await run.start()
+        return await run_watch.follow(asyncio.ensure_future(agent.wait()), ContainerBox(docker, containers[0], agent),
+                                      run, float(plan["seconds"]))
     finally:
         await _docker(docker, "rm", "-f", *containers)
         await _docker(docker, "network", "rm", plan["network"])

@@ -137,6 +137,10 @@ class ApiKey(Base):
     recorded (a deadline that passed, or a run that has not ended)."""
     agent_exit: Mapped[int | None] = mapped_column(Integer, nullable=True)
     """The agent process's exit status, when the launcher recorded one."""
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    """Launched runs: when the supervisor reported the agent started (None: ``created``, not yet)."""
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    """Run keys: since when the run is paused; its wall clock stands still until it resumes."""
 
 
 class RateCounter(Base):
@@ -184,6 +188,9 @@ class LedgerEntry(Base):
     """The root of ``key_id``'s chain (its ``root_id``): a key's rows are read by (run, key)."""
     service: Mapped[str] = mapped_column(String(40))
     operation: Mapped[str] = mapped_column(String(80))
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    """The model the call named (a catalogue model, a base model or a checkpoint id), for spend by
+    model (/metrics, the admin ledger); None where the work names none (sandboxes, evaluation)."""
     ref_id: Mapped[str | None] = mapped_column(String(80))
     request_id: Mapped[str | None] = mapped_column(String(64))
     estimate_nusd: Mapped[int] = mapped_column(BigInteger)

@@ -132,6 +132,10 @@ class AdminClient:
         """Move the run's deadline (``0``: end the run now)."""
         return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/deadline", json={"deadline_s": deadline_s})
 
+    def start_run(self, key_id: str) -> dict[str, Any]:
+        """Report that the run's agent has started (``created`` → ``running``: its clock counts from now)."""
+        return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/start")
+
     def end_run(self, key_id: str, reason: str, agent_exit: int | None = None) -> dict[str, Any]:
         """End the run now and record why (access/lifecycle.py END_REASONS) and its agent's exit."""
         return self.request("POST", f"/admin/v1/keys/{quote(key_id, safe='')}/end",

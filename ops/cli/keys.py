@@ -162,11 +162,33 @@ def ledger(key_id: str, agent: Annotated[bool, typer.Option("--agent", help="The
     if as_json:
         typer.echo(json.dumps({"data": rows}, indent=2))
         return
-    table = PlainTable("time", "key", "service", "operation", "status", "estimate", "actual")
+    table = PlainTable("time", "key", "service", "operation", "model", "status", "estimate", "actual")
     for r in rows:
         actual = "-" if r["actual_usd"] is None else f"{r['actual_usd']:.9f}"
-        table.add_row(r["created_at"][:19], r["key_id"], r["service"], r["operation"], r["status"],
-                      f"{r['estimate_usd']:.9f}", actual)
+        table.add_row(r["created_at"][:19], r["key_id"], r["service"], r["operation"], r.get("model") or "",
+                      r["status"], f"{r['estimate_usd']:.9f}", actual)
     console.print(table)
     total = sum(r["actual_usd"] or 0 for r in rows)
     console.print(f"{len(rows)} rows, {total:.9f} USD charged")
+
+
+@app.command("spend")
+def keys_spend(
+    by: Annotated[str, typer.Option("--by", help="model (per model and service) or key (per key and model).")] = "model",
+    run: Annotated[str | None, typer.Option("--run", help="Only this run's keys.")] = None,
+    as_json: JsonOpt = False,
+    data_dir: DataDirOpt = None,
+    url: UrlOpt = None,
+) -> None:
+    """What runs were charged, from the ledger, by model or by key (GET /admin/v1/spend)."""
+    params = {"by": by, **({"run_id": run} if run else {})}
+    answer = admin_request("GET", "/admin/v1/spend", data_dir, url, params=params)
+    if as_json:
+        typer.echo(json.dumps(answer, indent=2))
+        return
+    first = ("model", "service") if by == "model" else ("key_id", "key_name", "model")
+    table = PlainTable(*first, "calls", "charged_usd")
+    for r in answer["data"]:
+        table.add_row(*[str(r[f]) for f in first], str(r["calls"]), f"{r['charged_usd']:.9f}")
+    console.print(table)
+    console.print(f"{answer['total_usd']:.9f} USD charged")

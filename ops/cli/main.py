@@ -13,6 +13,7 @@ app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_complet
 app.command()(serving.up)
 app.command()(serving.serve)
 app.command()(serving.worker)
+app.command()(serving.migrate)
 app.command("egress-proxy")(serving.egress_proxy)
 app.command("run-relay")(serving.run_relay)
 app.command()(serving.standin)

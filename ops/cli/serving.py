@@ -99,6 +99,18 @@ def serve(
                 **server_options(load_config(settings.config)))
 
 
+def migrate(data_dir: DataDirOpt = None) -> None:
+    """Bring the store (``RSIGYM_STORE_URL``, else the data dir's SQLite file) to the newest schema
+    and exit: what a deployment runs once before its parts start (each part also migrates on start,
+    under the store's lock, and finds nothing to do)."""
+    from kit.settings import StoreSettings
+    from ops.builder import open_store
+
+    store_settings = StoreSettings()
+    open_store(gym_settings(data_dir), store_settings).dispose()
+    console.print(f"rsigym: store migrated ({'PostgreSQL' if store_settings.url else 'SQLite in the data dir'})")
+
+
 def worker(
     queues: Annotated[str, typer.Option("--queues", help="Comma-separated: training, training-gpu, evaluation.")]
     = "training,evaluation",

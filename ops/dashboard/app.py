@@ -4,7 +4,9 @@ A sub-application mounted on every gateway (embedded and distributed): it reads 
 store, so any replica shows the same figures. Routes stay thin: one query function each, run
 off the event loop, one template each. Every page but the login form needs a live UI session
 (:mod:`ops.dashboard.session`, kept in the store); without one the browser is sent to the
-login form. Form posts that change state carry the session's CSRF token (:data:`CsrfChecked`);
+login form. Form posts that change state — logout and the operator's actions on a run (top up,
+pause, resume, stop, revoke: :mod:`ops.dashboard.actions`) — carry the session's CSRF token
+(:data:`CsrfChecked`);
 logins are rate-limited per client address (:mod:`ops.dashboard.login_limit`).
 
 Errors answer a browser with a page and any other client with the gym's JSON error shape.
@@ -15,7 +17,7 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import jinja2
 from fastapi import Depends, FastAPI, Request
@@ -25,7 +27,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.context import Gateway
 from kit.errors import GymError, PermissionDenied, RateLimited, error_response
 from kit.http import NO_FASTAPI_TELEMETRY, request_id_of
+from kit.settings import JobSettings
 from ops.dashboard import queries
+from ops.dashboard.actions import DONE_MESSAGES, perform
 from ops.dashboard.charts import spend_chart
 from ops.dashboard.lineage import layout
 from ops.dashboard.login_limit import LoginLimiter
@@ -149,6 +153,7 @@ def client_address(request: Request) -> str:
 
 def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None) -> FastAPI:  # noqa: C901 - the app factory declares every route inline
     settings = settings or DashboardSettings()
+    job_settings = JobSettings()
     env = _templates()
     key = session_key(gw.admin_token, gw.internal_secret)
     sessions, limiter = Sessions(gw.store, key, settings), LoginLimiter(gw.store, settings)
@@ -188,12 +193,14 @@ def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None)
     async def _gym_error(request: Request, exc: GymError) -> Response:
         if not wants_html(request):
             return error_response(exc, request_id_of(request))
-        return render(request, "error.html", exc.status, refresh=False, headers=exc.headers, message=exc.message)
+        run_id = request.path_params.get("run_id") if request.method == "POST" else None
+        return render(request, "error.html", exc.status, refresh=False, headers=exc.headers, message=exc.message,
+                      code=exc.status, back=f"runs/{quote(run_id)}" if run_id else "")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         return render(request, "error.html", exc.status_code, refresh=False, message=str(exc.detail),
-                      logged_in=False)
+                      logged_in=False, code=exc.status_code, back="")
 
     @app.get("/static/{name}", include_in_schema=False)
     async def static(name: str) -> Response:
@@ -254,16 +261,25 @@ def create_dashboard_app(gw: Gateway, settings: DashboardSettings | None = None)
         return render(request, "overview.html", page="overview", **data)
 
     @app.get("/runs/{run_id}")
-    async def run_detail(request: Request, run_id: str, _s: Authed) -> HTMLResponse:
+    async def run_detail(request: Request, run_id: str, _s: Authed, done: str = "") -> HTMLResponse:
         data = await gw.store.call(queries.run_detail, gw.store, run_id, settings.page_rows)
         graph = data.pop("graph")
         return render(request, "run.html", page="overview", chart=spend_chart(data.pop("spend")), graph=layout(graph),
-                      graph_truncated=graph.truncated, **data)
+                      graph_truncated=graph.truncated, done=DONE_MESSAGES.get(done, ""), **data)
+
+    @app.post("/runs/{run_id}/{action}")
+    async def run_action(request: Request, run_id: str, action: str, _s: CsrfChecked) -> Response:
+        """Top up, pause, resume, stop or revoke a run (ops/dashboard/actions.py), then back to
+        its page with a confirmation."""
+        fields = {k: v[0] for k, v in (await form_fields(request)).items() if k != CSRF_FIELD}
+        await gw.store.call(perform, gw.store, gw.registry, run_id, action, fields)
+        return RedirectResponse(f"{PATH}/runs/{quote(run_id)}?done={action}", status_code=303,
+                                headers=SECURITY_HEADERS)
 
     @app.get("/jobs")
     async def jobs(request: Request, _s: Authed) -> HTMLResponse:
-        data = await gw.store.call(queries.jobs, gw.store, settings.page_rows)
-        return render(request, "jobs.html", page="jobs", **data)
+        data = await gw.store.call(queries.jobs, gw.store, settings.page_rows, job_settings.heartbeat_ttl_s)
+        return render(request, "jobs.html", page="jobs", heartbeat_ttl_s=job_settings.heartbeat_ttl_s, **data)
 
     @app.get("/scores")
     async def scores(request: Request, _s: Authed) -> HTMLResponse:

@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from access.keys import state_of
+from access.lifecycle import time_left
 from billing.money import nusd_to_usd
 from jobs.lifecycle import merged_figures
 from kit.errors import NotFound
@@ -26,22 +28,41 @@ from services.evaluation.submissions import final_submission
 from services.records import read as records
 from services.training import read as training
 from storage.store import Store
-from storage.tables import ApiKey, LedgerEntry
+from storage.tables import ApiKey, LedgerEntry, utcnow
 
 AUDIT_STATUS = "not audited"
 """What a run shows until `rsigym audit RUN` (services/records/audits) has judged it."""
 VERIFIER_TAIL = 4000
+FAILED_ROWS = 20
+RECENT_ROWS = 20
 
 
 def _iso(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else ""
 
 
-def _run_view(row: ApiKey) -> dict[str, Any]:
+METER_PREFIX = "agent-model:"
+"""A run's agent-model meter is a root key named so (billing/agent_meter.py)."""
+
+
+def _time_left_s(row: ApiKey, ended: bool, now: datetime) -> float | None:
+    """Seconds until the run's deadline (access/lifecycle.py: a paused run's clock stands still);
+    None without a deadline or once the run has ended."""
+    return None if ended else time_left(row.ends_at, row.paused_at, now)
+
+
+def _run_view(row: ApiKey, *, audited: bool = False, scored: bool = False,
+              now: datetime | None = None) -> dict[str, Any]:
     budget = row.budget_nusd
     remaining = None if budget is None else budget - row.spent_nusd - row.reserved_nusd
+    state = state_of(row, audited=audited, scored=scored)
     return {
         "id": row.id, "name": row.name or "", "track": row.track or "-", "status": row.status,
+        "task": row.task or "", "agent": row.agent or "", "agent_version": row.agent_version or "",
+        "agent_model": row.agent_model or "", "agent_exit": row.agent_exit,
+        "state": str(state), "state_name": state.state, "ended": state.ended,
+        "time_left_s": _time_left_s(row, state.ended, now or utcnow()),
+        "ends_at": _iso(row.ends_at), "agent_meter_id": row.agent_meter_id,
         "budget_usd": None if budget is None else nusd_to_usd(budget),
         "spent_usd": nusd_to_usd(row.spent_nusd), "reserved_usd": nusd_to_usd(row.reserved_nusd),
         "remaining_usd": None if remaining is None else nusd_to_usd(remaining),
@@ -49,24 +70,95 @@ def _run_view(row: ApiKey) -> dict[str, Any]:
     }
 
 
+def _meter_view(row: ApiKey | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    budget = row.budget_nusd or 0
+    return {"id": row.id, "status": row.status, "budget_usd": nusd_to_usd(budget),
+            "spent_usd": nusd_to_usd(row.spent_nusd), "reserved_usd": nusd_to_usd(row.reserved_nusd),
+            "remaining_usd": nusd_to_usd(budget - row.spent_nusd - row.reserved_nusd)}
+
+
+def platform_kind(row: ApiKey, meter_ids: set[str]) -> str | None:
+    """What a root key is when it is not a run: the gym's ``operator`` key or an ``agent-model meter``."""
+    if row.id in meter_ids or (row.name or "").startswith(METER_PREFIX):
+        return "agent-model meter"
+    if row.name == evaluation.OPERATOR_KEY_NAME and row.track is None:
+        return "operator"
+    return None
+
+
+def _runs_and_platform(s: Session) -> tuple[list[ApiKey], list[tuple[ApiKey, str]]]:
+    """Root keys split into runs and platform keys (the operator key, agent-model meters)."""
+    roots = s.scalars(select(ApiKey).where(ApiKey.parent_id.is_(None)).order_by(ApiKey.created_at)).all()
+    meter_ids = {r.agent_meter_id for r in roots if r.agent_meter_id}
+    runs, platform = [], []
+    for row in roots:
+        kind = platform_kind(row, meter_ids)
+        if kind is None:
+            runs.append(row)
+        else:
+            platform.append((row, kind))
+    return runs, platform
+
+
+def _latest_scores(s: Session, run_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """Each run's newest score row (with its job's live status and score), in a fixed number of
+    queries whatever the number of runs."""
+    latest: dict[str, evaluation.ScoreView] = {}
+    for row in evaluation.scores(s, newest_first=True):
+        if row.run_id in run_ids and row.run_id not in latest:
+            latest[row.run_id] = row
+    return {v["run_id"]: v for v in _score_views(s, list(latest.values()))}
+
+
+def _run_audit(audits: dict[tuple[str, str | None], str], run_id: str, score: dict[str, Any] | None) -> str:
+    """The audit verdict the runs table shows: the latest scored submission's, else the worst of
+    the run's verdicts (``flagged`` over ``accepted``), else not audited."""
+    if score is not None and (run_id, score["submission_id"] or None) in audits:
+        return audits[(run_id, score["submission_id"] or None)]
+    verdicts = {status for (run, _), status in audits.items() if run == run_id}
+    if not verdicts:
+        return AUDIT_STATUS
+    return "flagged" if "flagged" in verdicts else sorted(verdicts)[0]
+
+
 # -- overview ----------------------------------------------------------------------------------
 
 
 def overview(store: Store) -> dict[str, Any]:
-    """Every run (a root key; a root's figures already include its child keys) and totals."""
+    """The runs (root keys that are not platform keys; a root's figures already include its child
+    keys) with their lifecycle state, both meters' spend, latest score and audit; the platform's
+    own keys apart; and totals over the runs. A fixed number of queries, however many runs."""
+    now = utcnow()
     with store.transaction() as s:
-        rows = s.scalars(select(ApiKey).where(ApiKey.parent_id.is_(None)).order_by(ApiKey.created_at)).all()
-        runs = [_run_view(r) for r in rows]
+        rows, platform = _runs_and_platform(s)
+        ids = {r.id for r in rows}
+        audits = records.audit_statuses(s, ids)
+        scored = evaluation.scored_runs(s, ids)
+        latest = _latest_scores(s, ids)
+        meters = {m.id: m for m, kind in platform if kind == "agent-model meter"}
+        runs = []
+        for r in rows:
+            view = _run_view(r, audited=any(run == r.id for run, _ in audits), scored=r.id in scored, now=now)
+            score = latest.get(r.id)
+            view |= {"meter": _meter_view(meters.get(r.agent_meter_id or "")), "score": score,
+                     "audit": _run_audit(audits, r.id, score)}
+            runs.append(view)
     budgets = [r.budget_nusd or 0 for r in rows]
+    metered = [v["meter"] for v in runs if v["meter"] is not None]
     totals = {
         "runs": len(runs),
-        "active": sum(1 for r in rows if r.status == "active"),
+        "active": sum(1 for v in runs if not v["ended"]),
         "budget_usd": nusd_to_usd(sum(budgets)),
         "spent_usd": nusd_to_usd(sum(r.spent_nusd for r in rows)),
         "reserved_usd": nusd_to_usd(sum(r.reserved_nusd for r in rows)),
         "remaining_usd": nusd_to_usd(sum(b - r.spent_nusd - r.reserved_nusd for b, r in zip(budgets, rows, strict=True))),
+        "agent_spent_usd": sum(m["spent_usd"] for m in metered),
     }
-    return {"runs": runs, "totals": totals}
+    return {"runs": runs, "totals": totals,
+            "platform": [{**_run_view(k, now=now), "kind": kind, "run_of": (k.name or "")[len(METER_PREFIX):]
+                          if kind == "agent-model meter" else ""} for k, kind in platform]}
 
 
 # -- run detail --------------------------------------------------------------------------------
@@ -92,8 +184,18 @@ def spend_series(rows: Sequence[tuple[datetime | None, datetime, int | None]]) -
     return points
 
 
-def training_job_view(job: training.JobView) -> dict[str, Any]:
-    return {
+def _lease(job: training.JobView | evaluation.JobView, now: datetime) -> dict[str, Any]:
+    """Who holds a job and how it fares: its worker (host:pid:nonce), its heartbeat's age, and how
+    often a lost worker's job was put back in the queue (``resumes``: a job is taken once per
+    ``claims``, so a queued job was resumed ``claims`` times, any other ``claims - 1``)."""
+    heartbeat = job.heartbeat_at
+    return {"worker": job.worker or "",
+            "heartbeat_age_s": None if heartbeat is None else max(0.0, (now - heartbeat).total_seconds()),
+            "resumes": job.claims if job.status == "queued" else max(0, job.claims - 1)}
+
+
+def training_job_view(job: training.JobView, now: datetime | None = None) -> dict[str, Any]:
+    return {**_lease(job, now or utcnow()),
         "id": job.id, "run_id": job.run_id, "status": job.status, "queue": job.queue, "base_model": job.base_model,
         "parent": job.parent_checkpoint_id or "", "step": job.step, "total_steps": job.total_steps,
         "percent": _percent(job.step, job.total_steps), "cost_usd": nusd_to_usd(job.cost_nusd),
@@ -101,8 +203,8 @@ def training_job_view(job: training.JobView) -> dict[str, Any]:
     }
 
 
-def evaluation_job_view(job: evaluation.JobView) -> dict[str, Any]:
-    return {
+def evaluation_job_view(job: evaluation.JobView, now: datetime | None = None) -> dict[str, Any]:
+    return {**_lease(job, now or utcnow()),
         "id": job.id, "run_id": job.run_id, "purpose": job.purpose, "status": job.status, "queue": job.queue,
         "benchmark": job.benchmark, "split": job.split, "model": job.model, "harness": job.harness,
         "attempts": job.attempts, "done": job.trials_done, "total": job.trials_total,
@@ -136,11 +238,34 @@ def _score_views(s: Session, rows: Sequence[evaluation.ScoreView]) -> list[dict[
     return views
 
 
+def run_key(s: Session, run_id: str) -> ApiKey:
+    """The run key ``run_id``: a root key that is not a platform key, or NotFound (child keys, the
+    operator key and agent-model meters are not runs)."""
+    key = s.get(ApiKey, run_id)
+    if key is None or key.parent_id is not None or platform_kind(key, set(s.scalars(
+            select(ApiKey.agent_meter_id).where(ApiKey.agent_meter_id == run_id)))) is not None:
+        raise NotFound(f"run {run_id} not found", param="run")
+    return key
+
+
+ACTIONS = ("topup", "pause", "resume", "stop", "revoke")
+
+
+def actions_for(key: ApiKey, *, audited: bool = False, scored: bool = False) -> list[str]:
+    """The operator's actions that apply to the run now: none once it has ended; resume only when
+    paused, pause only when it is not."""
+    state = state_of(key, audited=audited, scored=scored)
+    if state.ended or key.status == "revoked":
+        return []
+    return ["topup", "resume" if key.status == "paused" else "pause", "stop", "revoke"]
+
+
 def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
     with store.transaction() as s:
-        key = s.get(ApiKey, run_id)
-        if key is None or key.parent_id is not None:
-            raise NotFound(f"run {run_id} not found", param="run")
+        key = run_key(s, run_id)
+        meter = s.get(ApiKey, key.agent_meter_id) if key.agent_meter_id else None
+        audits = records.audit_statuses(s, {run_id})
+        scored = bool(evaluation.scored_runs(s, {run_id}))
         children = s.scalar(select(func.count()).select_from(ApiKey).where(
             ApiKey.root_id == run_id, ApiKey.id != run_id)) or 0
         charged = s.execute(select(LedgerEntry.settled_at, LedgerEntry.created_at, LedgerEntry.actual_nusd)
@@ -155,7 +280,8 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
         final = final_submission(s, run_id)
         return {
             "submission_rule": SUBMISSION_RULE, "final_submission": final.id if final else None,
-            "run": _run_view(key), "child_keys": children,
+            "run": _run_view(key, audited=bool(audits), scored=scored), "child_keys": children,
+            "meter": _meter_view(meter), "actions": actions_for(key, audited=bool(audits), scored=scored),
             "spend": spend_series(charged),
             "ledger": [_ledger_view(r) for r in ledger], "ledger_total": ledger_total or 0,
             "training": [training_job_view(j) for j in training_jobs],
@@ -181,18 +307,32 @@ def _queues(store: Store) -> list[dict[str, Any]]:
             for q, (depth, age) in sorted({**{q: (0, 0.0) for q in running}, **waiting}.items())]
 
 
-def jobs(store: Store, limit: int) -> dict[str, Any]:
+def jobs(store: Store, limit: int, heartbeat_ttl_s: float) -> dict[str, Any]:
+    """Queues; in-flight jobs with their worker and heartbeat (``stale``: older than the TTL the
+    reaper acts on, jobs/lifecycle.py); recently failed jobs of both kinds; recently finished
+    evaluations; and how many jobs listed were resumed after their worker was lost."""
     queues = _queues(store)
+    now = utcnow()
     with store.transaction() as s:
-        training_jobs = training.jobs(s, in_flight=True, limit=limit)
-        evaluations = evaluation.jobs(s, in_flight=True, limit=limit)
-        recent = evaluation.jobs(s, in_flight=False, newest_first=True, limit=20)
-        return {
-            "queues": queues,
-            "training": [training_job_view(j) for j in training_jobs],
-            "evaluations": [evaluation_job_view(j) for j in evaluations],
-            "recent_evaluations": [evaluation_job_view(j) for j in recent],
-        }
+        running = ([{**training_job_view(j, now), "kind": "training"} for j in training.jobs(s, in_flight=True, limit=limit)]
+                   + [{**evaluation_job_view(j, now), "kind": "evaluation"}
+                      for j in evaluation.jobs(s, in_flight=True, limit=limit)])
+        ended_training = [training_job_view(j, now) for j in training.jobs(s, in_flight=False, newest_first=True, limit=limit)]
+        ended_evals = [evaluation_job_view(j, now) for j in evaluation.jobs(s, in_flight=False, newest_first=True, limit=limit)]
+    for job in running:
+        age = job["heartbeat_age_s"]
+        job["stale"] = job["status"] == "running" and (age is None or age > heartbeat_ttl_s)
+    failed = sorted([{**j, "kind": "training"} for j in ended_training if j["status"] == "failed"]
+                    + [{**j, "kind": "evaluation"} for j in ended_evals if j["status"] == "failed"],
+                    key=lambda j: j["finished_at"] or j["created_at"], reverse=True)[:FAILED_ROWS]
+    return {
+        "queues": queues,
+        "training": [j for j in running if j["kind"] == "training"],
+        "evaluations": [j for j in running if j["kind"] == "evaluation"],
+        "failed": failed,
+        "resumed": sum(1 for j in running + ended_training + ended_evals if j["resumes"]),
+        "recent_evaluations": ended_evals[:RECENT_ROWS],
+    }
 
 
 # -- submissions, scores, leaderboard ------------------------------------------------------------
@@ -217,7 +357,7 @@ def leaderboard(store: Store, split: str) -> dict[str, Any]:
 
     with store.transaction() as s:
         score_views = _score_views(s, evaluation.scores(s))
-        keys = [{"id": k.id, "name": k.name, "track": k.track}
+        keys = [{"id": k.id, "name": k.name, "track": k.track, "agent": k.agent, "agent_version": k.agent_version}
                 for k in s.scalars(select(ApiKey).where(ApiKey.parent_id.is_(None))).all()]
     rows, notes = build_report_rows(score_views, keys, split)
     report = build_report(group_rows(rows))

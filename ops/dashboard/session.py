@@ -13,8 +13,8 @@ after ``session_idle_s`` unused or ``session_ttl_s`` in all. Hence:
 * a reader of the store learns no cookie that opens the dashboard.
 
 The cookie opens the ``/admin/ui`` pages only — the JSON admin API still wants the token in a
-header. Form posts that change state (logout now, the browser actions a later issue adds) must
-carry the session's CSRF token (:func:`csrf_matches`); the login form, which has no session yet,
+header. Form posts that change state (logout, and the operator's run actions: ops/dashboard/actions.py)
+must carry the session's CSRF token (:func:`csrf_matches`); the login form, which has no session yet,
 carries a token bound to a short-lived cookie of its own (:func:`login_csrf`, a signed
 double-submit). Session ids are never logged: they travel only in the Cookie header, which no
 log line of the gym records.

@@ -133,6 +133,12 @@ class JobView:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+    worker: str | None = None
+    """The worker holding it (host:pid:nonce; None while queued, and once re-queued)."""
+    heartbeat_at: datetime | None = None
+    """Its worker's last heartbeat (jobs/lifecycle.py: a stale one means the worker died)."""
+    claims: int = 0
+    """How many times a worker has taken it (more than once: resumed after a lost worker)."""
 
 
 def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None, newest_first: bool = False,
@@ -268,6 +274,10 @@ def trial(s: Session, trial_id: int) -> Trial | None:
     found = view(Trial, row)
     return replace(found, failure_kind=failure_kind(row.reward, row.error, row.failure_kind))
 
+
+OPERATOR_KEY_NAME = "rsigym-operator"
+"""The name of the gym's own root key that scoring and validation are billed to (service.py makes
+it once); views that list runs keep it apart."""
 
 EVALUATION_JOBS = listing(EvaluationJob, EvaluationJob.created_at,
                           ("id", "run_id", "key_id", "purpose", "status", "benchmark", "split", "model", "harness",

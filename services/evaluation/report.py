@@ -625,6 +625,15 @@ def score_scope(record: dict[str, Any]) -> ScoreScope:
                       subset_seed=record.get("subset_seed"), split_seed=record.get("split_seed"))
 
 
+def agent_label(key: dict[str, Any]) -> str | None:
+    """Who a run's agent is, as reports group runs: the agent the launcher recorded and its version
+    (``claude-code@2.0.14``: runs of two versions are two agents), else the key's name."""
+    agent, version = key.get("agent"), key.get("agent_version")
+    if agent:
+        return f"{agent}@{version}" if version else str(agent)
+    return key.get("name") or None
+
+
 def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
                       split: str = "official") -> tuple[list[ScoreRow], list[str]]:
     """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
@@ -634,8 +643,8 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
     ``initial`` record on the same scope (benchmark, split, split seed, subset, subset seed and
     attempts; one on the same model first, when the run kept its base model), and the reference
     score, if any, the newest succeeded ``reference`` record on that scope. The run's track comes
-    from its key; its agent from the score record, else the agent the launcher recorded on its key,
-    else (a key minted otherwise) the key's name.
+    from its key; its agent from the score record, else the agent the launcher recorded on its key
+    with its version (:func:`agent_label`), else (a key minted otherwise) the key's name.
     """
     ok = [r for r in scores
           if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
@@ -660,7 +669,7 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
             continue
         ref = _newest(i for i in reference if (i["benchmark"], score_scope(i)) == (bench, scope))
         key = by_key.get(run_id, {})
-        agent, track = runs.setdefault(run_id, (rec.get("agent") or key.get("agent") or key.get("name") or run_id, key.get("track") or "-"))
+        agent, track = runs.setdefault(run_id, (rec.get("agent") or agent_label(key) or run_id, key.get("track") or "-"))
         rows.append(ScoreRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
                               initial=float(base["score"]), submitted=float(rec["score"]),
                               submission_id=rec.get("submission_id"), scope=scope,

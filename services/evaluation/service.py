@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from access.keys import KeyRegistry
@@ -36,7 +36,9 @@ from kit.spec import ServiceContext
 from services.evaluation.failures import failure_kind
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
+from services.evaluation.read import OPERATOR_KEY_NAME
 from services.evaluation.registry import BenchmarkRegistry, benchmark_view
+from services.evaluation.report import agent_label
 from services.evaluation.schemas import (
     BASELINE_RUNS,
     INITIAL_RUN,
@@ -54,7 +56,6 @@ from services.training.checkpoints import CheckpointRegistry
 from storage.tables import ApiKey
 
 log = logging.getLogger("rsigym.evaluation")
-OPERATOR_KEY_NAME = "rsigym-operator"
 OPERATOR_BUDGET_USD = 1_000_000.0
 
 
@@ -361,8 +362,9 @@ class EvaluationService:
         ends_at, ended_now = end_run_now(self.store, run_id)
         with self.store.transaction() as s:
             sub = final_submission(s, run_id)  # read after the end: nothing lands after it
-            # the agent the launcher recorded on the run key; a key minted otherwise (or before): its name
-            agent = s.scalar(select(func.coalesce(ApiKey.agent, ApiKey.name)).where(ApiKey.id == run_id))
+            # the agent (and version) the launcher recorded on the run key; a key minted otherwise: its name
+            facts = s.execute(select(ApiKey.agent, ApiKey.agent_version, ApiKey.name).where(ApiKey.id == run_id)).first()
+            agent = agent_label({"agent": facts[0], "agent_version": facts[1], "name": facts[2]}) if facts else None
             if sub is None:  # submissions are never deleted: cannot happen
                 raise NotFound(f"run {run_id} has submitted nothing", param="run")
             s.expunge(sub)

@@ -208,7 +208,7 @@ class JobRunner(JobRunnerBase):
         except UntrainableRow as err:
             self._finish(job_id, "failed", str(err))
             return
-        meter = StepMeter(self.ledger, job.key_id, "training", "train_step", ref_id=job_id)
+        meter = StepMeter(self.ledger, job.key_id, "training", "train_step", ref_id=job_id, model=job.base_model)
         hashes = [d.sha256 for d in datasets if d is not None]
         cumulative = sum(billed[:resume.step]) if resume else 0
         announced = resume is None

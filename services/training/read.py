@@ -85,6 +85,12 @@ class JobView:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+    worker: str | None = None
+    """The worker holding it (host:pid:nonce; None while queued, and once re-queued)."""
+    heartbeat_at: datetime | None = None
+    """Its worker's last heartbeat (jobs/lifecycle.py: a stale one means the worker died)."""
+    claims: int = 0
+    """How many times a worker has taken it (more than once: resumed after a lost worker)."""
 
 
 def jobs(s: Session, *, run_id: str | None = None, in_flight: bool | None = None, newest_first: bool = False,

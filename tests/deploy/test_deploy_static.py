@@ -865,10 +865,11 @@ def _migration_command() -> list[str]:
 def test_the_migration_jobs_command_migrates_a_fresh_store(tmp_path: Path) -> None:
     """Runs the Job's exact command against an empty SQLite store: it must create the schema."""
     command = _migration_command()
-    assert command[0] == "python"
+    assert command == ["rsigym", "migrate"]
     env = {**os.environ, "RSIGYM_DATA_DIR": str(tmp_path)}
     env.pop("RSIGYM_STORE_URL", None)
-    result = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=300)
+    rsigym = Path(sys.executable).with_name("rsigym")  # the venv's console script, as the image installs it
+    result = subprocess.run([str(rsigym), *command[1:]], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "store migrated" in result.stdout
     from sqlalchemy import create_engine, inspect
@@ -894,7 +895,7 @@ def test_the_migration_jobs_command_migrates_a_fresh_postgres_database(pg_availa
         url = PG_URL.rsplit("/", 1)[0] + f"/{db}"
         env = {**os.environ, "RSIGYM_STORE_URL": url}
         for _ in range(2):  # a second run (the next upgrade) finds nothing to do and still succeeds
-            result = subprocess.run([sys.executable, *_migration_command()[1:]], env=env, capture_output=True,
+            result = subprocess.run([str(Path(sys.executable).with_name("rsigym")), *_migration_command()[1:]], env=env, capture_output=True,
                                     text=True, timeout=300)
             assert result.returncode == 0, result.stderr[-2000:]
         engine = create_engine(url)

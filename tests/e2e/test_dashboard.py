@@ -27,6 +27,7 @@ from kit.errors import NotFound
 from kit.ids import new_id
 from ops.dashboard.app import format_usd
 from ops.dashboard.session import COOKIE, LOGIN_COOKIE, id_hash, session_key
+from services.evaluation import read as evaluation_read
 from services.evaluation.tables import EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 from services.training.checkpoints import Checkpoint
 from services.training.tables import Dataset, TrainingJob
@@ -218,8 +219,12 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
 
             # -- overview: the run's budget and spend, and the totals --------------------------
             row = page.locator(f"tr[data-run='{run_id}']")
-            cells = row.locator("td").all_inner_texts()
-            assert cells[:6] == [run_id, "dash-agent", "joint", "active", "$5.00", format_usd(s.spent_usd)]
+            cells = {td.get_attribute("data-col"): td.inner_text() for td in row.locator("td[data-col]").all()}
+            assert row.locator("td").first.inner_text().splitlines() == [run_id, "dash-agent"]
+            assert (cells["task"].splitlines(), cells["state"], cells["time-left"]) == (["—", "joint"], "running", "—")
+            assert cells["services"].splitlines() == [format_usd(s.spent_usd), "of $5.00"]
+            assert (cells["agent-model"], cells["audit"]) == ("no meter", "not audited")
+            assert cells["score"].splitlines() == [f"{SUBMITTED:.4f}", "arithmetic"]
             assert page.locator("#total-runs").inner_text() == "2"
             assert page.locator("#total-budget").inner_text() == "$7.50"
             assert page.locator("#total-spent").inner_text() == format_usd(s.spent_usd)
@@ -364,8 +369,16 @@ def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store)
     ledger.reserve(run["id"], service="training", operation="step", estimate_nusd=7_000)  # still held
     seeded = _seed_platform_rows(store, run["id"], run["id"])
 
+    from billing.agent_meter import attach_meter
+    operator, _ = keys.create(policy=preset_policy("joint", GymConfig()), budget_nusd=usd_to_nusd(1_000_000), track=None,
+                              name=evaluation_read.OPERATOR_KEY_NAME)
+    meter = attach_meter(store, run["id"], usd_to_nusd(2))
     overview = queries.overview(store)
+    assert [r["id"] for r in overview["runs"]] == [run["id"]]  # the operator key and the meter are not runs
+    assert {(k["id"], k["kind"]) for k in overview["platform"]} == {
+        (operator["id"], "operator"), (meter["id"], "agent-model meter")}
     (row,) = [r for r in overview["runs"] if r["id"] == run["id"]]
+    assert (row["state"], row["meter"]["budget_usd"], row["audit"]) == ("running", 2.0, "not audited")
     assert (row["budget_usd"], row["spent_usd"], row["reserved_usd"]) == (5.0, 4.375e-05, 7e-06)
     assert row["remaining_usd"] == pytest.approx(5 - 4.375e-05 - 7e-06)
     detail = queries.run_detail(store, run["id"], 200)
@@ -375,7 +388,7 @@ def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store)
     assert seeded["checkpoint"] in graph.nodes and "base:tiny" in graph.nodes
     kinds = sorted(graph.nodes[e.dst].kind for e in graph.edges if e.src == seeded["checkpoint"])
     assert kinds == ["evaluation", "evaluation", "submission", "training_job"]
-    jobs = queries.jobs(store, 200)
+    jobs = queries.jobs(store, 200, heartbeat_ttl_s=30)
     queues = {q["name"]: (q["queued"], q["running"]) for q in jobs["queues"]}
     assert queues["evaluation"] == (1, 0) and queues["training"] == (0, 1)
     assert [j["id"] for j in jobs["training"]] == [seeded["running_job"]]
@@ -390,5 +403,6 @@ def test_page_queries_read_the_same_figures_on_sqlite_and_postgres(store: Store)
     assert trial["steps"][1]["results"] == [{"call": "call_1", "content": OBSERVATION}]
     with pytest.raises(NotFound):
         queries.trial(store, new_id("evj"), seeded["trial_id"])  # a trial is only found under its own job
-    with pytest.raises(NotFound):
-        queries.run_detail(store, child["id"], 200)  # a child key is not a run
+    for not_a_run in (child["id"], operator["id"], meter["id"]):  # a child key, a platform key: not runs
+        with pytest.raises(NotFound):
+            queries.run_detail(store, not_a_run, 200)

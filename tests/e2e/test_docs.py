@@ -60,14 +60,16 @@ def runnable_blocks(doc: Path) -> list[Block]:
 
 
 ALL = [b for doc in DOCS for b in runnable_blocks(doc)]
-DOCS_WITH_BLOCKS = sorted({b.doc for b in ALL if b.role != "gym"})
+DOCS_WITH_BLOCKS = sorted({b.doc for b in ALL if b.role == ""})
+# ```bash runnable distributed```: the operator guide's bare-metal walkthrough, which starts a gym
+# of its own (tests/e2e/test_docs_distributed.py runs those blocks).
 
 
 def test_runnable_blocks_are_well_formed() -> None:
     assert {b.lang for b in ALL} <= {"bash", "python"}, [b.where() for b in ALL if b.lang not in ("bash", "python")]
     gyms = [b for b in ALL if b.role == "gym"]
     assert [b.doc.name for b in gyms] == ["README.md"], "the README has exactly one gym start line"
-    assert {b.role for b in ALL} <= {"", "gym"}
+    assert {b.role for b in ALL} <= {"", "gym", "distributed"}
     line = gyms[0].code.strip()
     assert "\n" not in line and " up " in f"{line} " and "--config" not in line  # offline: no config to write
     assert len(DOCS_WITH_BLOCKS) >= 2
@@ -117,7 +119,7 @@ def _env_after(env_file: Path, before: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("doc", DOCS_WITH_BLOCKS, ids=lambda d: str(d.relative_to(ROOT)))
 def test_every_runnable_block_runs(doc: Path, gym: dict[str, str], tmp_path: Path) -> None:
     env = dict(gym)
-    for block in (b for b in runnable_blocks(doc) if b.role != "gym"):
+    for block in (b for b in runnable_blocks(doc) if b.role == ""):
         env_file = tmp_path / ".env-after"
         env_file.unlink(missing_ok=True)
         if block.lang == "bash":

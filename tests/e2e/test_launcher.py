@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -167,7 +168,7 @@ def test_the_wall_clock_stops_the_agent_and_its_jobs_spend_shows_on_both_meters_
         assert started["egress"] == [f"127.0.0.2:{allowed}"]
         sock_dir = Path(os.readlink(data_dir / "runs" / run / "sock"))
         assert sock_dir.is_dir()
-        shown = wait_for_exit(run, tries=1200)  # the relay kills the agent at the wall clock (40 s), not its 600 s sleep
+        shown = wait_for_exit(run, tries=1200)  # its supervisor stops it at the wall clock (40 s), not its 600 s sleep
     log = rsigym("run", "logs", run)
     assert shown["status"] == "exited" and shown["exit_code"] == 124, log
     assert "the run's wall clock has passed" in log
@@ -206,6 +207,62 @@ def test_the_wall_clock_stops_the_agent_and_its_jobs_spend_shows_on_both_meters_
     after = client.post("/rollout/v1/chat/completions", headers=bearer(shown_key(data_dir, run)),
                         json={"model": "teacher", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert after.status_code == 403 and after.json()["error"]["type"] == "run_ended"
+
+
+def _agent_processes(data_dir: Path, run: str) -> list[psutil.Process]:
+    """The run's sandbox: everything under its supervisor (nothing once the supervisor is gone)."""
+    pid = json.loads((data_dir / "runs" / run / "run.json").read_text())["pid"]
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_a_paused_run_is_frozen_with_its_clock_and_a_stop_at_the_gateway_ends_the_agent(
+        live: tuple[str, Path], tmp_path: Path) -> None:
+    """What the dashboard's (or the live monitor's) pause, resume and stop do to a launched run:
+    the supervisor freezes the agent's sandbox while the run is paused (its clock stands still),
+    thaws it on resume, and kills it when the run is ended at the gateway."""
+    url, data_dir = live
+    tasks = _quick_task(tmp_path / "tasks", "joint-pause", "120s", [])
+    started = rsigym("run", "start", "--task", "joint-pause", "--tasks-dir", str(tasks), "--agent", "scripted",
+                     "--json", "--", "--sleep", "600")
+    run, key_id = started["run"], started["key_id"]
+    assert _until(lambda: "sleeping" in rsigym("run", "logs", run)), rsigym("run", "logs", run)
+    assert rsigym("keys", "show", key_id, "--json")["state"] == "running"  # the supervisor reported the start
+    admin = httpx.Client(base_url=url, headers=admin_headers(), timeout=30)
+
+    def states() -> set[str]:
+        return {p.status() for p in _agent_processes(data_dir, run) if p.is_running()}
+
+    assert admin.post(f"/admin/v1/keys/{key_id}/pause").status_code == 200
+    assert _until(lambda: states() == {psutil.STATUS_STOPPED}), states()
+    left = admin.get(f"/admin/v1/keys/{key_id}").json()["time_left_s"]
+    time.sleep(1.5)
+    shown = admin.get(f"/admin/v1/keys/{key_id}").json()
+    assert shown["state"] == "paused" and shown["time_left_s"] == left  # the clock stands still
+    assert rsigym("run", "show", run, "--json")["state"] == "paused"
+
+    resumed = admin.post(f"/admin/v1/keys/{key_id}/resume").json()
+    assert resumed["state"] == "running" and resumed["time_left_s"] == pytest.approx(left, abs=0.5)
+    assert _until(lambda: psutil.STATUS_STOPPED not in states()), states()
+
+    ended = admin.post(f"/admin/v1/keys/{key_id}/end", json={"reason": "stopped"})  # the dashboard's stop
+    assert ended.status_code == 200, ended.text
+    shown = wait_for_exit(run, tries=100)
+    log = rsigym("run", "logs", run)
+    assert (shown["status"], shown["reason"], shown["state"]) == ("stopped", "stopped", "ended (stopped)"), log
+    assert "the run is paused: the agent is frozen" in log and "ended at the gateway (stopped)" in log
+    assert _until(lambda: not _agent_processes(data_dir, run))
 
 
 def shown_key(data_dir: Path, run: str) -> str:

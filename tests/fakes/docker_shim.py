@@ -2,8 +2,8 @@
 as a local process, exactly what the compose file declares for the service (its image's
 entrypoint and command from the Dockerfile, its environment interpolated as compose does, ``-e``
 and ``-v`` applied), with the compose host names mapped to loopback ports; ``docker stop`` and
-``docker rm -f`` end it. It refuses what compose would refuse: a service the given profiles do
-not activate, an option it does not know.
+``docker rm -f`` end it; ``docker pause``/``unpause`` stop and continue its processes. It refuses
+what compose would refuse: a service the given profiles do not activate, an option it does not know.
 
 Used as ``docker`` on PATH by tests/e2e/test_launcher.py to prove compose mode's wiring. Its state
 lives in ``$SHIM_STATE`` (one JSON file per named container: pid, published address); ``$SHIM_HOSTS``
@@ -235,6 +235,18 @@ def _kill(name: str, grace: float) -> int:
     return 0
 
 
+def _signal(name: str, sig: signal.Signals) -> int:
+    path = _state() / f"{name}.json"
+    if not path.is_file():
+        print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+        return 1
+    try:
+        os.killpg(json.loads(path.read_text())["pid"], sig)
+    except ProcessLookupError:
+        pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
     with (_state() / "calls.log").open("a") as log:
         log.write(json.dumps(argv) + "\n")
@@ -245,6 +257,8 @@ def main(argv: list[str]) -> int:
         if rest[:1] == ["-t"]:
             grace, rest = float(rest[1]), rest[2:]
         return max([_kill(n, grace) for n in rest] or [0])
+    if argv[:1] in (["pause"], ["unpause"]):  # the cgroup freezer, as signals to the container's processes
+        return max([_signal(n, signal.SIGSTOP if argv[0] == "pause" else signal.SIGCONT) for n in argv[1:]] or [0])
     if argv[:2] == ["network", "rm"]:  # compose made the run's network; the shim has none to remove
         return 0
     if argv[:2] == ["rm", "-f"]:

@@ -21,7 +21,7 @@ ELSEWHERE = datetime(2026, 12, 5, 9, 1, 2, 7, tzinfo=timezone(timedelta(hours=2)
 VALUES: dict[str, Any] = {
     "kid": "key_a", "x": 1_000, "now": NOW, "held": 1_000, "charged": 700, "charge": 700, "rid": "res_a",
     "closing": "settled", "id": "res_a", "key_id": "key_a", "run_id": "key_a", "service": "rollout",
-    "operation": "chat.completions", "ref_id": None, "request_id": "req_a", "estimate_nusd": 1_000,
+    "operation": "chat.completions", "model": "teacher", "ref_id": None, "request_id": "req_a", "estimate_nusd": 1_000,
     "created_at": NOW, "expires_at": ELSEWHERE, "actual_nusd": None, "overrun_nusd": 0, "status": "reserved",
     "settled_at": None, "unused": "extra",
 }

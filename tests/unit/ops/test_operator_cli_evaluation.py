@@ -239,5 +239,22 @@ def test_report_groups_runs_of_one_task_by_the_agent_recorded_on_their_keys(
     add_score(store, runs["scripted"], "arithmetic", 0.4, model="ckpt_s", minutes=1)
 
     data = rsigym("report", "--out", str(tmp_path / "report"), "--json")
-    assert {r["run_id"]: r["agent"] for r in data["runs"]} == {runs["baseline"]: "baseline", runs["scripted"]: "scripted"}
-    assert {a["agent"]: a["rsi_index"] for a in data["agents"]} == pytest.approx({"baseline": 0.5, "scripted": 0.0})
+    assert {r["run_id"]: r["agent"] for r in data["runs"]} == {runs["baseline"]: "baseline@1.0",
+                                                               runs["scripted"]: "scripted@1.0"}
+    assert {a["agent"]: a["rsi_index"] for a in data["agents"]} == pytest.approx({"baseline@1.0": 0.5,
+                                                                                  "scripted@1.0": 0.0})
+
+
+def test_two_versions_of_one_agent_are_two_agents_on_the_leaderboard(
+        served: str, store: Store, tmp_path: Path) -> None:
+    with httpx.Client(base_url=served) as c:
+        runs = {version: create_key(c, track="joint", name="joint-arithmetic", budget_usd=5.0,
+                                    run={"task": "joint-arithmetic", "agent": "claude-code",
+                                         "agent_version": version})["id"]
+                for version in ("2.0.14", "2.1.0")}
+    add_score(store, "initial", "arithmetic", 0.4)
+    add_score(store, runs["2.0.14"], "arithmetic", 0.7, model="ckpt_a", minutes=1)
+    add_score(store, runs["2.1.0"], "arithmetic", 0.4, model="ckpt_b", minutes=1)
+    data = rsigym("report", "--out", str(tmp_path / "report"), "--json")
+    assert {a["agent"]: a["rsi_index"] for a in data["agents"]} == pytest.approx({"claude-code@2.0.14": 0.5,
+                                                                                  "claude-code@2.1.0": 0.0})
