@@ -95,6 +95,12 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
     app.include_router(agent_model.router)  # /agent/v1/…: before the proxy's catch-all route
     app.include_router(openai_routes.router)  # /openai/v1/…: one base URL for every model, before the catch-all
 
+    @app.api_route("/tinker/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
+    async def tinker(path: str, request: Request) -> Response:
+        """The Tinker SDK's API (``ServiceClient(base_url=$RSIGYM_URL/tinker)``), served by the
+        training service under ``/tinker`` (its spec's ``tinker.*`` operations)."""
+        return await forward(request, "training", "tinker/" + path)
+
     @app.api_route("/{service}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
     async def proxy(service: str, path: str, request: Request) -> Response:
         return await forward(request, service, path)

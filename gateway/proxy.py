@@ -94,8 +94,15 @@ def _estimates(op: Operation, body: dict[str, Any], context: Any, payer: Princip
     return estimate, op.tokens(body, context, payer) if count_tokens and op.tokens is not None else None
 
 
+TINKER_KEY_PREFIX = "tml-"
+"""The Tinker SDK refuses an API key that does not start with ``tml-``: on its routes
+(``auth="tinker_key"``) the run key is accepted written as ``tml-<run key>`` as well as bare."""
+
+
 async def _authenticate(gw: Gateway, request: Request, op: Operation) -> Principal:
     key = presented_key(request)
+    if op.auth == "tinker_key" and key is not None and key.startswith(TINKER_KEY_PREFIX):
+        key = key[len(TINKER_KEY_PREFIX):]
     if key is None and op.auth == "sandbox_token":
         found = token_holder(gw.internal_secret, request.headers.get("x-access-token"))
         if found is None or request.headers.get("e2b-sandbox-id") != found[1]:

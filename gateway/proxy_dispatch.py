@@ -31,7 +31,7 @@ from kit.direct_routes import answer, app_path
 Forward = Callable[[Request, str, str], Awaitable[Response]]
 
 
-GATEWAY_SEGMENTS = frozenset({"admin", "agent", "openai", "v1", "healthz", "metrics", "docs", "redoc",
+GATEWAY_SEGMENTS = frozenset({"admin", "agent", "openai", "tinker", "v1", "healthz", "metrics", "docs", "redoc",
                                "openapi.json"})
 """First path segments of the gateway's own routes: no service may be named like one."""
 

@@ -77,7 +77,8 @@ class Operation:
     means something that outlives a call (live sandboxes, held by the service itself)."""
     auth: str = "key"
     """``key``: the run key. ``sandbox_token``: the run key, or a sandbox access token (what
-    E2B's SDK sends its sandbox daemon) — see services/sandbox/tokens.py."""
+    E2B's SDK sends its sandbox daemon) — see services/sandbox/tokens.py. ``tinker_key``: the run
+    key, bare or written ``tml-<run key>`` (the Tinker SDK refuses keys without that prefix)."""
     schema: type[BaseModel] | None = None
     """The request body's schema (``json_body`` operations): every spelling it accepts for a
     field is rewritten to one before policies match (kit/canonical.py)."""

@@ -2,8 +2,9 @@
 installed once per host into one shared directory that the launcher binds read-only into every
 run's namespace (ops/agent_namespace.py):
 
-* ``python/`` — a virtual environment holding only the agent SDK and its MCP server (``gym``,
-  ``gym mcp``: sdk/rsigym, with the pinned ``mcp`` SDK), no server code. The launcher's namespace
+* ``python/`` — a virtual environment holding only the agent SDK, its MCP server (``gym``,
+  ``gym mcp``: sdk/rsigym, with the pinned ``mcp`` SDK) and the unmodified clients the agent guide
+  documents (``openai``, ``e2b``, the pinned ``tinker``: the SDK's ``clients`` extra), no server code. The launcher's namespace
   has only the host's system Python, which lacks the SDK's dependencies; this environment brings
   its own. A virtual environment is not relocatable (its scripts name their interpreter by
   absolute path) and uses the installing interpreter's standard library, so both are bound at
@@ -95,7 +96,8 @@ def _install_python(root: Path) -> dict[str, Any]:
         shutil.rmtree(env)
     _run([sys.executable, "-m", "venv", str(env)], "creating the toolbox's Python environment")
     _run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-cache-dir",
-          f"{SDK_SOURCE}[mcp]", MCP_PIN], "installing the agent SDK and its MCP server into the toolbox")
+          f"{SDK_SOURCE}[mcp,clients]", MCP_PIN],
+         "installing the agent SDK, its MCP server and the clients it documents (openai, e2b, tinker) into the toolbox")
     version = subprocess.run([str(env / "bin" / "gym"), "--version"], capture_output=True, text=True,
                              timeout=60, check=False).stdout.strip()
     return {"venv": str(env), "base_prefix": sys.base_prefix, "python": f"{sys.version_info[0]}.{sys.version_info[1]}",

@@ -24,6 +24,14 @@ outside ``^[A-Za-z0-9_-]{1,64}$`` (OpenAI's rule for function names). Uploads ar
 it (services/training/datasets.py); a training job checks its rows again against its base
 model's own added tokens (:func:`tokenizer_markup`: ``<file_sep>``, ``<think>`` …, which no
 upload-time list can know) and fails before its first step.
+
+**Loop rows.** A Tinker training loop (services/training/tinker_api/) trains on token ids, not
+rows; the gym keeps what it trained on, and what it sampled, as rows of a third kind,
+``{"loop": {"text": …, "tokens": [...], "source": …, …}}`` (services/training/tinker_api/
+loop_data.py), whose ``text`` is the ids decoded with the base model's tokenizer — markup and
+all, since the audit must scan what the model saw. :func:`training_text` of such a row is that
+text, exactly. They are a record, never training input: only the platform writes them, uploads
+refuse them, and :func:`training_example` refuses them (a job cannot train on a loop record).
 """
 
 from __future__ import annotations
@@ -42,6 +50,18 @@ TOKEN_SHAPE = re.compile(r"<\|[^<>|\s]{1,64}\|>")
 """The shape most chat models' special tokens share (``<|eot_id|>``, ``<|fim_prefix|>`` …)."""
 
 
+LOOP = "loop"
+"""The key of a loop row (module docstring): the platform's record of a Tinker loop."""
+
+
+class LoopRecord(ValueError):
+    """A loop row handed to a trainer: it is the platform's record of a loop, not training data."""
+
+
+def is_loop_row(row: Any) -> bool:
+    return isinstance(row, dict) and LOOP in row
+
+
 def example_messages(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """A row as (messages, tools): a completion row is one user turn and its answer."""
     if "messages" in row:
@@ -51,12 +71,20 @@ def example_messages(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[di
 
 def training_example(row: dict[str, Any]) -> tuple[str, str]:
     """(prompt, answer) as the trainer tokenizes them: the loss is on the answer's tokens."""
+    if is_loop_row(row):
+        raise LoopRecord("a Tinker loop record (the platform's, of what a loop trained on) is not training data")
     messages, tools = example_messages(row)
     return split_example(messages, tools)
 
 
 def training_text(row: dict[str, Any]) -> str:
-    """The whole text the model is trained on for this row (prompt, then answer)."""
+    """The whole text the model is trained on for this row (prompt, then answer); for a loop
+    row, the text the loop's token ids decode to."""
+    if is_loop_row(row):
+        text = row[LOOP]["text"]
+        if not isinstance(text, str):
+            raise TypeError("a loop row's text must be a string")
+        return text
     return "".join(training_example(row))
 
 

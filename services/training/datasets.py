@@ -9,6 +9,12 @@ name outside ``^[A-Za-z0-9_-]{1,64}$`` — is a bad row. Identical content
 is stored once (``<data>/datasets/<sha256>.jsonl``); a run that uploads it again gets its
 existing dataset back. Each run's datasets count against its storage quota
 (billing/storage_quota.py), charged in the transaction that records them.
+
+A third kind, the loop row (``{"loop": {...}}``, services/models/training_text.py), is the
+platform's record of what a Tinker loop trained on and sampled: :meth:`DatasetStore.record` stores
+it the same way (content-addressed, a ``dataset.registered`` event) so the audit scans it like an
+upload, but uploads refuse it and no job trains on it. A record is the platform's, so it is not
+charged to the run's quota (an agent's loop must not fail for the audit's bookkeeping).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from billing.storage_quota import StorageQuota
 from kit.errors import NotFound, PayloadTooLarge, Unprocessable
 from kit.ids import new_id
 from kit.private_files import private_dir
-from services.models.training_text import structure_problem, training_example
+from services.models.training_text import LOOP, is_loop_row, structure_problem, training_example
 from services.records.events import DATASET_REGISTERED, EventLog
 from services.training.tables import Dataset
 from storage.store import Store
@@ -95,6 +101,10 @@ def validate_jsonl(raw: bytes, max_rows: int) -> tuple[str, int]:
         if not isinstance(row, dict):
             errors.append(f"line {lineno}: a row must be a JSON object")
             continue
+        if LOOP in row:
+            errors.append(f"line {lineno}: {LOOP!r} rows are the platform's record of a Tinker loop; "
+                          "uploads cannot write them")
+            continue
         kind = "chat" if "messages" in row else "completion" if "prompt" in row else None
         if kind is None:
             errors.append(f"line {lineno}: a row needs messages, or prompt and completion")
@@ -130,6 +140,9 @@ def training_pairs(path: Path, *, dataset_id: str = "", markup: Sequence[str] = 
             if not line.strip():
                 continue
             row = json.loads(line)
+            if is_loop_row(row):
+                raise UntrainableRow(f"dataset {dataset_id or path.name} line {line_no}: a Tinker loop record "
+                                     "(what a loop trained on, kept for the audit) is not training data")
             problem = structure_problem(row, markup)
             if problem is not None:
                 raise UntrainableRow(f"dataset {dataset_id or path.name} line {line_no}: {problem}")
@@ -165,21 +178,31 @@ class DatasetStore:
         if self.quota is not None:
             self.quota.check_object("datasets", len(raw), limit=self.max_bytes)
         fmt, rows = validate_jsonl(raw, self.max_rows)
+        return self._register(run_id=run_id, key_id=key_id, raw=raw, name=name, fmt=fmt, rows=rows, charge=True)
+
+    def record(self, *, run_id: str, key_id: str, raw: bytes, name: str, rows: int) -> dict[str, Any]:
+        """Store and register loop rows the platform wrote (module docstring): as an upload is,
+        without validation or the per-object limit, and not charged to the run's quota."""
+        return self._register(run_id=run_id, key_id=key_id, raw=raw, name=name, fmt=LOOP, rows=rows, charge=False)
+
+    def _register(self, *, run_id: str, key_id: str, raw: bytes, name: str | None, fmt: str, rows: int,
+                  charge: bool) -> dict[str, Any]:
+        quota = self.quota if charge else None
         digest = hashlib.sha256(raw).hexdigest()
         with self.store.transaction() as s:
             existing = s.scalar(select(Dataset).where(Dataset.run_id == run_id, Dataset.sha256 == digest))
             if existing is not None:  # the same content again: the same record, charged once
                 return dataset_view(existing)
-        if self.quota is not None:
-            self.quota.require(run_id, "datasets", len(raw))
+        if quota is not None:
+            quota.require(run_id, "datasets", len(raw))
         created = self._write_blob(digest, raw)
         try:
             with self.store.transaction() as s:
                 existing = s.scalar(select(Dataset).where(Dataset.run_id == run_id, Dataset.sha256 == digest))
                 if existing is not None:
                     return dataset_view(existing)
-                if self.quota is not None:
-                    self.quota.charge(s, run_id, "datasets", len(raw))
+                if quota is not None:
+                    quota.charge(s, run_id, "datasets", len(raw))
                 row = Dataset(id=new_id("ds"), run_id=run_id, key_id=key_id, name=name, sha256=digest, format=fmt,
                               rows=rows, bytes=len(raw))
                 s.add(row)

@@ -1301,7 +1301,7 @@ def test_the_agent_image_installs_the_clis_at_the_launchers_pins_and_the_sdk_wit
     assert pins == ["@anthropic-ai/claude-code@2.1.332", "@openai/codex@0.171.0"]
     installed = re.search(r"npm install -g [^\n]*", dockerfile)
     assert installed is not None and sorted(p for p in installed.group(0).split() if "@" in p) == pins
-    assert '"/tmp/rsigym-sdk[mcp]"' in dockerfile  # `gym mcp` in the image
+    assert '"/tmp/rsigym-sdk[mcp,clients]"' in dockerfile  # `gym mcp` in the image
 
 
 def test_compose_mode_mounts_a_clis_setup_and_the_entrypoint_copies_it_into_home(tmp_path: Path) -> None:

@@ -1,0 +1,698 @@
+"""The Tinker API's state and logic: sessions, training models, sampling sessions, futures.
+
+Where things live: a training model (a LoRA adapter being stepped) is held in the memory of
+the training service process that created it, so its futures are kept there too — one process
+answers for a model from ``create_model`` to its last ``retrieve_future``. The Tinker API thus
+needs the training service as one replica (the embedded gym, and the compose/Helm default), or
+sticky routing by model; what outlives the process is on disk and in the store: checkpoints
+(the registry), saved states (``<data dir>/tinker/states``), the ledger and the records.
+
+Ordering: each model has one worker thread and runs its calls one at a time in the order they
+arrived (the SDK sends them in ``seq_id`` order, one after the other, as Tinker guarantees);
+each sampling session has its own.
+
+Metering: a call that costs money reserves its worst case on the ledger *when it is accepted*
+(so an unpaid call is refused with the gym's 402 before it is queued) and settles after the
+work, or releases the hold when the work did not happen. Saved weights and states are charged
+to the run's storage quota as job checkpoints are.
+
+The audit sees the loop (loop_data.py): what ``forward_backward`` trained on and what was sampled
+is written down as loop rows; each saved checkpoint or state, and the model's end, registers the
+rows so far as a dataset of the run, which the checkpoint lists in its provenance
+(``dataset_hashes``, inherited through a loaded state) and a ``training.job`` event of the model's
+job names — so contamination in a loop is found and attributed as in an uploaded dataset. Each
+training model is an experiment (implicit, continuing the one its loaded state came from).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from access.policy import ServicePolicy
+from billing.ledger import Ledger
+from billing.money import token_cost_nusd
+from billing.storage_quota import StorageQuota, tree_bytes
+from kit.config import BaseModel_
+from kit.errors import GymError, NotFound, PermissionDenied, Unprocessable
+from kit.identity import Identity
+from kit.ids import new_id
+from kit.private_files import lock_down, private_dir
+from kit.spec import ServiceContext
+from services.records.events import TRAINING_JOB, EventLog
+from services.records.experiments import ExperimentRegistry
+from services.training.checkpoints import CheckpointRegistry, hash_dir
+from services.training.datasets import DatasetStore
+from services.training.tables import TrainingJob
+from services.training.tinker_api import protowire
+from services.training.tinker_api.engine import Engine, LoopEngine
+from services.training.tinker_api.loop_data import LoopData
+
+log = logging.getLogger("rsigym.training.tinker")
+
+TINKER_PREFIX = "tinker://"
+LOSS_FNS = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo"})
+"""The engine's losses (services/training/loop/losses.py, which imports torch: named here so the wire
+layer refuses another with a 422 before any work is queued)."""
+INTERACTIVE = "interactive"
+"""The status of a Tinker training model's job row while it is open (neither queued for a worker
+nor final); ``succeeded`` once its session ends."""
+MAX_FINISHED_FUTURES = 4096
+FINISH_WAIT_S = 120.0
+"""How long finishing a session waits for its models' last calls and loop-data registration."""
+
+
+@dataclass
+class Outcome:
+    """A future's result: JSON, protobuf bytes, or the gym error it failed with."""
+
+    json: dict[str, Any] | None = None
+    proto: bytes | None = None
+    error: GymError | None = None
+
+
+@dataclass
+class _Future:
+    run_id: str
+    done: concurrent.futures.Future[Outcome]
+
+
+@dataclass
+class _Model:
+    id: str
+    run_id: str
+    key_id: str
+    session_id: str
+    base: BaseModel_
+    rank: int
+    seed: int
+    engine_session: Any
+    worker: concurrent.futures.ThreadPoolExecutor
+    parent: str | None = None
+    """The registered checkpoint or saved state it was loaded from (a tinker:// path)."""
+    experiment_id: str | None = None
+    datasets: list[dict[str, str]] = field(default_factory=list)
+    """``{"id", "sha256"}`` of the loop-data datasets its weights carry: those of the state it
+    loaded, then its own registered segments (loop_data.py)."""
+    loss_fns: set[str] = field(default_factory=set)
+    optim_steps: int = 0
+    adam: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Sampler:
+    id: str
+    run_id: str
+    base: BaseModel_
+    model_path: str | None
+    adapter_dir: Path
+    worker: concurrent.futures.ThreadPoolExecutor
+    owner: str
+    """The training model (its job id) whose weights it samples: its loop data takes the samples."""
+    session_id: str | None = None
+    engine_session: Any = None
+    ephemeral: bool = False
+
+
+def _fail(err: BaseException) -> GymError:
+    return err if isinstance(err, GymError) else GymError(f"the call failed: {type(err).__name__}: {err}")
+
+
+def check_fields(policies: list[ServicePolicy], values: dict[str, Any], *, model: str | None = None) -> dict[str, Any]:
+    """The key's training rules applied to the values a Tinker call carries, named by the
+    training job's field paths (``base_model``, ``lora.rank``, ``seed``, ``learning_rate``,
+    ``loss``, ``parent_checkpoint``): 403 ``permission_denied`` naming the field, as the gateway
+    answers a job request. A value left out (None) takes a ``fixed`` rule's value. Returns the
+    values as they will run."""
+    out = dict(values)
+    for policy in policies:
+        for path, rule in policy.fields.items():
+            if path not in out:
+                continue
+            if out[path] is None and rule.kind == "fixed":
+                out[path] = rule.arg
+            if out[path] is not None and not rule.admits(out[path]):
+                raise PermissionDenied(
+                    f"training field {path} = {json.dumps(out[path], default=str)} is refused by this key's policy "
+                    f"({rule.describe()})", param=path)
+            if out[path] is None and rule.kind == "fixed" and rule.arg is not None:
+                raise PermissionDenied(f"training field {path} is fixed by this key's policy ({rule.describe()})",
+                                       param=path)
+        if model is not None and not policy.allows_model(model):
+            raise PermissionDenied(f"model {model!r} is not in this key's training model allowlist", param="base_model")
+    return out
+
+
+class TinkerAPI:
+    def __init__(self, context: ServiceContext, registry: CheckpointRegistry, events: EventLog,
+                 engine: Engine | None = None, device: str | None = None, models_dir: Path | None = None,
+                 datasets: DatasetStore | None = None):
+        self.context = context
+        self.config = context.config
+        self.store = context.store
+        self.registry = registry
+        self.events = events
+        self.engine: Engine = engine or LoopEngine()
+        self.ledger = Ledger(context.store, context.config.ledger)
+        self.quota = StorageQuota.of(context)
+        self.models_dir = models_dir or context.settings.resolved_models_dir()
+        self.states_dir = context.data_dir / "tinker" / "states"
+        self.scratch_dir = context.data_dir / "tinker" / "scratch"
+        self.datasets = datasets or DatasetStore(
+            context.store, context.data_dir / "datasets", context.config.training.max_dataset_bytes,
+            context.config.training.max_dataset_rows, events=events)
+        self.loop = LoopData(context.data_dir / "tinker" / "loop", self.datasets)
+        self.experiments = ExperimentRegistry(events)
+        self._device = device
+        self._lock = threading.Lock()
+        self._sessions: dict[str, str] = {}
+        self._models: dict[str, _Model] = {}
+        self._samplers: dict[str, _Sampler] = {}
+        self._futures: dict[str, _Future] = {}
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        if self._device is None:
+            from services.models.loading import torch_device
+
+            self._device = torch_device()
+        return self._device
+
+    def _base(self, name: str | None, param: str = "base_model") -> BaseModel_:
+        base = self.config.base_model(name) if name else None
+        if base is None or base.backend != "local":
+            raise NotFound(f"base model {name!r} is not offered for Tinker training by this gym", param=param)
+        return base
+
+    def _base_path(self, base: BaseModel_) -> Path:
+        from services.models.loading import resolve_model_dir
+
+        return Path(resolve_model_dir(base, self.models_dir))
+
+    def _submit(self, run_id: str, worker: concurrent.futures.ThreadPoolExecutor, work: Callable[[], Outcome],
+                on_error: Callable[[], None] | None = None) -> str:
+        request_id = new_id("req")
+
+        def run() -> Outcome:
+            try:
+                return work()
+            except BaseException as err:  # noqa: BLE001 - every failure is the future's answer
+                if on_error is not None:
+                    on_error()
+                return Outcome(error=_fail(err))
+
+        done = worker.submit(run)
+        with self._lock:
+            self._futures[request_id] = _Future(run_id, done)
+            if len(self._futures) > MAX_FINISHED_FUTURES:  # forget the oldest answered futures
+                for rid in [r for r, f in self._futures.items() if f.done.done()][: len(self._futures) // 4]:
+                    del self._futures[rid]
+        return request_id
+
+    def future(self, identity: Identity, request_id: str) -> concurrent.futures.Future[Outcome]:
+        with self._lock:
+            found = self._futures.get(request_id)
+        if found is None or found.run_id != identity.run_id:
+            raise NotFound(f"future {request_id} not found", param="request_id")
+        return found.done
+
+    def _model(self, identity: Identity, model_id: str) -> _Model:
+        with self._lock:
+            model = self._models.get(model_id)
+        if model is None or model.run_id != identity.run_id:
+            raise NotFound(f"training model {model_id} not found", param="model_id")
+        return model
+
+    def _reserve(self, identity: Identity, operation: str, cost: int, model: str, ref: str) -> Any:
+        return self.ledger.reserve(identity.key_id, service="training", operation=operation, estimate_nusd=cost,
+                                   ref_id=ref, request_id=identity.request_id, chain_ids=identity.chain_ids,
+                                   model=model)
+
+    def _metered(self, reservation: Any, cost: int, work: Callable[[], Outcome]) -> Callable[[], Outcome]:
+        """``work`` settled at ``cost`` when it ran, its hold released when it did not."""
+        def run() -> Outcome:
+            try:
+                out = work()
+            except BaseException:
+                self.ledger.release(reservation.id)
+                raise
+            self.ledger.settle(reservation.id, cost)
+            return out
+        return run
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def create_session(self, identity: Identity) -> dict[str, Any]:
+        session_id = new_id("sess")
+        with self._lock:
+            self._sessions[session_id] = identity.run_id
+        return {"type": "create_session", "session_id": session_id}
+
+    def _session(self, identity: Identity, session_id: str) -> str:
+        with self._lock:
+            run = self._sessions.get(session_id)
+        if run is None or run != identity.run_id:
+            raise NotFound(f"session {session_id} not found", param="session_id")
+        return session_id
+
+    def heartbeat(self, identity: Identity, session_id: str) -> dict[str, Any]:
+        self._session(identity, session_id)
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, identity: Identity, session_id: str) -> None:
+        self._session(identity, session_id)
+        with self._lock:
+            models = [m for m in self._models.values() if m.session_id == session_id]
+        closing = [self._close_model(model) for model in models]
+        # Answered once each model's queued calls ran and its loop data was registered (the SDK's
+        # ``ServiceClient.close()`` waits for this answer).
+        concurrent.futures.wait(closing, timeout=FINISH_WAIT_S)
+
+    def _close_model(self, model: _Model) -> concurrent.futures.Future[None]:
+        with self._lock:
+            self._models.pop(model.id, None)
+
+        def close() -> None:  # after the calls already queued: their loop data is in the last segment
+            model.engine_session = None
+            self._record_job(model, "succeeded")
+
+        closed = model.worker.submit(close)
+        model.worker.shutdown(wait=False)
+        with self.store.transaction() as s:
+            s.execute(update(TrainingJob).where(TrainingJob.id == model.id)
+                      .values(status="succeeded", step=model.optim_steps))
+        return closed
+
+    # -- what the audit reads of a loop ---------------------------------------------------------
+
+    def _register_loop_data(self, model: _Model) -> None:
+        """The model's loop rows not yet registered become a dataset of the run (loop_data.py)."""
+        view = self.loop.register(model.id, run_id=model.run_id, key_id=model.key_id)
+        if view is not None and view["sha256"] not in {d["sha256"] for d in model.datasets}:
+            model.datasets.append({"id": view["id"], "sha256": view["sha256"]})
+
+    def _record_job(self, model: _Model, status: str) -> None:
+        """Register the loop data so far and append the model's ``training.job`` event (its
+        datasets, its checkpoints so far): what provenance and the contamination attribution read.
+        A model is recorded at every checkpoint and at its end; the last event is its current one."""
+        try:
+            self._register_loop_data(model)
+        finally:  # the event even when the data could not be registered: provenance then flags the gap
+            outputs = self.registry.ids_of_job(model.id)
+            with self.store.transaction() as s:
+                s.execute(update(TrainingJob).where(TrainingJob.id == model.id)
+                          .values(dataset_ids=[d["id"] for d in model.datasets]))
+                self.events.append(s, run_id=model.run_id, kind=TRAINING_JOB, key_id=model.key_id,
+                                   experiment_id=model.experiment_id,
+                                   data={"job_id": model.id, "status": status, "base_model": model.base.name,
+                                         "input_checkpoint": self._parent_checkpoint(model),
+                                         "config_hash": self._config_hash(model), "datasets": list(model.datasets),
+                                         "loss_module_hash": None, "output_checkpoints": outputs,
+                                         "steps": model.optim_steps, "tinker": {"parent": model.parent}})
+
+    def shutdown(self) -> None:
+        with self._lock:
+            models = list(self._models.values())
+            workers = [m.worker for m in models] + [p.worker for p in self._samplers.values()]
+        for worker in workers:
+            worker.shutdown(wait=False, cancel_futures=True)
+        for model in models:  # what the open loops trained on still reaches the audit
+            try:
+                self._record_job(model, "cancelled")
+            except Exception:  # noqa: BLE001 - the service is going down; the rows stay on disk
+                log.exception("could not register the loop data of %s at shutdown", model.id)
+
+    def capabilities(self) -> dict[str, Any]:
+        return {"supported_models": [
+            {"model_name": m.name, "max_context_length": m.max_context, "trainable": True, "sampleable": True}
+            for m in self.config.models if m.backend == "local"]}
+
+    # -- training models -----------------------------------------------------------------------
+
+    def create_model(self, identity: Identity, body: dict[str, Any], *, parent: str | None = None,
+                     rank: int | None = None) -> tuple[_Model, str]:
+        session_id = self._session(identity, str(body.get("session_id")))
+        lora = body.get("lora_config") or {}
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise Unprocessable(f"optimizer {optimizer!r} is not offered: this gym trains with AdamW",
+                                param="optimizer_config")
+        values = check_fields(identity.policies, {"base_model": body.get("base_model"),
+                                                  "lora.rank": rank if rank is not None else lora.get("rank"),
+                                                  "seed": lora.get("seed"), "parent_checkpoint": parent},
+                              model=body.get("base_model"))
+        base = self._base(values["base_model"])
+        rank_ = int(values["lora.rank"] or 16)
+        seed = int(values["seed"] or 0)
+        if not 1 <= rank_ <= 256:
+            raise Unprocessable("lora_config.rank must be between 1 and 256", param="lora_config.rank")
+        model_id = new_id("ftjob")
+        config = {"tinker": True, "base_model": base.name, "lora": {"rank": rank_}, "seed": seed}
+        continues = [e for e in [self._state_experiment(identity, parent)] if e]
+        with self.store.transaction() as s:  # the job and its experiment commit together, or neither
+            experiment_id = self.experiments.resolve(s, run_id=identity.run_id, key_id=identity.key_id,
+                                                     experiment_id=None, name=f"tinker {parent or base.name}",
+                                                     continues=continues)
+            s.add(TrainingJob(id=model_id, run_id=identity.run_id, key_id=identity.key_id, status=INTERACTIVE,
+                              base_model=base.name, parent_checkpoint_id=None, dataset_ids=[], config=config,
+                              config_hash=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
+                              loss_module_hash=None, total_steps=0, queue="tinker", experiment_id=experiment_id))
+        worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"tinker-{model_id}")
+        model = _Model(id=model_id, run_id=identity.run_id, key_id=identity.key_id, session_id=session_id,
+                       base=base, rank=rank_, seed=seed, engine_session=None, worker=worker, parent=parent,
+                       experiment_id=experiment_id)
+        with self._lock:
+            self._models[model_id] = model
+
+        def work() -> Outcome:
+            model.engine_session = self.engine.training(base_path=self._base_path(base), rank=rank_, seed=seed,
+                                                        device=self.device)
+            return Outcome(json={"type": "create_model", "model_id": model_id})
+
+        def failed() -> None:
+            self._close_model(model)
+
+        return model, self._submit(identity.run_id, worker, work, on_error=failed)
+
+    def _state_experiment(self, identity: Identity, parent: str | None) -> str | None:
+        """The experiment of the model that saved the state ``parent`` names (None: no state)."""
+        if not parent:
+            return None
+        try:
+            _, meta = self._state(identity, parent)
+        except NotFound:
+            return None
+        found = meta.get("experiment_id")
+        return str(found) if found else None
+
+    def get_info(self, identity: Identity, model_id: str) -> dict[str, Any]:
+        model = self._model(identity, model_id)
+        return {"type": "get_info", "model_id": model.id, "model_name": model.base.name, "is_lora": True,
+                "lora_rank": model.rank, "model_data": {"arch": "causal_lm", "model_name": model.base.name,
+                                                        "tokenizer_id": None}}
+
+    def unload(self, identity: Identity, model_id: str) -> str:
+        model = self._model(identity, model_id)
+
+        def work() -> Outcome:
+            self._close_model(model)
+            return Outcome(json={"type": "unload_model", "model_id": model_id})
+
+        return self._submit(identity.run_id, model.worker, work)
+
+    def forward_backward(self, identity: Identity, raw: bytes) -> tuple[str, str]:
+        request = protowire.decode_forward_backward(raw)
+        model = self._model(identity, request.model_id)
+        if not request.data:
+            raise Unprocessable("forward_backward needs at least one datum", param="data")
+        if request.loss_fn not in LOSS_FNS:
+            raise Unprocessable(f"loss function {request.loss_fn!r} is not offered; one of {sorted(LOSS_FNS)}",
+                                param="loss_fn")
+        if not request.forward_only:
+            check_fields(identity.policies, {"loss": request.loss_fn})
+        tokens = sum(len(d.tokens) for d in request.data)
+        if any(len(d.tokens) > model.base.max_context for d in request.data):
+            raise Unprocessable(f"a datum is longer than {model.base.name}'s context ({model.base.max_context} tokens)",
+                                param="data")
+        cost = token_cost_nusd(tokens, model.base.train_usd_per_mtok)
+        op = "tinker.forward" if request.forward_only else "tinker.forward_backward"
+        reservation = self._reserve(identity, op, cost, model.base.name, model.id)
+        data = [self.engine.datum(d.tokens, d.loss_fn_inputs) for d in request.data]
+
+        def work() -> Outcome:
+            session = model.engine_session
+            if session is None:
+                raise Unprocessable("this training model is not loaded (its creation failed or it was unloaded)")
+            if not request.forward_only:  # written before it trains: nothing is trained unrecorded
+                self.loop.trained(model.id, self._base_path(model.base), request.data, request.loss_fn,
+                                  model.optim_steps)
+            call = session.forward if request.forward_only else session.forward_backward
+            result = call(data, request.loss_fn, dict(request.loss_fn_config))
+            if not request.forward_only:
+                model.loss_fns.add(request.loss_fn)
+            outputs = [{k: list(v) for k, v in out.items()} for out in result.loss_fn_outputs]
+            return Outcome(proto=protowire.encode_forward_backward_output(outputs, dict(result.metrics or {})))
+
+        return model.id, self._submit(identity.run_id, model.worker, self._metered(reservation, cost, work))
+
+    def optim_step(self, identity: Identity, body: dict[str, Any]) -> tuple[str, str]:
+        model = self._model(identity, str(body.get("model_id")))
+        params = body.get("adam_params") or body.get("optim_params")
+        if not isinstance(params, dict) or body.get("optimizer_params") is not None:
+            raise Unprocessable("optim_step takes adam_params: this gym trains with AdamW", param="adam_params")
+        checked = check_fields(identity.policies, {"learning_rate": params.get("learning_rate", 1e-4)})
+        params = {**params, "learning_rate": checked["learning_rate"]}
+        adam = self.engine.adam(params)
+
+        def work() -> Outcome:
+            if model.engine_session is None:
+                raise Unprocessable("this training model is not loaded")
+            metrics = model.engine_session.optim_step(adam)
+            model.optim_steps += 1
+            model.adam = params
+            return Outcome(json={"type": "optim_step", "metrics": dict(metrics or {})})
+
+        return model.id, self._submit(identity.run_id, model.worker, work)
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def _config_hash(self, model: _Model) -> str:
+        config = {"tinker": True, "base_model": model.base.name, "lora": {"rank": model.rank}, "seed": model.seed,
+                  "loss_fns": sorted(model.loss_fns), "adam": model.adam}
+        return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+    def save_for_sampler(self, identity: Identity, body: dict[str, Any]) -> tuple[str, str]:
+        model = self._model(identity, str(body.get("model_id")))
+        name = body.get("path")
+
+        def work() -> Outcome:
+            session = model.engine_session
+            if session is None:
+                raise Unprocessable("this training model is not loaded")
+            if name is None:  # save_weights_and_get_sampling_client: an unregistered, session-only sampler
+                adapter = self.scratch_dir / new_id("sampler")
+                private_dir(adapter.parent)
+                session.save_weights_for_sampler(adapter)
+                sampler = self._new_sampler(identity.run_id, model.base, None, adapter, owner=model.id,
+                                            session_id=model.session_id, ephemeral=True)
+                return Outcome(json={"type": "save_weights_for_sampler", "sampling_session_id": sampler.id})
+
+            class _Adapter:
+                @staticmethod
+                def save_pretrained(path: Path) -> None:
+                    session.save_weights_for_sampler(Path(path))
+
+            self._register_loop_data(model)
+            view = self.registry.save(
+                model=_Adapter(), run_id=model.run_id, job_id=model.id, base_model=model.base.name,
+                parent=self._parent_checkpoint(model), dataset_hashes=[d["sha256"] for d in model.datasets],
+                config_hash=self._config_hash(model), loss_module_hash=None, step=model.optim_steps,
+                metrics={"tinker": {"name": str(name), "loss_fns": sorted(model.loss_fns),
+                                    "optim_steps": model.optim_steps, "parent": model.parent}},
+                experiment_id=model.experiment_id, events=self.events, key_id=identity.key_id)
+            self._record_job(model, INTERACTIVE)
+            return Outcome(json={"type": "save_weights_for_sampler", "checkpoint_id": view["id"],
+                                 "path": f"{TINKER_PREFIX}{model.id}/sampler_weights/{view['id']}"})
+
+        return model.id, self._submit(identity.run_id, model.worker, work)
+
+    @staticmethod
+    def _parent_checkpoint(model: _Model) -> str | None:
+        """The registered checkpoint this model started from (a sampler-weights path), else None:
+        a model from the base, or from a saved state, names its state in the provenance metrics."""
+        if model.parent and "/sampler_weights/" in model.parent:
+            return model.parent.rsplit("/", 1)[-1]
+        return None
+
+    def save_state(self, identity: Identity, body: dict[str, Any]) -> tuple[str, str]:
+        model = self._model(identity, str(body.get("model_id")))
+        name = str(body.get("path") or "state")
+
+        def work() -> Outcome:
+            session = model.engine_session
+            if session is None:
+                raise Unprocessable("this training model is not loaded")
+            self._record_job(model, INTERACTIVE)  # the state carries the loop data so far
+            state_id = new_id("state")
+            private_dir(self.states_dir)
+            tmp = self.states_dir / f".{state_id}.partial"
+            try:
+                session.save_state(tmp)
+                lock_down(tmp)
+                stored = tree_bytes(tmp)
+                self.quota.check_object("checkpoints", stored, param=None)
+                self.quota.require(model.run_id, "checkpoints", stored, param=None)
+                meta = {"run_id": model.run_id, "model_id": model.id, "base_model": model.base.name,
+                        "rank": model.rank, "seed": model.seed, "name": name, "bytes": stored,
+                        "datasets": list(model.datasets), "experiment_id": model.experiment_id,
+                        "loss_fns": sorted(model.loss_fns),
+                        "parent": model.parent, "weights_hash": hash_dir(tmp)}
+                (tmp / "tinker_state.json").write_text(json.dumps(meta))
+                final = self.states_dir / state_id
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            try:
+                with self.store.transaction() as s:
+                    self.quota.charge(s, model.run_id, "checkpoints", stored, param=None)
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)
+                raise
+            return Outcome(json={"type": "save_weights", "path": f"{TINKER_PREFIX}{model.id}/weights/{state_id}"})
+
+        return model.id, self._submit(identity.run_id, model.worker, work)
+
+    def _state(self, identity: Identity, path: str) -> tuple[Path, dict[str, Any]]:
+        parts = path[len(TINKER_PREFIX):].split("/") if path.startswith(TINKER_PREFIX) else []
+        if len(parts) != 3 or parts[1] != "weights" or not parts[2].startswith("state_"):
+            raise NotFound(f"saved state {path!r} not found (a path save_state returned)", param="path")
+        where = self.states_dir / parts[2]
+        try:
+            meta = json.loads((where / "tinker_state.json").read_text())
+        except (OSError, ValueError):
+            meta = None
+        if meta is None or meta.get("run_id") != identity.run_id:
+            raise NotFound(f"saved state {path!r} not found", param="path")
+        return where, meta
+
+    def load_state(self, identity: Identity, body: dict[str, Any]) -> tuple[str, str]:
+        path = str(body.get("path") or "")
+        where, meta = self._state(identity, path)
+        optimizer = bool(body.get("optimizer"))
+        if body.get("model_id"):
+            model = self._model(identity, str(body["model_id"]))
+            if model.base.name != meta["base_model"] or model.rank != meta["rank"]:
+                raise Unprocessable(f"state {path} is of another base model or LoRA rank than this model",
+                                    param="path")
+            check_fields(identity.policies, {"parent_checkpoint": path})
+        else:  # create-via-load: a new model, made from the state's base and rank, then loaded
+            model, _ = self.create_model(identity, {"session_id": body.get("session_id"),
+                                                    "base_model": body.get("base_model") or meta["base_model"],
+                                                    "lora_config": {"rank": meta["rank"], "seed": meta.get("seed")}},
+                                         parent=path, rank=meta["rank"])
+
+        def work() -> Outcome:
+            if model.engine_session is None:
+                raise Unprocessable("this training model is not loaded")
+            model.engine_session.load_state(where, with_optimizer=optimizer)
+            model.parent = path
+            model.datasets = [d for d in meta.get("datasets") or [] if isinstance(d, dict)]
+            model.loss_fns = set(meta.get("loss_fns") or [])
+            return Outcome(json={"type": "load_weights", "path": path, "model_id": model.id})
+
+        return model.id, self._submit(identity.run_id, model.worker, work)
+
+    # -- sampling ------------------------------------------------------------------------------
+
+    def _new_sampler(self, run_id: str, base: BaseModel_, model_path: str | None, adapter: Path,
+                     *, owner: str, session_id: str | None, ephemeral: bool = False) -> _Sampler:
+        sampler = _Sampler(id=new_id("sampler"), run_id=run_id, base=base, model_path=model_path,
+                           adapter_dir=adapter, owner=owner, session_id=session_id, ephemeral=ephemeral,
+                           worker=concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tinker-sampler"))
+        with self._lock:
+            self._samplers[sampler.id] = sampler
+        return sampler
+
+    def create_sampling_session(self, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        session_id = self._session(identity, str(body.get("session_id")))
+        model_path, base_name = body.get("model_path"), body.get("base_model")
+        if model_path:
+            parts = str(model_path)[len(TINKER_PREFIX):].split("/") if str(model_path).startswith(TINKER_PREFIX) else []
+            if len(parts) != 3 or parts[1] != "sampler_weights":
+                raise NotFound(f"sampler weights {model_path!r} not found (a path save_weights_for_sampler "
+                               "returned)", param="model_path")
+            row = self.registry.get(parts[2], run_id=identity.run_id)
+            base_name, adapter, owner = row.base_model, Path(row.path), row.job_id
+        else:
+            raise Unprocessable("sampling the bare base model is not offered through the Tinker API: sample a "
+                                "saved model_path, or the base model through /inference/v1", param="base_model")
+        check_fields(identity.policies, {}, model=base_name)
+        sampler = self._new_sampler(identity.run_id, self._base(base_name), model_path, adapter, owner=owner,
+                                    session_id=session_id)
+        return {"type": "create_sampling_session", "sampling_session_id": sampler.id}
+
+    def _sampler(self, identity: Identity, sampler_id: str) -> _Sampler:
+        with self._lock:
+            sampler = self._samplers.get(sampler_id)
+        if sampler is None or sampler.run_id != identity.run_id:
+            raise NotFound(f"sampling session {sampler_id} not found", param="sampling_session_id")
+        return sampler
+
+    def sampler_info(self, identity: Identity, sampler_id: str) -> dict[str, Any]:
+        sampler = self._sampler(identity, sampler_id)
+        return {"sampler_id": sampler.id, "base_model": sampler.base.name, "model_path": sampler.model_path}
+
+    def sample(self, identity: Identity, body: dict[str, Any]) -> tuple[str, list[str]]:
+        if body.get("sampling_session_id") is None:
+            raise Unprocessable("sample needs a sampling session (create_sampling_client)", param="sampling_session_id")
+        sampler = self._sampler(identity, str(body["sampling_session_id"]))
+        for unsupported in ("prompt_logprobs", "record_stability_info"):
+            if body.get(unsupported):
+                raise Unprocessable(f"{unsupported} is not supported by this gym's Tinker API", param=unsupported)
+        for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(unsupported):
+                raise Unprocessable(f"{unsupported} is not supported by this gym's Tinker API", param=unsupported)
+        tokens: list[int] = []
+        for chunk in (body.get("prompt") or {}).get("chunks") or []:
+            if chunk.get("type", "encoded_text") != "encoded_text":
+                raise Unprocessable("only token (encoded_text) prompt chunks are supported", param="prompt")
+            tokens.extend(int(t) for t in chunk.get("tokens") or [])
+        num = int(body.get("num_samples") or 1)
+        if not tokens or not 1 <= num <= 64:
+            raise Unprocessable("sample needs prompt tokens and 1 to 64 samples", param="num_samples")
+        params = dict(body.get("sampling_params") or {})
+        room = sampler.base.max_context - len(tokens)
+        if room < 1:
+            raise Unprocessable(f"the prompt fills {sampler.base.name}'s context", param="prompt")
+        params["max_tokens"] = min(int(params.get("max_tokens") or room), room)
+        max_new = params["max_tokens"]
+        estimate = (token_cost_nusd(len(tokens), sampler.base.prefill_usd_per_mtok)
+                    + token_cost_nusd(max_new * num, sampler.base.sample_usd_per_mtok))
+        reservation = self._reserve(identity, "tinker.sample", estimate, sampler.base.name, sampler.id)
+        sampling = self.engine.sampling_params(params)
+
+        def work() -> Outcome:
+            try:
+                if sampler.engine_session is None:
+                    sampler.engine_session = self.engine.sampler(base_path=self._base_path(sampler.base),
+                                                                 adapter_dir=sampler.adapter_dir, device=self.device)
+                sequences = sampler.engine_session.sample(tokens, num, sampling)
+                self._record_samples(identity, sampler, tokens, [list(s.tokens) for s in sequences])
+            except BaseException:
+                self.ledger.release(reservation.id)
+                raise
+            generated = sum(len(s.tokens) for s in sequences)
+            cost = (token_cost_nusd(len(tokens), sampler.base.prefill_usd_per_mtok)
+                    + token_cost_nusd(generated, sampler.base.sample_usd_per_mtok))
+            self.ledger.settle(reservation.id, min(cost, estimate))
+            return Outcome(proto=protowire.encode_sample_response([
+                protowire.WireSequence([int(t) for t in s.tokens], None if s.logprobs is None else
+                                       [float(x) for x in s.logprobs], str(s.stop_reason)) for s in sequences]))
+
+        request_id = self._submit(identity.run_id, sampler.worker, work)
+        return request_id, [f"{request_id}-{i}" for i in range(num)]
+
+    def _record_samples(self, identity: Identity, sampler: _Sampler, prompt: list[int],
+                        sequences: list[list[int]]) -> None:
+        """The rollouts as loop rows of the model the sampler descends from: registered with that
+        model's next checkpoint or its end, or at once when it has ended already."""
+        self.loop.sampled(sampler.owner, self._base_path(sampler.base), prompt, sequences, sampler_id=sampler.id,
+                          model_path=sampler.model_path)
+        with self._lock:
+            open_ = sampler.owner in self._models
+        if not open_:
+            self.loop.register(sampler.owner, run_id=sampler.run_id, key_id=identity.key_id)
