@@ -61,6 +61,14 @@ def test_supervised_loop_sample_state_and_checkpoint(served: tuple[Any, str]) ->
     assert state.startswith("tinker://")
     trainer.load_state(state).result()
     trainer.load_state_with_optimizer(state).result()
+    # a new training client from the saved state: the SDK names the new model itself
+    # (`<session>:train:<seq>`, as Tinker derives it) and goes on with it
+    resumed = service.create_training_client_from_state_with_optimizer(state).result()
+    assert resumed.forward(batch, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        trainer.forward(batch, "cross_entropy").result().metrics["loss:sum"], rel=1e-5)
+    resumed.forward_backward(batch, "cross_entropy").result()
+    resumed.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    assert service.create_training_client_from_state(state).result().forward(batch, "cross_entropy").result()
 
     saved = trainer.save_weights_for_sampler("final").result().path
     assert saved.startswith("tinker://") and "/sampler_weights/ckpt_" in saved

@@ -22,6 +22,11 @@ rows so far as a dataset of the run, which the checkpoint lists in its provenanc
 (``dataset_hashes``, inherited through a loaded state) and a ``training.job`` event of the model's
 job names — so contamination in a loop is found and attributed as in an uploaded dataset. Each
 training model is an experiment (implicit, continuing the one its loaded state came from).
+
+Engines: a base model with ``backend = "local"`` is trained by the local loop (engine.py); one the
+operator runs on Tinker (``backend = "tinker"``) is passed through to Tinker's own service
+(cloud_engine.py) with the platform's key — metered, governed, recorded and registered here all
+the same, the upstream's paths kept behind the gym's own.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ from services.training.tinker_api.engine import Engine, LoopEngine
 from services.training.tinker_api.loop_data import LoopData
 
 log = logging.getLogger("rsigym.training.tinker")
+
+ENGINE_BACKENDS = frozenset({"local", "tinker"})
+"""The base model backends the Tinker API trains on: the local loop, or passed through to Tinker."""
 
 TINKER_PREFIX = "tinker://"
 LOSS_FNS = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo"})
@@ -157,13 +165,15 @@ def check_fields(policies: list[ServicePolicy], values: dict[str, Any], *, model
 class TinkerAPI:
     def __init__(self, context: ServiceContext, registry: CheckpointRegistry, events: EventLog,
                  engine: Engine | None = None, device: str | None = None, models_dir: Path | None = None,
-                 datasets: DatasetStore | None = None):
+                 datasets: DatasetStore | None = None, cloud: Engine | None = None):
         self.context = context
         self.config = context.config
         self.store = context.store
         self.registry = registry
         self.events = events
         self.engine: Engine = engine or LoopEngine()
+        self._cloud = cloud
+        """The pass-through engine for base models on Tinker (made on first use: cloud_engine.py)."""
         self.ledger = Ledger(context.store, context.config.ledger)
         self.quota = StorageQuota.of(context)
         self.models_dir = models_dir or context.settings.resolved_models_dir()
@@ -178,6 +188,9 @@ class TinkerAPI:
         self._lock = threading.Lock()
         self._sessions: dict[str, str] = {}
         self._models: dict[str, _Model] = {}
+        self._aliases: dict[str, str] = {}
+        """``<session id>:train:<model seq id>`` → model id: the id the SDK derives itself for a
+        model it creates by loading weights (``create_training_client_from_state``), as Tinker does."""
         self._samplers: dict[str, _Sampler] = {}
         self._futures: dict[str, _Future] = {}
 
@@ -191,9 +204,20 @@ class TinkerAPI:
             self._device = torch_device()
         return self._device
 
+    def _engine(self, base: BaseModel_) -> Engine:
+        """The local loop, or the pass-through to Tinker for a base model the operator runs there."""
+        if base.backend != "tinker":
+            return self.engine
+        with self._lock:
+            if self._cloud is None:
+                from services.training.tinker_api.cloud_engine import CloudEngine
+
+                self._cloud = CloudEngine(self.context.secrets)
+            return self._cloud
+
     def _base(self, name: str | None, param: str = "base_model") -> BaseModel_:
         base = self.config.base_model(name) if name else None
-        if base is None or base.backend != "local":
+        if base is None or base.backend not in ENGINE_BACKENDS:
             raise NotFound(f"base model {name!r} is not offered for Tinker training by this gym", param=param)
         return base
 
@@ -231,7 +255,7 @@ class TinkerAPI:
 
     def _model(self, identity: Identity, model_id: str) -> _Model:
         with self._lock:
-            model = self._models.get(model_id)
+            model = self._models.get(self._aliases.get(model_id, model_id))
         if model is None or model.run_id != identity.run_id:
             raise NotFound(f"training model {model_id} not found", param="model_id")
         return model
@@ -284,9 +308,13 @@ class TinkerAPI:
     def _close_model(self, model: _Model) -> concurrent.futures.Future[None]:
         with self._lock:
             self._models.pop(model.id, None)
+            for alias in [a for a, m in self._aliases.items() if m == model.id]:
+                del self._aliases[alias]
 
         def close() -> None:  # after the calls already queued: their loop data is in the last segment
-            model.engine_session = None
+            session, model.engine_session = model.engine_session, None
+            if session is not None and hasattr(session, "close"):
+                session.close()
             self._record_job(model, "succeeded")
 
         closed = model.worker.submit(close)
@@ -334,11 +362,15 @@ class TinkerAPI:
                 self._record_job(model, "cancelled")
             except Exception:  # noqa: BLE001 - the service is going down; the rows stay on disk
                 log.exception("could not register the loop data of %s at shutdown", model.id)
+        cloud = self._cloud
+        close = getattr(cloud, "close", None)
+        if close is not None:  # the upstream session finished (else it expires by its missed heartbeats)
+            close()
 
     def capabilities(self) -> dict[str, Any]:
         return {"supported_models": [
             {"model_name": m.name, "max_context_length": m.max_context, "trainable": True, "sampleable": True}
-            for m in self.config.models if m.backend == "local"]}
+            for m in self.config.models if m.backend in ENGINE_BACKENDS]}
 
     # -- training models -----------------------------------------------------------------------
 
@@ -376,10 +408,12 @@ class TinkerAPI:
                        experiment_id=experiment_id)
         with self._lock:
             self._models[model_id] = model
+            if isinstance(body.get("model_seq_id"), int):
+                self._aliases[f"{session_id}:train:{body['model_seq_id']}"] = model_id
 
         def work() -> Outcome:
-            model.engine_session = self.engine.training(base_path=self._base_path(base), rank=rank_, seed=seed,
-                                                        device=self.device)
+            model.engine_session = self._engine(base).training(base_path=self._base_path(base), rank=rank_,
+                                                               seed=seed, device=self.device, base=base)
             return Outcome(json={"type": "create_model", "model_id": model_id})
 
         def failed() -> None:
@@ -430,7 +464,7 @@ class TinkerAPI:
         cost = token_cost_nusd(tokens, model.base.train_usd_per_mtok)
         op = "tinker.forward" if request.forward_only else "tinker.forward_backward"
         reservation = self._reserve(identity, op, cost, model.base.name, model.id)
-        data = [self.engine.datum(d.tokens, d.loss_fn_inputs) for d in request.data]
+        data = [self._engine(model.base).datum(d.tokens, d.loss_fn_inputs) for d in request.data]
 
         def work() -> Outcome:
             session = model.engine_session
@@ -455,7 +489,7 @@ class TinkerAPI:
             raise Unprocessable("optim_step takes adam_params: this gym trains with AdamW", param="adam_params")
         checked = check_fields(identity.policies, {"learning_rate": params.get("learning_rate", 1e-4)})
         params = {**params, "learning_rate": checked["learning_rate"]}
-        adam = self.engine.adam(params)
+        adam = self._engine(model.base).adam(params)
 
         def work() -> Outcome:
             if model.engine_session is None:
@@ -581,6 +615,7 @@ class TinkerAPI:
             check_fields(identity.policies, {"parent_checkpoint": path})
         else:  # create-via-load: a new model, made from the state's base and rank, then loaded
             model, _ = self.create_model(identity, {"session_id": body.get("session_id"),
+                                                    "model_seq_id": body.get("model_seq_id"),
                                                     "base_model": body.get("base_model") or meta["base_model"],
                                                     "lora_config": {"rank": meta["rank"], "seed": meta.get("seed")}},
                                          parent=path, rank=meta["rank"])
@@ -663,13 +698,14 @@ class TinkerAPI:
         estimate = (token_cost_nusd(len(tokens), sampler.base.prefill_usd_per_mtok)
                     + token_cost_nusd(max_new * num, sampler.base.sample_usd_per_mtok))
         reservation = self._reserve(identity, "tinker.sample", estimate, sampler.base.name, sampler.id)
-        sampling = self.engine.sampling_params(params)
+        sampling = self._engine(sampler.base).sampling_params(params)
 
         def work() -> Outcome:
             try:
                 if sampler.engine_session is None:
-                    sampler.engine_session = self.engine.sampler(base_path=self._base_path(sampler.base),
-                                                                 adapter_dir=sampler.adapter_dir, device=self.device)
+                    sampler.engine_session = self._engine(sampler.base).sampler(
+                        base_path=self._base_path(sampler.base), adapter_dir=sampler.adapter_dir, device=self.device,
+                        base=sampler.base)
                 sequences = sampler.engine_session.sample(tokens, num, sampling)
                 self._record_samples(identity, sampler, tokens, [list(s.tokens) for s in sequences])
             except BaseException:
