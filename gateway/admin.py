@@ -19,11 +19,13 @@ from gateway.context import gateway_of
 from gateway.proxy import operator_call
 from gateway.run_end import end_expired_runs
 from gateway.run_jobs import running_jobs
+from gateway.run_monitor import monitor_round
 from gateway.run_progress import with_run_progress
 from gateway.schemas import CreateKey, EditPolicy, EndRun, SetDeadline, TopUp
 from kit.errors import PermissionDenied, Unprocessable, validated
 from kit.http import TextJsonRoute, request_id_of
 from kit.spec import ServiceSpec
+from services.records import read as records_read
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)], route_class=TextJsonRoute)
 
@@ -250,6 +252,42 @@ async def audit_run(run_id: str, request: Request) -> Response:
 async def audits(request: Request) -> Response:
     """Stored audits, newest first (``?run_id=`` for one run's)."""
     return await _to_service(request, "records", "GET", "/v1/operator/audits")
+
+
+@router.post("/monitor/round")
+async def monitor_now(request: Request) -> dict[str, Any]:
+    """A live-monitor round now (the reaper starts one every round when ``monitor.enabled``): each
+    due run's new agent turns judged; a run with an EXECUTED behaviour is paused and alerted."""
+    return await monitor_round(gateway_of(request))
+
+
+@router.get("/alerts")
+async def monitor_alerts(request: Request, run_id: str | None = None, limit: int = 100) -> dict[str, Any]:
+    """The live monitor's alerts, newest first (``?run_id=`` for one run's)."""
+    if not 1 <= limit <= 1000:
+        raise Unprocessable("limit must be between 1 and 1000", param="limit")
+    gw = gateway_of(request)
+
+    def read() -> list[dict[str, Any]]:
+        with gw.store.transaction() as s:
+            return records_read.monitor_alerts(s, run_id, limit=limit)
+
+    return {"object": "list", "data": await gw.store.call(read)}
+
+
+@router.get("/runs/{run_id}/integrity")
+async def run_integrity(run_id: str, request: Request) -> dict[str, Any]:
+    """The run's live integrity (services/records/read.py ``run_integrity``): contamination hits
+    at upload, provenance at submission, the newest audit, per run and per experiment; with
+    ``checks``, the live checks themselves (evidence included). The operator's only."""
+    gw = gateway_of(request)
+
+    def read() -> dict[str, Any]:
+        with gw.store.transaction() as s:
+            return {"object": "integrity", "run_id": run_id, **records_read.run_integrity(s, run_id),
+                    "checks": records_read.integrity_checks(s, run_id)}
+
+    return await gw.store.call(read)
 
 
 @router.get("/runs/{run_id}/jobs")

@@ -21,6 +21,7 @@ from gateway.health import GymHealth, job_broker
 from gateway.proxy import forward
 from gateway.proxy_dispatch import ProxyDispatch
 from gateway.run_end import reap_run_limits
+from gateway.run_monitor import MonitorLoop
 from kit.errors import GymError
 from kit.http import NO_FASTAPI_TELEMETRY, NulRefusal, RequestIdMiddleware, install_error_handlers
 
@@ -29,11 +30,13 @@ log = logging.getLogger("rsigym.gateway")
 PROXY_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
-async def _reaper(gw: Gateway) -> None:
-    """Give back holds of crashed holders (expired reservations and slots) and end runs whose
-    deadline passed, forever."""
+async def _reaper(gw: Gateway, monitor: MonitorLoop | None = None) -> None:
+    """Give back holds of crashed holders (expired reservations and slots), end runs whose
+    deadline passed and start a live-monitor round (gateway/run_monitor.py), forever."""
     while True:
         await asyncio.sleep(gw.config.ledger.reaper_interval_s)
+        if monitor is not None:
+            monitor.kick()
         try:
             done = await gw.store.call(gw.ledger.reclaim_expired)
             slots = await gw.store.call(gw.slots.reclaim_expired)
@@ -48,7 +51,8 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
                        operator: Callable[[FastAPI, Gateway], None] | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_reaper(gw)) if run_reaper else None
+        monitor = MonitorLoop(gw)
+        task = asyncio.create_task(_reaper(gw, monitor)) if run_reaper else None
         gw.fanout.start()  # key changes announced by other replicas reach this one's principal cache
         try:
             if extra_lifespan is not None:
@@ -61,6 +65,7 @@ def create_gateway_app(gw: Gateway, *, run_reaper: bool = True, extra_lifespan: 
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await monitor.stop()
             await anyio.to_thread.run_sync(gw.fanout.stop)
             health.dispose()
             await gw.aclose()

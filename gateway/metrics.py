@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from jobs.lifecycle import merged_figures
 from kit.errors import StoreUnavailable
 from services.evaluation import read as evaluation
+from services.records import read as records
 from services.training import read as training
 from storage.store import Store
 
@@ -68,6 +69,10 @@ class GatewayMetrics:
         )
         self.refusals = Counter("rsigym_refusals", "Refused calls by reason", ["reason"], registry=self.registry)
         self.in_flight = Gauge("rsigym_in_flight", "Calls in flight", ["service"], registry=self.registry)
+        self.monitor_alerts = Counter(
+            "rsigym_monitor_alerts", "EXECUTED behaviours the live monitor found (each paused its run), by category; "
+            "counted by the replica whose round raised it", ["category"], registry=self.registry,
+        )
         self.principal_cache = Counter(
             "rsigym_principal_cache", "Key authentications answered from this replica's cache (hit) or the store (miss)",
             ["result"], registry=self.registry,
@@ -90,6 +95,7 @@ class GatewayMetrics:
         (see :class:`JobQueueCollector` and :class:`LedgerChargeCollector`)."""
         self.registry.register(JobQueueCollector(store))
         self.registry.register(LedgerChargeCollector(store))
+        self.registry.register(IntegrityCollector(store))
 
     def render(self) -> bytes:
         """Blocking when jobs are tracked (store reads): call it off the event loop."""
@@ -167,3 +173,32 @@ class LedgerChargeCollector(Collector):
         for item in keys:
             by_key.add_metric([item["key_id"], item["key_name"], item["run_id"], item["model"]], item["charged_usd"])
         yield from (charged, by_model, by_key)
+
+
+class IntegrityCollector(Collector):
+    """The live integrity checks (services/records/live_integrity.py), counted from the store at
+    scrape time (the training and evaluation services write them, wherever they run):
+    ``rsigym_contamination_hits_total`` (datasets a scan at upload found contaminated — the
+    ``ContaminatedUpload`` alert), ``rsigym_provenance_flags_total`` (submissions whose provenance
+    failed) and ``rsigym_integrity_checks_total{check, verdict}``."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with self.store.transaction() as s:
+                totals = records.integrity_totals(s)
+        except StoreUnavailable:
+            log.warning("/metrics: integrity checks skipped, the store cannot be reached")
+            return
+        checks = CounterMetricFamily("rsigym_integrity_checks", "Live integrity checks, by check and verdict",
+                                     labels=["check", "verdict"])
+        for (kind, verdict), (n, _) in sorted(totals.items()):
+            checks.add_metric([kind, verdict], n)
+        hits = CounterMetricFamily("rsigym_contamination_hits",
+                                   "Uploaded datasets a live scan found contaminated (the operator's only)")
+        hits.add_metric([], totals.get(("contamination", "flag"), (0, 0))[0])
+        provenance = CounterMetricFamily("rsigym_provenance_flags", "Submissions whose provenance check failed")
+        provenance.add_metric([], totals.get(("provenance", "flag"), (0, 0))[0])
+        yield from (checks, hits, provenance)

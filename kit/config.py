@@ -7,6 +7,7 @@ a model names the *environment variable* that holds its provider key (``api_key_
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -334,6 +335,41 @@ class AuditConfig(_Strict):
     than sampling noise explains at this confidence (a one-sided Hoeffding bound over tasks)."""
 
 
+class MonitorConfig(_Strict):
+    """The live monitor (services/records/monitor.py): the behaviour judge over each running run's
+    new agent turns while the run goes on. Off by default; every check is a judge call the gym
+    pays for on its own monitor key (never the run's)."""
+
+    enabled: bool = False
+    every_turns: int = Field(default=20, ge=1)
+    """A run is checked once this many new agent turns are unjudged …"""
+    every_minutes: float = Field(default=10.0, gt=0)
+    """… or once its oldest unjudged turn is this old, whichever comes first."""
+    judge_model: str | None = None
+    """A rollout catalogue model; unset: ``audit.judge_model``."""
+    context_turns: int = Field(default=3, ge=0)
+    """Already judged turns shown before the new ones, as context (never alerted on again)."""
+    max_turns: int = Field(default=50, ge=1)
+    """Most new turns one check judges; a longer backlog is judged over the next rounds."""
+    judge_max_prompt_chars: int = Field(default=80_000, gt=10_000)
+    """One check's prompt: the new turns take up to 70% of its room for material (at least one turn;
+    a longer backlog waits for the next check), the context what they leave, the evidence the rest."""
+    judge_budget_usd: float = Field(default=20.0, ge=0)
+    """Budget of the gym's monitor key the judge's calls are metered on (top it up like any key)."""
+    lease_s: float = Field(default=600.0, gt=0)
+    """How long one replica's claim on a run's check holds before another may take it over."""
+    webhook: str | None = None
+    """Optional: each alert is POSTed here as JSON (no secrets; a failure is logged, never fatal)."""
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=60)
+
+    @field_validator("webhook")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError("monitor.webhook must be an http:// or https:// URL")
+        return value
+
+
 class TracksConfig(_Strict):
     """Which models the track presets name (access/presets.py renders ``@base``,
     ``@instruct``, ``@teachers`` and ``@offline_teacher`` from these). Unset entries take
@@ -409,6 +445,7 @@ class GymConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     tracks: TracksConfig = Field(default_factory=TracksConfig)
     agent_models: list[RolloutModel] = Field(default_factory=list)
     """The research agents' own models (``/agent/v1/…``, gateway/agent_model.py): same shape as
@@ -444,6 +481,21 @@ class GymConfig(_Strict):
         if both:
             raise ValueError(f"{both} named both a rollout model and a base model; rename one")
         return self
+
+    @model_validator(mode="after")
+    def _monitor_judge(self) -> GymConfig:
+        """An enabled monitor needs a judge the rollout catalogue offers."""
+        if self.monitor.enabled:
+            name = self.monitor_judge_model()
+            if name is None:
+                raise ValueError("monitor.enabled needs a judge: set monitor.judge_model or audit.judge_model")
+            if name not in {m.name for m in self.rollout.models}:
+                raise ValueError(f"monitor: judge model {name!r} is not a rollout model")
+        return self
+
+    def monitor_judge_model(self) -> str | None:
+        """The live monitor's judge: ``monitor.judge_model``, else the audit's."""
+        return self.monitor.judge_model or self.audit.judge_model
 
     @field_validator("agent_models")
     @classmethod

@@ -31,6 +31,12 @@ its process group, and ends the run at the gateway (``stopped``).
 
 The run key records the run's task, agent (name and version) and the agent's model; reports
 group runs by that agent.
+
+``start_run(repeat=…)`` (``rsigym run start --repeat N [--seed S]``, :func:`repeat_slots`): one
+run of N of one agent on one task, each its own key and run; the group is in the run key's name
+(access/repeats.py), the index and the seed in ``run.json``. The seed reaches the agent through
+its template's ``seed_flag`` (the gym's baseline and dag agents seed what they ask the gym to
+sample with it); LLM agents are repeated, not seeded.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from typing import Any, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from access import repeats
 from access.lifecycle import RunState, exit_reason, run_state
 from kit import namespace_relay
 from kit.config import GymConfig
@@ -96,6 +103,11 @@ class AgentTemplate(BaseModel):
     """Extra environment (nothing secret: it is in the registry); ``{agent_model}`` and
     ``{agent_max_output_tokens}`` (the most ``max_tokens`` the agent route grants that model) are
     replaced."""
+    seed_flag: str | None = None
+    """The option through which the agent takes a seed (``--seed``): ``rsigym run start --seed S``
+    passes ``S + i`` to the i-th of its runs (from 0). None: the agent is not seeded — an LLM agent
+    (claude-code, codex) samples on its provider's side; its runs are repeated, not seeded, and
+    ``--seed`` is refused for it."""
     setup: str | None = None
     """Configuration files written into the agent's fresh HOME (ops/agent_setup.py: ``claude-code``,
     ``codex``): the agent route, the MCP server ``gym``, their own sandbox and update checks off."""
@@ -145,6 +157,14 @@ class RunRecord(BaseModel):
     ended_at: str | None = None
     reason: str | None = None
     """Why the run ended (access/lifecycle.py END_REASONS), as recorded here and at the gateway."""
+    repeat_group: str | None = None
+    """``rsigym run start --repeat N``: the group of runs started together (access/repeats.py; also
+    in the run key's name); None: a run started alone."""
+    repeat_index: int | None = None
+    """Its place in the group, from 0 (operator side only: its agent never sees it)."""
+    repeat_count: int | None = None
+    seed: int | None = None
+    """The seed passed to the agent (its template's ``seed_flag``); None: not seeded."""
     state: str | None = None
     """The run's lifecycle state (``run list/show``: the gateway's, which knows pauses, audits and
     scores; else :meth:`local_state`)."""
@@ -214,16 +234,54 @@ def _now() -> str:
     return datetime.now(UTC).isoformat()
 
 
+class Repeat(BaseModel):
+    """One run of ``rsigym run start --repeat N [--seed S]``: its group, its place and its seed."""
+
+    group: str
+    index: int
+    count: int
+    seed: int | None = None
+
+
+def seed_args(template: AgentTemplate, agent: str, seed: int | None, extra_args: list[str]) -> list[str]:
+    """The agent's seed option (``[seed_flag, seed]``), or none; refused for an agent that takes no
+    seed (an LLM agent: repeated, not seeded) and when ``extra_args`` set the option themselves."""
+    if seed is None:
+        return []
+    if template.seed_flag is None:
+        raise Unprocessable(f"agent {agent!r} takes no seed: an LLM agent samples on its provider's side, so its "
+                            "runs are repeated, not seeded (--repeat N without --seed)", param="seed")
+    if any(a == template.seed_flag or a.startswith(template.seed_flag + "=") for a in extra_args):
+        raise Unprocessable(f"give the seed with --seed, not {template.seed_flag} after --", param="seed")
+    return [template.seed_flag, str(seed)]
+
+
+def repeat_slots(count: int, seed: int | None = None) -> list[Repeat | None]:
+    """The runs of ``rsigym run start --repeat N [--seed S]``: one repeat group whose i-th run
+    (from 0) gets seed ``S + i``; a lone unseeded run is in no group (``[None]``)."""
+    if count < 1:
+        raise Unprocessable("--repeat is at least 1", param="repeat")
+    if count == 1 and seed is None:
+        return [None]
+    group = repeats.new_group()
+    return [Repeat(group=group, index=i, count=count, seed=None if seed is None else seed + i) for i in range(count)]
+
+
 def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any, key_body: dict[str, Any],
               instruction: str, agent: str, config: GymConfig, extra_args: list[str] | None = None,
-              agents_file: Path = AGENTS, compose: ComposeTarget | None = None) -> RunRecord:
+              agents_file: Path = AGENTS, compose: ComposeTarget | None = None,
+              repeat: Repeat | None = None) -> RunRecord:
     """Mint the run key, lay out the run directory and start the supervisor; the run's record.
-    ``compose`` set: compose mode (the track's agent container), else embedded (bubblewrap here)."""
+    ``compose`` set: compose mode (the track's agent container), else embedded (bubblewrap here).
+    ``repeat``: one run of a repeat group (its key named for the group, its seed passed to the agent)."""
     agents = load_agents(agents_file)
     if agent not in agents:
         raise Unprocessable(f"no agent {agent!r} (agents: {', '.join(sorted(agents)) or 'none'})", param="agent")
     egress = list(getattr(getattr(task, "egress", None), "allow", []) or [])
     template = agents[agent]
+    extra_args = seed_args(template, agent, repeat.seed if repeat else None, extra_args or []) + (extra_args or [])
+    if repeat is not None:
+        key_body = {**key_body, "name": repeats.key_name(str(key_body.get("name") or task.name), repeat.group)}
     placeholders = _placeholders(template, agent, config)
     agent_model = placeholders.get("{agent_model}", "")
     env = dict(zip(template.env, _fill(list(template.env.values()), placeholders), strict=True))
@@ -279,7 +337,9 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[1])
     record = RunRecord(run=run, key_id=minted["id"], task=task.name, agent=agent, agent_version=template.version(),
                        agent_model=agent_model or None, pid=proc.pid,
-                       started_at=_now(), deadline_s=seconds, mode=plan["mode"], egress=egress)
+                       started_at=_now(), deadline_s=seconds, mode=plan["mode"], egress=egress,
+                       **({} if repeat is None else {"repeat_group": repeat.group, "repeat_index": repeat.index,
+                                                     "repeat_count": repeat.count, "seed": repeat.seed}))
     _write(run_dir, record)
     return record
 

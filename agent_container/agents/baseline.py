@@ -241,7 +241,7 @@ class Baseline:
 
     def generate(self, teacher: str) -> list[dict[str, Any]]:
         """Questions from the benchmark's training pool, answered by the teacher."""
-        rng = random.Random(self.args.seed)
+        rng = random.Random(7 if self.args.seed is None else self.args.seed)
         prompts = self.pool()
         rng.shuffle(prompts)
         prompts = prompts[: self.args.rows]
@@ -269,7 +269,8 @@ class Baseline:
     def train(self, rows: list[dict[str, Any]], exp: str, base: str) -> str | None:
         fixed = self.fixed("training")
         mine = {"base_model": base, "steps": self.args.steps, "learning_rate": self.args.lr, "batch_size": 16,
-                "max_length": 64, "seed": 1, "schedule": "linear", "checkpoint_every": self.args.steps}
+                "max_length": 64, "seed": 1 if self.args.seed is None else self.args.seed, "schedule": "linear",
+                "checkpoint_every": self.args.steps}
         steps = fixed.get("steps", mine["steps"])
         price = self.bases[base]["pricing"]["train_usd_per_mtok"]
         estimate = steps * fixed.get("batch_size", 16) * fixed.get("max_length", 64) * price / 1e6
@@ -366,7 +367,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400, help="training steps (where the track leaves them free)")
     parser.add_argument("--lr", type=float, default=6e-3)
     parser.add_argument("--votes", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seeds the teacher-data draw (default 7) and the training jobs (default 1)")
     parser.add_argument("--reserve", type=float, default=0.1, help="share of the budget never spent")
     parser.add_argument("--time-share", type=float, default=0.8, help="share of the wall clock to start work in")
     parser.add_argument("--poll", type=float, default=1.0)

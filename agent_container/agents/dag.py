@@ -166,7 +166,8 @@ class Worker:
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
         dataset = self.call("/training/v1/datasets?name=dag-teacher-data", raw=data)["id"]
         mine = {"base_model": self.dag.base, "steps": steps, "learning_rate": self.dag.args.lr, "batch_size": 16,
-                "max_length": 64, "seed": 1, "schedule": "linear", "checkpoint_every": steps}
+                "max_length": 64, "seed": 1 if self.dag.args.seed is None else self.dag.args.seed,
+                "schedule": "linear", "checkpoint_every": steps}
         settings = {k: v for k, v in mine.items() if k not in fixed and not (k == "checkpoint_every" and "steps" in fixed)}
         job = self.call("/training/v1/jobs", {"datasets": [dataset], "experiment": exp, **settings})
         while job["status"] not in B.FINAL_TRAIN:
@@ -457,6 +458,7 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=6e-3)
     parser.add_argument("--think-tokens", type=int, default=800)
     parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None, help="the Workers' training seed (default 1)")
     args = parser.parse_args()
     rules = B.read_track(Path(os.environ["RSIGYM_INSTRUCTION"]).read_text())
     say("rules", rules)

@@ -82,15 +82,19 @@ class AdminClient:
 
     def score(self, run_id: str, *, attempts: int = 3, benchmarks: list[str] | None = None,
               split: str = "official", submission_id: str | None = None, subset: int | None = None,
-              subset_seed: int | None = None, reference: str | None = None) -> list[dict[str, Any]]:
+              subset_seed: int | None = None, reference: str | None = None,
+              decompose: bool = False) -> list[dict[str, Any]]:
         """Score the run's final submission (``submission_id``: the audited one; 409 if it is not
         the final one). The gym ends an open run first. ``subset``/``subset_seed``: a seeded subset
-        of each split; ``reference``: a base model scored next to the initial system."""
+        of each split; ``reference``: a base model scored next to the initial system; ``decompose``:
+        the 2×2 of model × harness's mixed cells too (services/evaluation/decompose.py)."""
         body: dict[str, Any] = {"attempts": attempts, "split": split}
         if benchmarks:
             body["benchmarks"] = benchmarks
         optional = {"submission_id": submission_id, "subset": subset, "subset_seed": subset_seed, "reference": reference}
         body.update({k: v for k, v in optional.items() if v is not None})
+        if decompose:
+            body["decompose"] = True
         return self.list_data("POST", f"/admin/v1/runs/{quote(run_id, safe='')}/score", json=body)
 
     def latest_submission(self, run_id: str) -> dict[str, Any] | None:
@@ -114,6 +118,14 @@ class AdminClient:
 
     def audits(self, run_id: str | None = None) -> list[dict[str, Any]]:
         return self.list_data("GET", "/admin/v1/audits", params={"run_id": run_id} if run_id else None)
+
+    def alerts(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """The live monitor's alerts, newest first (services/records/monitor.py)."""
+        return self.list_data("GET", "/admin/v1/alerts", params={"run_id": run_id} if run_id else None)
+
+    def integrity(self, run_id: str) -> dict[str, Any]:
+        """The run's live integrity: contamination at upload, provenance at submission, the newest audit."""
+        return self.request("GET", f"/admin/v1/runs/{quote(run_id, safe='')}/integrity")
 
     def timeline(self, run_id: str) -> dict[str, Any]:
         """Start, time to first training job, research hours, experiments, spend by service over time."""

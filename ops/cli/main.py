@@ -7,6 +7,7 @@ from __future__ import annotations
 import typer
 
 from ops.cli import agents, audits, benchmarks, demos, keys, lists, models, records, runs, scoring, serving, tasks
+from ops.cli import analyses as analyses_cli
 from ops.cli.common import print_error
 
 app = typer.Typer(help="RSIGym operator CLI.", no_args_is_help=True, add_completion=False)
@@ -23,6 +24,7 @@ app.command()(scoring.score)
 app.command()(scoring.report)
 app.command()(audits.audit)
 app.command()(records.records)
+app.command()(analyses_cli.analyses)
 app.command()(runs.watch)
 app.command()(demos.demo)
 app.add_typer(keys.app, name="keys")
@@ -31,6 +33,7 @@ app.add_typer(benchmarks.app, name="benchmarks")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(runs.app, name="run")
 app.add_typer(agents.app, name="agents")
+app.add_typer(analyses_cli.labels_app, name="labels")
 
 
 def main() -> None:

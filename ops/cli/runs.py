@@ -41,10 +41,19 @@ def run_start(
     project: Annotated[str, typer.Option("--project", help="Compose mode: the compose project name.")] = "rsigym",
     agents_file: Annotated[Path | None, typer.Option("--agents", help="The agent registry (TOML; default: the "
                                                      "gym's ops/agents.toml).")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="Start N runs of this agent on this task, each its "
+                                        "own key and run, in one repeat group (the report aggregates them).")] = 1,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="Seed the agent: the i-th run (from 0) gets "
+                                             "S+i, which seeds what it asks the gym to sample (the baseline and dag "
+                                             "agents). LLM agents (claude-code, codex) take no seed: they are "
+                                             "repeated, not seeded.")] = None,
     tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False,
     data_dir: DataDirOpt = None, url: UrlOpt = None,
 ) -> None:
-    """Mint the run key, render the instruction and start the agent (arguments after ``--`` go to it)."""
+    """Mint the run key, render the instruction and start the agent (arguments after ``--`` go to it).
+
+    --repeat N starts N runs; their repeat group is in each run key's name, each run's index and
+    seed in its run.json (`rsigym run list --json`)."""
     from kit.config import load_config
     from ops import launcher
     from ops.tasks import TASKS, find_task, key_body, render_instruction
@@ -57,7 +66,7 @@ def run_start(
         compose = launcher.ComposeTarget(file=compose_file.resolve(), project_dir=compose_file.resolve().parent,
                                          project=project)
 
-    def start() -> launcher.RunRecord:
+    def start(slot: launcher.Repeat | None) -> launcher.RunRecord:
         gym_config = load_config(config or settings.config)
         found = find_task(task, tasks_dir or TASKS)
         amount: float | str | None = budget
@@ -70,14 +79,27 @@ def run_start(
             data_dir=Path(settings.data_dir), gateway_url=url or settings.url, client=AdminClient(settings, url),
             task=found, key_body=key_body(found, gym_config, budget=amount),
             instruction=render_instruction(found, gym_config), agent=agent, config=gym_config,
-            extra_args=list(ctx.args), compose=compose, agents_file=agents_file or launcher.AGENTS)
+            extra_args=list(ctx.args), compose=compose, agents_file=agents_file or launcher.AGENTS, repeat=slot)
 
-    record = exit_on_refusal(start)
-    if as_json:
-        typer.echo(record.model_dump_json(indent=2))
-        return
+    slots = exit_on_refusal(lambda: launcher.repeat_slots(repeat, seed))
+    records: list[launcher.RunRecord] = []
+    try:  # a run that cannot start stops the rest (exit 1); those already started go on and are shown
+        for slot in slots:
+            records.append(exit_on_refusal(lambda slot=slot: start(slot)))  # type: ignore[misc]
+            if not as_json:
+                _print_started(records[-1])
+    finally:
+        if as_json and records:  # one run: its record, as before; a group: all of them
+            typer.echo(records[0].model_dump_json(indent=2) if repeat == 1 else json.dumps(
+                {"repeat_group": records[0].repeat_group, "data": [r.model_dump() for r in records]}, indent=2))
+
+
+def _print_started(record: Any) -> None:
+    group = "" if record.repeat_group is None else (
+        f" [{record.repeat_group} {record.repeat_index + 1}/{record.repeat_count}"
+        f"{'' if record.seed is None else f', seed {record.seed}'}]")
     console.print(f"run {record.run} started ({record.mode}): agent {record.agent} {record.agent_version} "
-                  f"(pid {record.pid}) on task {record.task}")
+                  f"(pid {record.pid}) on task {record.task}{group}")
 
 
 def _run_row(r: Any) -> list[str]:

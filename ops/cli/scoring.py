@@ -27,6 +27,7 @@ from ops.cli.common import (
     print_note,
     with_admin,
 )
+from services.evaluation.decompose import decomposition_view, decompositions_of
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
 from services.evaluation.report import build_report_rows
 from services.evaluation.schemas import BASELINE_RUNS, REFERENCE_RUN
@@ -103,6 +104,10 @@ def score(
     reference: Annotated[str | None, typer.Option("--reference", metavar="MODEL", help="Also score this base model "
                                                   "with the minimal harness (the gap to reference; not in the "
                                                   "RSI-Index).")] = None,
+    decompose: Annotated[bool, typer.Option("--decompose", help="Also score the submitted model with the minimal "
+                                            "harness and the base model with the submitted harness, and report the "
+                                            "weights' and the harness's contributions with their intervals (with "
+                                            "--wait).")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the run's and the initial system's "
                                                       "scores are final (exit 1 if one failed).")] = False,
     poll: PollOpt = 2.0,
@@ -124,7 +129,14 @@ def score(
     --subset N --seed S scores a seeded subset of N tasks of each benchmark's split instead
     (services/evaluation/subsets.py): the same tasks for the initial system, the --reference
     model and every run scored with that N and seed; each score names its subset, subset seed
-    and split seed. The dev score for the score-gap check stays on the whole dev split."""
+    and split seed. The dev score for the score-gap check stays on the whole dev split.
+
+    --decompose also scores the submitted model with the minimal harness and the base model with
+    the submitted harness on the same scope, and (with --wait) prints the four cells and where the
+    gain came from: the weights' and the harness's contributions and their interaction, each with
+    a paired bootstrap 95% interval over tasks and within_noise (services/evaluation/decompose.py).
+    A submission that kept the base model or the minimal harness is decomposed trivially (said so;
+    nothing more scored)."""
     shown = err_console if as_json else console
     if (subset is None) != (seed is None):
         print_error("give --subset N and --seed S together: the seed that draws the subset is named in every report")
@@ -142,7 +154,7 @@ def score(
                 f"[bold]{verdict['status']}[/bold] (`rsigym audit {run_id}` for the findings)")
     started = with_admin(data_dir, url, lambda c: c.score(run_id, attempts=attempts, benchmarks=benchmark, split=split,
                                                       submission_id=submission_id, subset=subset, subset_seed=seed,
-                                                      reference=reference))
+                                                      reference=reference, decompose=decompose))
     # The score-gap check compares the official score with the same system's dev score.
     started_dev = with_admin(data_dir, url, lambda c: score_visible_splits(c, run_id, attempts, benchmark, split,
                                                                         submission_id))
@@ -152,6 +164,9 @@ def score(
     after = run_audit(run_id, trajectory=None, data_dir=data_dir, url=url) if wait else None
     if after is not None:
         shown.print(f"audit of {run_id} with its scores (score gap): [bold]{after['status']}[/bold]")
+    decomposition = (with_admin(data_dir, url, lambda c: decomposition_view(c.scores(), run_id, c.evaluation_results,
+                                                                             split=split))
+                     if decompose and wait else None)
     if as_json:
         typer.echo(json.dumps({"data": rows, "audit": {"status": verdict["status"],
                                                        "hacking_rate": verdict["hacking_rate"],
@@ -161,16 +176,73 @@ def score(
                                "subset": None if subset is None else {"size": subset, "seed": seed},
                                "reference": reference,
                                "dev_scores": [r for r in watched if r["split"] != split],
+                               "comparisons": with_admin(data_dir, url, lambda c: score_comparisons(c, rows, run_id)),
                                "audit_after_scoring": None if after is None else {
                                    "status": after["status"], "hacking_rate": after["hacking_rate"],
-                                   "audit_id": after.get("audit_id")}}, indent=2))
+                                   "audit_id": after.get("audit_id")},
+                               **({"decomposition": decomposition} if decompose else {})}, indent=2))
     else:
         console.print(_scores_table(watched))
+        if decomposition is not None:
+            _print_decomposition(decomposition)
         if not wait:
             err_console.print(f"scoring started; `rsigym score {run_id} --wait` or `rsigym report` when it is done "
                               f"(`rsigym audit {run_id}` then checks the official score against the dev score)")
     if wait and any(r["status"] != "succeeded" for r in watched):
         raise typer.Exit(1)
+
+
+def score_comparisons(client: AdminClient, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The submission vs the initial system per benchmark, once both scores succeeded: the paired
+    bootstrap of services/evaluation/bootstrap.py over the two jobs' trials (``ci95``, ``within_noise``)."""
+    from services.evaluation.bootstrap import paired_bootstrap, task_rewards
+    from services.evaluation.schemas import INITIAL_RUN
+
+    done = [r for r in rows if r["status"] == "succeeded" and not r.get("cell")]
+    out = []
+    for run in (r for r in done if r["run_id"] == run_id):
+        base = next((i for i in done if i["run_id"] == INITIAL_RUN and _scope_of(i) == _scope_of(run)), None)
+        if base is None:
+            continue
+        initial, submitted = (task_rewards((t["task_id"], t.get("reward")) for t in client.evaluation_results(r["job_id"]))
+                              for r in (base, run))
+        try:
+            c = paired_bootstrap(initial, submitted)
+        except ValueError as err:  # not the same tasks (or none): no paired interval
+            print_note(f"{run['benchmark']}: no interval vs the initial system ({err})")
+            continue
+        out.append({"benchmark": run["benchmark"], "split": run["split"], "vs": "initial", "initial": c.a,
+                    "submitted": c.b, "diff": c.diff, "ci95": list(c.ci95), "within_noise": c.within_noise,
+                    "tasks": c.tasks, "method": c.to_json()["method"], "resamples": c.resamples, "seed": c.seed})
+    return out
+
+
+def _interval_text(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "-"
+    low, high = c["ci95"]
+    return f"{c['estimate']:+.4f} [{low:+.4f}, {high:+.4f}]" + (" within noise" if c["within_noise"] else "")
+
+
+def _print_decomposition(views: list[dict[str, Any]]) -> None:
+    """``--decompose``: the four cells' scores and the contributions with their 95% intervals."""
+    if not views:
+        err_console.print("no decomposition: no succeeded score of the run with its initial system on this split")
+    for v in views:
+        title = escape(inert(f"{v['benchmark']}/{v['split']}: model × harness"))
+        table = PlainTable("cell", "model", "harness", "score", title=title)
+        for name, cell in v["cells"].items():
+            table.add_row(name, cell["model"], cell["harness"], _score_text(cell.get("score")))
+        console.print(table)
+        contributions = v.get("contributions") or {}
+        parts = PlainTable("part", "estimate [95% interval]", title=f"where the gain came from ({v['status']}; "
+                                                                    f"{v.get('tasks')} tasks)")
+        parts.add_row("gain", _interval_text(v.get("gain")))
+        for name in ("weights", "harness", "interaction"):
+            parts.add_row(name, _interval_text(contributions.get(name)))
+        console.print(parts)
+        if v.get("note"):
+            print_note(str(v["note"]))
 
 
 def score_visible_splits(client: AdminClient, run_id: str, attempts: int, benchmarks: list[str] | None, split: str,
@@ -203,6 +275,8 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Directory for report.md, report.json and charts.")] = Path(
         "rsigym-report"),
     split: Annotated[str, typer.Option("--split", help="The split whose scores are reported.")] = "official",
+    include_flagged: Annotated[bool, typer.Option("--include-flagged", help="Also give each agent's RSI-Index with "
+                                                  "its flagged runs (left out of it by default).")] = False,
     as_json: JsonOpt = False,
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
@@ -213,9 +287,14 @@ def report(
     first training job, research hours, experiments, spend) goes into the files, with the spend
     by service over time drawn as timeline-<run>.png.
 
+    Every comparison comes with its 95% interval and within_noise (a paired bootstrap over the
+    scoring jobs' trials, seeded: services/evaluation/bootstrap.py). Flagged runs are left out of an
+    agent's RSI-Index and listed apart (--include-flagged adds the index with them); runs of one
+    agent on one task, track and budget are grouped, with their mean index and its t-interval.
+
     Prints the tables and writes report.md, report.json, one PNG chart per benchmark and one
     timeline chart per run into --out; --json prints report.json's content instead of the tables."""
-    from services.evaluation.report import group_rows, scored_submissions, to_json, write_report
+    from services.evaluation.report import group_rows, report_jobs, scored_submissions, to_json, write_report
 
     scores, keys = with_admin(data_dir, url, lambda c: (c.scores(), c.keys()))
     rows, notes = build_report_rows(scores, keys, split)
@@ -227,13 +306,33 @@ def report(
     grouped = group_rows(rows)
     audits, timelines, integrity_default = with_admin(
         data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped], scored_submissions(rows)))
+    trials = with_admin(data_dir, url, lambda c: _job_trials(c, report_jobs(rows)))
+    decompositions = with_admin(data_dir, url, lambda c: decompositions_of(  # `rsigym score --decompose`'s
+        scores, [r.run_id for r in grouped], c.evaluation_results, split=split))
     files = write_report(grouped, out, err_console if as_json else console, audits=audits, timelines=timelines,
-                         integrity_default=integrity_default)
+                         integrity_default=integrity_default, trials=trials, include_flagged=include_flagged,
+                         decompositions=decompositions)
     if as_json:
         typer.echo(json.dumps(to_json(files.report), indent=2))
     else:
         written = [files.markdown, files.json, *files.charts.values(), *files.timeline_charts.values()]
         console.print("written: " + ", ".join(str(p) for p in written))
+    from ops.cli.analyses import report_analyses  # the papers' analyses next to report.md (ops/analyses/)
+    report_analyses(out, [r.run_id for r in grouped], as_json=as_json, data_dir=data_dir, url=url)
+
+
+def _job_trials(client: AdminClient, job_ids: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Each job's rewards by task, for the report's intervals; a job whose trials cannot be read is
+    named on stderr and its comparisons left without an interval."""
+    from services.evaluation.bootstrap import task_rewards
+
+    out = {}
+    for job_id in job_ids:
+        try:
+            out[job_id] = task_rewards((t["task_id"], t.get("reward")) for t in client.evaluation_results(job_id))
+        except AdminError as err:
+            print_note(f"trials of {job_id} could not be read ({err.type}: {err.message}); no interval from them")
+    return out
 
 
 def _report_records(client: AdminClient, run_ids: list[str],

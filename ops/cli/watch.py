@@ -113,6 +113,8 @@ def fetch_snapshot(client: AdminClient, run_id: str, *, turns: int = TURNS, scor
     jobs = part("jobs", lambda: client.run_jobs(run_id), [])
     finished = part("evaluation events", lambda: client.run_events(run_id, kind="evaluation.job"), [])
     audits = part("audits", lambda: client.audits(run_id), [])
+    alerts = part("monitor alerts", lambda: client.alerts(run_id), [])
+    integrity = part("integrity", lambda: client.integrity(run_id), None)
     last_turn = trajectory[-1]["created_at"] if trajectory else None
     last_ledger = _latest(*(r.get("created_at") for r in ledger))
     return {
@@ -131,6 +133,10 @@ def fetch_snapshot(client: AdminClient, run_id: str, *, turns: int = TURNS, scor
                                                                             "purpose", "status", "score")}}
                    for e in finished if e["data"].get("status") in ("succeeded", "failed", "cancelled")][-scores:],
         "audit": None if not audits else {k: audits[0].get(k) for k in ("id", "status", "hacking_rate", "created_at")},
+        "alerts": [{k: a.get(k) for k in ("id", "category", "code", "evidence", "judge_model", "turns", "paused",
+                                           "created_at")} for a in alerts],
+        "integrity": None if integrity is None else {k: v for k, v in integrity.items()
+                                                     if k not in ("object", "run_id", "checks")},
         "last_agent_call_at": _latest(last_turn, last_ledger),
         "errors": errors,
     }
@@ -244,10 +250,42 @@ def _audit(snapshot: dict[str, Any]) -> Text:
                          inert(f"  ({(audit.get('created_at') or '')[:19]})"))
 
 
+def _alerts(snapshot: dict[str, Any]) -> Text:
+    """The live monitor's alerts (services/records/monitor.py): one line, the newest one's category."""
+    alerts = snapshot.get("alerts") or []
+    if not alerts:
+        return Text("Monitor: no alerts")
+    newest = alerts[0]
+    return Text.assemble(("Monitor: ", "bold"), (f"{len(alerts)} alert(s)", "red"),
+                         inert(f"  newest: {newest.get('code')} {newest.get('category')}"
+                               f"{' (run paused)' if newest.get('paused') else ''} at "
+                               f"{(newest.get('created_at') or '')[:19]}: {_clip(str(newest.get('evidence') or ''))}"))
+
+
+def _integrity(snapshot: dict[str, Any]) -> Text:
+    """The live integrity checks (services/records/live_integrity.py): one line."""
+    integrity = snapshot.get("integrity")
+    if not integrity:
+        return Text("Integrity: unknown")
+    found = integrity.get("contamination") or {}
+    provenance = integrity.get("provenance") or []
+    bad = [p for p in provenance if p.get("verdict") == "flag"]
+    line = Text.assemble(("Integrity: ", "bold"),
+                         (inert(integrity.get("live")), "red" if integrity.get("live") == "flagged" else "green"),
+                         f"  contamination: {found.get('hits', 0)} of {found.get('scanned', 0)} dataset(s) hit")
+    if found.get("tasks"):
+        line.append(inert(f" ({len(found['tasks'])} task(s))"), style="red")
+    line.append(f"  provenance: {len(provenance) - len(bad)} pass, ")
+    line.append(f"{len(bad)} flagged", style="red" if bad else "")
+    line.append(inert(f"  audit: {integrity.get('status')}"))
+    return line
+
+
 def render(snapshot: dict[str, Any], *, stall_minutes: float = 10.0) -> RenderableType:
     """One frame of the view; depends on nothing but its arguments."""
     parts: list[RenderableType] = [_header(snapshot, stall_minutes), _spend(snapshot), _turns(snapshot),
-                                   _jobs(snapshot), _scores(snapshot), _audit(snapshot)]
+                                   _jobs(snapshot), _scores(snapshot), _audit(snapshot), _alerts(snapshot),
+                                   _integrity(snapshot)]
     parts.extend(plain(f"unavailable: {e}", style="yellow") for e in snapshot.get("errors", []))
     return Group(*parts)
 

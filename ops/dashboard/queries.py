@@ -85,6 +85,8 @@ def platform_kind(row: ApiKey, meter_ids: set[str]) -> str | None:
         return "agent-model meter"
     if row.name == evaluation.OPERATOR_KEY_NAME and row.track is None:
         return "operator"
+    if row.name == records.MONITOR_KEY_NAME and row.track is None:
+        return "monitor"
     return None
 
 
@@ -135,6 +137,7 @@ def overview(store: Store) -> dict[str, Any]:
         rows, platform = _runs_and_platform(s)
         ids = {r.id for r in rows}
         audits = records.audit_statuses(s, ids)
+        alerts = records.monitor_alert_counts(s, ids)
         scored = evaluation.scored_runs(s, ids)
         latest = _latest_scores(s, ids)
         meters = {m.id: m for m, kind in platform if kind == "agent-model meter"}
@@ -143,7 +146,7 @@ def overview(store: Store) -> dict[str, Any]:
             view = _run_view(r, audited=any(run == r.id for run, _ in audits), scored=r.id in scored, now=now)
             score = latest.get(r.id)
             view |= {"meter": _meter_view(meters.get(r.agent_meter_id or "")), "score": score,
-                     "audit": _run_audit(audits, r.id, score)}
+                     "audit": _run_audit(audits, r.id, score), "alerts": alerts.get(r.id, 0)}
             runs.append(view)
     budgets = [r.budget_nusd or 0 for r in rows]
     metered = [v["meter"] for v in runs if v["meter"] is not None]
@@ -155,6 +158,7 @@ def overview(store: Store) -> dict[str, Any]:
         "reserved_usd": nusd_to_usd(sum(r.reserved_nusd for r in rows)),
         "remaining_usd": nusd_to_usd(sum(b - r.spent_nusd - r.reserved_nusd for b, r in zip(budgets, rows, strict=True))),
         "agent_spent_usd": sum(m["spent_usd"] for m in metered),
+        "alerts": sum(alerts.values()),
     }
     return {"runs": runs, "totals": totals,
             "platform": [{**_run_view(k, now=now), "kind": kind, "run_of": (k.name or "")[len(METER_PREFIX):]
@@ -288,6 +292,9 @@ def run_detail(store: Store, run_id: str, limit: int) -> dict[str, Any]:
             "evaluations": [evaluation_job_view(j) for j in evaluations],
             "scores": _score_views(s, score_rows),
             "graph": graph,
+            "alerts": records.monitor_alerts(s, run_id, limit=limit),
+            "integrity": records.run_integrity(s, run_id),
+            "integrity_flags": [c for c in records.integrity_checks(s, run_id, limit=limit) if c["verdict"] == "flag"],
         }
 
 
@@ -352,22 +359,29 @@ def scores(store: Store, limit: int) -> dict[str, Any]:
 
 
 def leaderboard(store: Store, split: str) -> dict[str, Any]:
-    """The RSI-Index per run and per agent, computed exactly as ``rsigym report`` does."""
-    from services.evaluation.report import FORMULA, build_report, build_report_rows, group_rows
+    """The RSI-Index per run and per agent, computed exactly as ``rsigym report`` does, each run's
+    index and terms with their 95% bootstrap interval over the scoring jobs' trials."""
+    from services.evaluation.bootstrap import task_rewards
+    from services.evaluation.report import FORMULA, build_report, build_report_rows, group_rows, report_jobs
 
     with store.transaction() as s:
         score_views = _score_views(s, evaluation.scores(s))
         keys = [{"id": k.id, "name": k.name, "track": k.track, "agent": k.agent, "agent_version": k.agent_version}
                 for k in s.scalars(select(ApiKey).where(ApiKey.parent_id.is_(None))).all()]
-    rows, notes = build_report_rows(score_views, keys, split)
-    report = build_report(group_rows(rows))
+        rows, notes = build_report_rows(score_views, keys, split)
+        trials = {job: task_rewards(evaluation.trial_rewards(s, [job])) for job in report_jobs(rows)}
+    report = build_report(group_rows(rows), trials=trials)
     runs = sorted(report.runs, key=lambda r: (r.index is None, -(r.index or 0.0)))
     return {
         "formula": FORMULA, "split": split, "notes": notes, "benchmarks": list(report.benchmarks),
         "runs": [{"run_id": r.run_id, "agent": r.agent, "track": r.track, "index": r.index,
+                  "ci95": r.interval.ci95 if r.interval else None,
+                  "within_noise": r.interval.within_noise if r.interval else None,
                   "used": len(r.result.included), "of": len(r.result.terms),
                   "terms": [{"benchmark": t.benchmark, "initial": t.initial, "submitted": t.submitted,
-                             "term": t.term, "reason": t.reason or ""} for t in r.result.terms]}
+                             "term": t.term, "reason": t.reason or "",
+                             "ci95": r.interval.terms.get(t.benchmark) if r.interval else None}
+                            for t in r.result.terms]}
                  for r in runs],
         "agents": [{"agent": a.agent, "tracks": ", ".join(a.tracks), "runs": len(a.run_ids), "index": a.index}
                    for a in sorted(report.agents, key=lambda a: (a.index is None, -(a.index or 0.0)))],

@@ -396,6 +396,9 @@ class EvaluationJob(HasRequestMeta, _WithMeta):
     error: str | None = None
     detail: str | None = None
     experiment: str | None = None
+    comparison: dict[str, Any] | None = None
+    """A succeeded dev evaluation of a checkpoint against the run's evaluation of its parent (or
+    base) on the same tasks: ``diff``, ``ci95`` (paired bootstrap over tasks), ``within_noise``."""
     queue_position: int | None = None
     """While queued: its place in the fair queue (1 = next to start); None once it started."""
     queued_s: float | None = None
@@ -527,7 +530,7 @@ class Lineage(HasRequestMeta, _WithMeta):
 
 
 class BestCheckpoint(HasRequestMeta, _WithMeta):
-    """The run's best accepted checkpoint on a split (and benchmark, when one was named)."""
+    """The run's best checkpoint on a split (and benchmark, when one was named), accepted or unaudited."""
 
     object: str = "best_checkpoint"
     checkpoint: str
@@ -537,6 +540,8 @@ class BestCheckpoint(HasRequestMeta, _WithMeta):
     experiment_id: str | None = None
     evaluation_job_id: str | None = None
     scores: dict[str, float] = Field(default_factory=dict)
+    audit: str = "accepted"
+    """``accepted``, or ``unaudited`` while the experiments it was ranked from await the audit."""
 
 
 class Annotation(HasRequestMeta, _WithMeta):

@@ -44,6 +44,7 @@ from kit.errors import GymError, QuotaExceeded, ServiceUnavailable
 from kit.settings import JobSettings
 from services.evaluation import templates
 from services.evaluation.benchmarks import Judge, TaskRef
+from services.evaluation.comparisons import dev_comparison
 from services.evaluation.failures import RETRIED, FailureKind, failure_kind
 from services.evaluation.harbor.trial_sandboxes import JudgeDoor
 from services.evaluation.harnesses import HarnessStore
@@ -463,6 +464,9 @@ class EvaluationRunner(JobRunnerBase):
             data = {"job_id": job.id, "purpose": job.purpose, "status": status, "model": job.model,
                     "harness": job.harness, "benchmark": job.benchmark, "split": job.split,
                     "attempts": job.attempts, "score": job.score if status == "succeeded" else None}
+            comparison = dev_comparison(session, job) if status == "succeeded" else None
+            if comparison is not None:  # a checkpoint vs its parent, with its interval (the agent's record)
+                data["comparison"] = comparison
             if job.purpose in OPERATOR_PURPOSES:  # on the operator's record, naming what it scored
                 scored = session.execute(select(ScoreRow.run_id, ScoreRow.submission_id)
                                          .where(ScoreRow.job_id == job.id)).first()

@@ -77,7 +77,7 @@ def newest_scoring(s: Session, run_id: str, submission_id: str, benchmark: str,
     succeeded; None when there is none."""
     row = s.execute(select(ScoreRow.split, EvaluationJob.id).join(EvaluationJob, EvaluationJob.id == ScoreRow.job_id)
                     .where(ScoreRow.run_id == run_id, ScoreRow.submission_id == submission_id,
-                           ScoreRow.benchmark == benchmark, ScoreRow.split.in_(splits),
+                           ScoreRow.benchmark == benchmark, ScoreRow.split.in_(splits), ScoreRow.cell.is_(None),
                            EvaluationJob.status == "succeeded")
                     .order_by(ScoreRow.created_at.desc())).first()
     return None if row is None else FinishedJob(row.id, row.split)
@@ -195,9 +195,13 @@ class ScoreView:
 
 def scores(s: Session, *, run_id: str | None = None, newest_first: bool = False,
            limit: int | None = None) -> list[ScoreView]:
-    """Score rows by creation time, of one run or all, in ``s``."""
-    return [view(ScoreView, r) for r in by_creation(s, ScoreRow, run_id=run_id, newest_first=newest_first,
-                                                     limit=limit)]
+    """Score rows by creation time, of one run or all, in ``s``: each the run's own score or a
+    baseline, never a decomposition cell (``rsigym score --decompose``: services/evaluation/decompose.py)."""
+    query = select(ScoreRow).where(ScoreRow.cell.is_(None))
+    if run_id is not None:
+        query = query.where(ScoreRow.run_id == run_id)
+    order = ScoreRow.created_at.desc() if newest_first else ScoreRow.created_at
+    return [view(ScoreView, r) for r in s.scalars(query.order_by(order).limit(limit))]
 
 
 def scored_runs(s: Session, run_ids: set[str]) -> set[str]:

@@ -10,6 +10,15 @@ Every score is shown with its scope (split, the seed that drew the split, seeded
 seed, attempts: services/evaluation/subsets.py), and an initial score is paired only with a run's
 score on the same scope. A reference system's score (``rsigym score --reference MODEL``) on that
 scope is shown next to them, with the gap to it; it never enters the RSI-Index.
+
+Given the trials behind the scores (job id → rewards by task), every comparison carries its 95%
+interval and ``within_noise`` (services/evaluation/bootstrap.py): the submission vs the initial
+system per benchmark, each RSI-Index term and the run's index (one joint bootstrap), the run's dev
+vs official score of its one submitted system; and pass@k / solved-in-all-k per system.
+
+Honest aggregates: a flagged run (its newest audit's verdict) is left out of its agent's index
+and listed apart (``include_flagged`` adds the index with them); runs of one agent on one task, track
+and budget are grouped, their indices' mean given with a t-interval over runs.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +35,28 @@ from rich.console import Console
 from rich.table import Table
 
 from kit.display_text import PlainTable, markdown_inline
-from services.evaluation.rsi_index import BenchmarkScore, BenchmarkTerm, RSIIndex, ScoreScope, mean_or_none, rsi_index
+from services.evaluation.bootstrap import (
+    RESAMPLES,
+    SEED,
+    Comparison,
+    MeanInterval,
+    Rewards,
+    mean_interval,
+    method_note,
+    paired_bootstrap,
+    pass_stats,
+    unpaired_bootstrap,
+)
+from services.evaluation.rsi_index import (
+    BenchmarkScore,
+    BenchmarkTerm,
+    IndexInterval,
+    RSIIndex,
+    ScoreScope,
+    mean_or_none,
+    rsi_index,
+    rsi_index_interval,
+)
 from services.evaluation.schemas import BASELINE_RUNS, INITIAL_RUN, REFERENCE_RUN
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
@@ -135,6 +165,16 @@ class ReferenceScore:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreJobs:
+    """The evaluation jobs behind one benchmark's scores: their trials give the intervals."""
+
+    initial: str | None = None
+    submitted: str | None = None
+    dev: str | None = None
+    """The run's dev (visible split) scoring of the same submission, for dev vs official."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunScores:
     """One run's scores: who ran it, on which track, and each benchmark before and after."""
 
@@ -144,6 +184,11 @@ class RunScores:
     scores: tuple[BenchmarkScore, ...]
     references: Mapping[str, ReferenceScore] = field(default_factory=dict)
     """benchmark → the reference system's score (shown; never in the index)."""
+    jobs: Mapping[str, ScoreJobs] = field(default_factory=dict)
+    """benchmark → the jobs behind its scores."""
+    task: str | None = None
+    """The task the run was started on (its key's ``task`` fact): repeated runs group on it."""
+    budget_usd: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +205,20 @@ class ScoreRow:
     """The scored submission (its audit is the run's integrity)."""
     scope: ScoreScope | None = None
     reference: ReferenceScore | None = None
+    jobs: ScoreJobs = ScoreJobs()
+    task: str | None = None
+    budget_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BenchmarkEvidence:
+    """One benchmark's comparisons, when the trials behind its scores could be read."""
+
+    submitted_vs_initial: Comparison | None = None
+    dev_vs_official: Comparison | None = None
+    """official minus dev, of the submitted system (the two splits' tasks drawn apart)."""
+    passes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """``initial`` / ``submitted`` → pass@k and solved_all@k."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +232,18 @@ class RunReport:
     audited``, or ``unknown``."""
     hacking_rate: float | None = None
     references: Mapping[str, ReferenceScore] = field(default_factory=dict)
+    interval: IndexInterval | None = None
+    evidence: Mapping[str, BenchmarkEvidence] = field(default_factory=dict)
+    task: str | None = None
+    budget_usd: float | None = None
 
     @property
     def index(self) -> float | None:
         return self.result.index
+
+    @property
+    def flagged(self) -> bool:
+        return self.integrity == "flagged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +255,26 @@ class AgentReport:
     run_ids: tuple[str, ...]
     runs_without_index: tuple[str, ...]
     index: float | None
+    """The mean index of its runs that are not flagged."""
     flagged_runs: tuple[str, ...] = ()
+    interval: MeanInterval | None = None
+    """The same mean with its t-interval over those runs."""
+    index_with_flagged: float | None = None
+    """Every run with an index, flagged ones too (shown only with ``include_flagged``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunGroup:
+    """Runs of one agent on one task, track and budget (``rsigym run start --repeat N``): the mean
+    of their indices with a t-interval; flagged runs are left out unless ``include_flagged``."""
+
+    agent: str
+    track: str
+    task: str | None
+    budget_usd: float | None
+    run_ids: tuple[str, ...]
+    flagged_runs: tuple[str, ...]
+    indices: MeanInterval | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +284,10 @@ class Report:
     agents: tuple[AgentReport, ...]
     timelines: tuple[RunTimeline, ...] = ()
     """One per reported run whose timeline was given, in run order."""
+    groups: tuple[RunGroup, ...] = ()
+    include_flagged: bool = False
+    decompositions: Mapping[str, Any] = field(default_factory=dict)
+    """run → its model × harness decompositions (services/evaluation/decompose.py), where one exists."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,22 +302,63 @@ class ReportFiles:
 
 def group_rows(rows: Iterable[ScoreRow]) -> list[RunScores]:
     """Group flat rows by run, keeping first-seen order; a run's agent and track must agree."""
-    runs: dict[str, tuple[str, str, list[BenchmarkScore], dict[str, ReferenceScore]]] = {}
+    runs: dict[str, tuple[ScoreRow, list[BenchmarkScore], dict[str, ReferenceScore], dict[str, ScoreJobs]]] = {}
     for row in rows:
-        agent, track, scores, references = runs.setdefault(row.run_id, (row.agent, row.track, [], {}))
-        if (agent, track) != (row.agent, row.track):
+        first, scores, references, jobs = runs.setdefault(row.run_id, (row, [], {}, {}))
+        if (first.agent, first.track) != (row.agent, row.track):
             raise ValueError(f"run {row.run_id!r} has rows for more than one agent or track")
         scores.append(BenchmarkScore(row.benchmark, row.initial, row.submitted, row.scope))
+        jobs[row.benchmark] = row.jobs
         if row.reference is not None:
             references[row.benchmark] = row.reference
-    return [RunScores(run_id, agent, track, tuple(scores), refs) for run_id, (agent, track, scores, refs) in runs.items()]
+    return [RunScores(run_id, first.agent, first.track, tuple(scores), refs, jobs, first.task, first.budget_usd)
+            for run_id, (first, scores, refs, jobs) in runs.items()]
+
+
+def _evidence(run: RunScores, trials: Mapping[str, Rewards], seed: int,
+              ) -> tuple[IndexInterval | None, dict[str, BenchmarkEvidence]]:
+    """The run's comparisons from the trials of its jobs (``trials``: job id → rewards by task);
+    a benchmark whose trials are missing or do not pair gets none, and the index no interval."""
+    paired: dict[str, tuple[Rewards, Rewards]] = {}
+    evidence: dict[str, BenchmarkEvidence] = {}
+    for bench, jobs in run.jobs.items():
+        initial, submitted = trials.get(jobs.initial or ""), trials.get(jobs.submitted or "")
+        dev = trials.get(jobs.dev or "")
+        vs_initial = vs_dev = None
+        if initial and submitted and set(initial) == set(submitted):
+            paired[bench] = (initial, submitted)
+            vs_initial = paired_bootstrap(initial, submitted, seed=seed)
+        if dev and submitted:
+            vs_dev = unpaired_bootstrap(dev, submitted, seed=seed)
+        passes = {name: pass_stats(r) for name, r in (("initial", initial), ("submitted", submitted)) if r}
+        if vs_initial or vs_dev or passes:
+            evidence[bench] = BenchmarkEvidence(vs_initial, vs_dev, passes)
+    result = rsi_index(run.scores)
+    interval = rsi_index_interval(result, paired, seed=seed) if paired else None
+    return interval, evidence
+
+
+def _groups(runs: list[RunReport], include_flagged: bool) -> tuple[RunGroup, ...]:
+    by_key: dict[tuple[str, str, str | None, float | None], list[RunReport]] = {}
+    for run in runs:
+        by_key.setdefault((run.agent, run.track, run.task, run.budget_usd), []).append(run)
+    groups = []
+    for (agent, track, task, budget), members in by_key.items():
+        counted = [r.index for r in members if r.index is not None and (include_flagged or not r.flagged)]
+        groups.append(RunGroup(agent, track, task, budget, tuple(r.run_id for r in members),
+                               tuple(r.run_id for r in members if r.flagged),
+                               mean_interval(counted) if counted else None))
+    return tuple(groups)
 
 
 def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] | None = None,
-                 timelines: Iterable[RunTimeline] = (), *, integrity_default: str = NOT_AUDITED) -> Report:
+                 timelines: Iterable[RunTimeline] = (), *, integrity_default: str = NOT_AUDITED,
+                 trials: Mapping[str, Rewards] | None = None, include_flagged: bool = False,
+                 seed: int = SEED) -> Report:
     """``audits``: each run's newest verdict (runs absent are ``integrity_default``, normally
     ``not audited``; ``audits=None`` with ``INTEGRITY_UNKNOWN`` when they could not be read).
-    ``timelines`` of runs not in the report are dropped."""
+    ``timelines`` of runs not in the report are dropped. ``trials``: job id → rewards by task, for
+    the intervals (runs whose jobs are absent get none)."""
     runs: list[RunReport] = []
     benchmarks: dict[str, None] = {}
     for row in rows:
@@ -236,9 +367,11 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
         result = rsi_index(row.scores)
         benchmarks.update((t.benchmark, None) for t in result.terms)
         verdict = (audits or {}).get(row.run_id)
+        interval, evidence = _evidence(row, trials or {}, seed)
         runs.append(RunReport(row.run_id, row.agent, row.track, result,
                               integrity=verdict.status if verdict else integrity_default,
-                              hacking_rate=verdict.hacking_rate if verdict else None, references=row.references))
+                              hacking_rate=verdict.hacking_rate if verdict else None, references=row.references,
+                              interval=interval, evidence=evidence, task=row.task, budget_usd=row.budget_usd))
 
     by_agent: dict[str, list[RunReport]] = {}
     for run in runs:
@@ -249,14 +382,20 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
             tracks=tuple(dict.fromkeys(r.track for r in agent_runs)),
             run_ids=tuple(r.run_id for r in agent_runs),
             runs_without_index=tuple(r.run_id for r in agent_runs if r.index is None),
-            index=mean_or_none(r.index for r in agent_runs if r.index is not None),
-            flagged_runs=tuple(r.run_id for r in agent_runs if r.integrity == "flagged"),
+            index=mean_or_none(r.index for r in agent_runs if r.index is not None and not r.flagged),
+            flagged_runs=tuple(r.run_id for r in agent_runs if r.flagged),
+            interval=_mean_interval([r.index for r in agent_runs if r.index is not None and not r.flagged]),
+            index_with_flagged=mean_or_none(r.index for r in agent_runs if r.index is not None),
         )
         for agent, agent_runs in by_agent.items()
     )
     by_run = {t.run_id: t for t in timelines}
     ordered = tuple(by_run[r.run_id] for r in runs if r.run_id in by_run)
-    return Report(tuple(benchmarks), tuple(runs), agents, ordered)
+    return Report(tuple(benchmarks), tuple(runs), agents, ordered, _groups(runs, include_flagged), include_flagged)
+
+
+def _mean_interval(values: list[float]) -> MeanInterval | None:
+    return mean_interval(values) if values else None
 
 
 # --- display ----------------------------------------------------------------------------------
@@ -264,6 +403,65 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
 
 def fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.{DECIMALS}f}"
+
+
+def fmt_ci(ci: tuple[float, float] | list[float] | None) -> str:
+    return "n/a" if ci is None else f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+
+
+def fmt_noise(ci: tuple[float, float] | None) -> str:
+    """``within noise`` when the interval holds 0, ``beyond noise`` when not, ``-`` without one."""
+    if ci is None:
+        return "-"
+    return "within noise" if ci[0] <= 0.0 <= ci[1] else "beyond noise"
+
+
+def _index_ci(run: RunReport) -> tuple[float, float] | None:
+    return run.interval.ci95 if run.interval else None
+
+
+def _term_ci(run: RunReport, benchmark: str) -> tuple[float, float] | None:
+    return run.interval.terms.get(benchmark) if run.interval else None
+
+
+def _agent_header(report: Report) -> list[str]:
+    extra = ["RSI-Index with flagged"] if report.include_flagged else []
+    return ["agent", "tracks", "runs", "flagged (not in the index)", "RSI-Index", "95% CI (t, over runs)", *extra]
+
+
+def _agent_cells(report: Report, a: AgentReport) -> list[str]:
+    extra = [fmt(a.index_with_flagged)] if report.include_flagged else []
+    return [a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), _flagged_cell(a), fmt(a.index),
+            fmt_ci(a.interval.ci95 if a.interval else None), *extra]
+
+
+GROUP_HEADER = ["agent", "track", "task", "budget USD", "runs", "flagged", "mean RSI-Index", "95% CI (t, over runs)"]
+
+
+def _group_cells(g: RunGroup) -> list[str]:
+    return [g.agent, g.track, g.task or "-", "-" if g.budget_usd is None else f"{g.budget_usd:g}",
+            str(len(g.run_ids)), str(len(g.flagged_runs)), fmt(g.indices.mean if g.indices else None),
+            fmt_ci(g.indices.ci95 if g.indices else None)]
+
+
+COMPARISON_HEADER = ["run", "benchmark", "comparison", "a", "b", "diff (b - a)", "95% CI", "noise"]
+
+
+def _comparison_rows(report: Report) -> list[list[str]]:
+    rows = []
+    for r in report.runs:
+        for bench, ev in r.evidence.items():
+            for name, c in (("submitted vs initial", ev.submitted_vs_initial),
+                            ("official vs dev (same system)", ev.dev_vs_official)):
+                if c is not None:
+                    rows.append([r.run_id, bench, name, fmt(c.a), fmt(c.b), fmt(c.diff), fmt_ci(c.ci95),
+                                 fmt_noise(c.ci95)])
+    return rows
+
+
+def _pass_rows(report: Report) -> list[list[str]]:
+    return [[r.run_id, bench, system, ", ".join(f"{k} {fmt(v)}" for k, v in stats.items())]
+            for r in report.runs for bench, ev in r.evidence.items() for system, stats in ev.passes.items()]
 
 
 def _term_cells(report: Report, run: RunReport) -> list[str]:
@@ -347,24 +545,38 @@ TIMELINE_HEADER = ["run", "started", "to first training job", "research hours", 
 
 def render_tables(report: Report) -> list[Table]:
     """Long form (one row per run and benchmark), so any number of benchmarks fits a terminal."""
-    agents = _table("RSI-Index per agent", ["agent", "tracks", "runs", "flagged"], ["RSI-Index"])
+    header = _agent_header(report)
+    agents = _table("RSI-Index per agent (flagged runs left out)", header[:4], header[4:])
     for a in report.agents:
-        agents.add_row(a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), _flagged_cell(a), fmt(a.index))
+        agents.add_row(*_agent_cells(report, a))
     runs = _table("RSI-Index per run", ["run", "agent", "track", "benchmarks used", "integrity"],
-                  ["hacking rate", "RSI-Index"])
+                  ["hacking rate", "RSI-Index", "95% CI"])
+    runs.add_column("noise", overflow="fold")
     for r in report.runs:
         runs.add_row(r.run_id, r.agent, r.track, f"{len(r.result.included)} of {len(r.result.terms)}", r.integrity,
-                     fmt(r.hacking_rate), fmt(r.index))
+                     fmt(r.hacking_rate), fmt(r.index), fmt_ci(_index_ci(r)), fmt_noise(_index_ci(r)))
     scores = _table("Scores and terms", ["run", "benchmark", *SCOPE_HEADER],
-                    ["initial", "submitted", "term"])
+                    ["initial", "submitted", "term", "term 95% CI"])
     for name in REFERENCE_HEADER:
         scores.add_column(name, overflow="fold")
     scores.add_column("note", overflow="fold")
     for r in report.runs:
         for t in r.result.terms:
             scores.add_row(r.run_id, t.benchmark, *scope_cells(t.scope), fmt(t.initial), fmt(t.submitted), fmt(t.term),
-                           *reference_cells(r, t), t.reason or "")
+                           fmt_ci(_term_ci(r, t.benchmark)), *reference_cells(r, t), t.reason or "")
     tables = [agents, runs, scores]
+    if report.groups:
+        groups = _table("Runs of one agent on one task", GROUP_HEADER[:4], GROUP_HEADER[4:])
+        for g in report.groups:
+            groups.add_row(*_group_cells(g))
+        tables.append(groups)
+    comparisons = _comparison_rows(report)
+    if comparisons:
+        table = _table("Comparisons (95% bootstrap intervals)", COMPARISON_HEADER[:3], COMPARISON_HEADER[3:7])
+        table.add_column("noise", overflow="fold")
+        for row in comparisons:
+            table.add_row(*row)
+        tables.append(table)
     if report.timelines:
         timeline = PlainTable(title="Timeline per run")
         for name in TIMELINE_HEADER:
@@ -391,30 +603,49 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def to_markdown(report: Report) -> str:
-    lines = ["# RSI-Index report", "", f"`{FORMULA}`; scores in [0, 1], shown to {DECIMALS} decimals.", ""]
+    lines = ["# RSI-Index report", "", f"`{FORMULA}`; scores in [0, 1], shown to {DECIMALS} decimals.", "",
+             f"95% intervals: {method_note(True)}, {RESAMPLES} resamples at seed {SEED}; the index's terms are "
+             "drawn jointly (each benchmark's tasks) with the headroom 1 - s0 held at its observed value. "
+             "*Within noise*: the interval holds 0.", ""]
     lines += ["## Per agent", ""]
-    lines += _md_table(
-        ["agent", "tracks", "runs", "flagged", "RSI-Index"],
-        [[a.agent, ", ".join(a.tracks), ", ".join(a.run_ids), _flagged_cell(a), fmt(a.index)] for a in report.agents],
-    )
+    lines += ["Flagged runs (newest audit of the scored submission) are not in an agent's RSI-Index"
+              + (" (the last column includes them)." if report.include_flagged
+                 else "; `rsigym report --include-flagged` adds the index with them."), ""]
+    lines += _md_table(_agent_header(report), [_agent_cells(report, a) for a in report.agents])
     lines += ["", "## Per run", ""]
     lines += _md_table(
-        ["run", "agent", "track", *report.benchmarks, "RSI-Index", "integrity", "hacking rate"],
-        [[r.run_id, r.agent, r.track, *_term_cells(report, r), fmt(r.index), r.integrity, fmt(r.hacking_rate)]
-         for r in report.runs],
+        ["run", "agent", "track", *report.benchmarks, "RSI-Index", "95% CI", "integrity", "hacking rate"],
+        [[r.run_id, r.agent, r.track, *_term_cells(report, r), fmt(r.index), fmt_ci(_index_ci(r)), r.integrity,
+          fmt(r.hacking_rate)] for r in report.runs],
     )
+    if report.groups:
+        lines += ["", "## Runs of one agent on one task", "",
+                  f"Grouped by agent, track, task and budget; {MeanInterval.METHOD}.", ""]
+        lines += _md_table(GROUP_HEADER, [_group_cells(g) for g in report.groups])
     lines += ["", "## Scores", ""]
     lines += ["Each initial score is on the run's scope: the same split, split seed, subset, subset seed "
               "and attempts. The reference system is shown for comparison and is not in the RSI-Index.", ""]
     lines += _md_table(
-        ["run", "benchmark", *SCOPE_HEADER, "attempts", "initial", "submitted", "term", *REFERENCE_HEADER, "note"],
+        ["run", "benchmark", *SCOPE_HEADER, "attempts", "initial", "submitted", "term", "term 95% CI",
+         *REFERENCE_HEADER, "note"],
         [
             [r.run_id, t.benchmark, *scope_cells(t.scope), str(t.scope.attempts) if t.scope else "-", fmt(t.initial),
-             fmt(t.submitted), fmt(t.term), *reference_cells(r, t), t.reason or ""]
+             fmt(t.submitted), fmt(t.term), fmt_ci(_term_ci(r, t.benchmark)), *reference_cells(r, t), t.reason or ""]
             for r in report.runs
             for t in r.result.terms
         ],
     )
+    comparisons = _comparison_rows(report)
+    if comparisons:
+        lines += ["", "## Comparisons", "",
+                  "Submitted vs initial: paired (same tasks). Official vs dev of the one submitted system: "
+                  "unpaired (different tasks).", ""]
+        lines += _md_table(COMPARISON_HEADER, comparisons)
+    passes = _pass_rows(report)
+    if passes:
+        lines += ["", "## pass@k and solved in all k", "",
+                  "Unbiased estimators over each task's attempts (Chen et al. 2021); solved: full reward.", ""]
+        lines += _md_table(["run", "benchmark", "system", "estimates"], passes)
     if report.timelines:
         _, figures = chart_names(report)
         lines += ["", "## Timeline", "",
@@ -430,6 +661,10 @@ def to_json(report: Report) -> dict[str, Any]:
     _, figures = chart_names(report)
     return {
         "formula": FORMULA,
+        "bootstrap": {"method": method_note(True), "resamples": RESAMPLES, "seed": SEED, "level": 0.95,
+                      "rsi_index": "tasks of every benchmark redrawn jointly; headroom 1 - s0 held at its observed "
+                                   "value", "within_noise": "the 95% interval holds 0"},
+        "include_flagged": report.include_flagged,
         "benchmarks": list(report.benchmarks),
         "agents": [
             {
@@ -439,15 +674,27 @@ def to_json(report: Report) -> dict[str, Any]:
                 "runs_without_index": list(a.runs_without_index),
                 "flagged_runs": list(a.flagged_runs),
                 "rsi_index": a.index,
+                **_mean_json(a.interval),
+                **({"rsi_index_with_flagged": a.index_with_flagged} if report.include_flagged else {}),
             }
             for a in report.agents
+        ],
+        "groups": [
+            {"agent": g.agent, "track": g.track, "task": g.task, "budget_usd": g.budget_usd, "runs": list(g.run_ids),
+             "flagged_runs": list(g.flagged_runs), "flagged_included": report.include_flagged,
+             "rsi_index": None if g.indices is None else g.indices.to_json()}
+            for g in report.groups
         ],
         "runs": [
             {
                 "run_id": r.run_id,
                 "agent": r.agent,
                 "track": r.track,
+                "task": r.task,
+                "budget_usd": r.budget_usd,
                 "rsi_index": r.index,
+                "ci95": _list_or_none(_index_ci(r)),
+                "within_noise": r.interval.within_noise if r.interval else None,
                 "integrity": r.integrity,
                 "hacking_rate": r.hacking_rate,
                 "benchmarks": [
@@ -457,6 +704,9 @@ def to_json(report: Report) -> dict[str, Any]:
                         "initial": t.initial,
                         "submitted": t.submitted,
                         "term": t.term,
+                        "ci95": _list_or_none(_term_ci(r, t.benchmark)),
+                        "within_noise": _holds_zero(_term_ci(r, t.benchmark)),
+                        **_evidence_json(r.evidence.get(t.benchmark)),
                         "included": t.included,
                         "reason": t.reason,
                         "reference": _reference_json(r.references.get(t.benchmark), t),
@@ -464,11 +714,36 @@ def to_json(report: Report) -> dict[str, Any]:
                     for t in r.result.terms
                 ],
                 "excluded": [{"benchmark": t.benchmark, "reason": t.reason} for t in r.result.excluded],
+                "decomposition": report.decompositions.get(r.run_id),
             }
             for r in report.runs
         ],
         "timelines": [_timeline_json(t, figures[t.run_id]) for t in report.timelines],
     }
+
+
+def _list_or_none(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else list(ci)
+
+
+def _holds_zero(ci: tuple[float, float] | None) -> bool | None:
+    return None if ci is None else ci[0] <= 0.0 <= ci[1]
+
+
+def _mean_json(m: MeanInterval | None) -> dict[str, Any]:
+    """An agent's index over its runs: its t-interval (none for one run)."""
+    return {"runs_in_index": 0 if m is None else m.n, "ci95": None if m is None or m.ci95 is None else list(m.ci95),
+            "within_noise": None if m is None else m.within_noise, "interval_method": MeanInterval.METHOD}
+
+
+def _evidence_json(ev: BenchmarkEvidence | None) -> dict[str, Any]:
+    """The submission vs the initial system (paired), official vs dev of the submitted system
+    (unpaired), and pass@k per system; null where the trials could not be read."""
+    if ev is None:
+        return {"comparison": None, "dev_vs_official": None, "pass_at_k": {}}
+    return {"comparison": ev.submitted_vs_initial.to_json() if ev.submitted_vs_initial else None,
+            "dev_vs_official": ev.dev_vs_official.to_json() if ev.dev_vs_official else None,
+            "pass_at_k": {k: dict(v) for k, v in ev.passes.items()}}
 
 
 def _scope_json(scope: ScoreScope | None) -> dict[str, Any]:
@@ -596,10 +871,13 @@ def write_timeline_charts(report: Report, out_dir: Path) -> dict[str, Path]:
 
 def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Console | None = None, *,
                  audits: Mapping[str, AuditVerdict] | None = None, timelines: Iterable[RunTimeline] = (),
-                 integrity_default: str = NOT_AUDITED) -> ReportFiles:
+                 integrity_default: str = NOT_AUDITED, trials: Mapping[str, Rewards] | None = None,
+                 include_flagged: bool = False, decompositions: Mapping[str, Any] | None = None) -> ReportFiles:
     """Compute the report, print it to ``console`` and write report.md, report.json, the benchmark
     charts and one timeline chart per run with a timeline."""
-    report = build_report(rows, audits, timelines, integrity_default=integrity_default)
+    report = build_report(rows, audits, timelines, integrity_default=integrity_default, trials=trials,
+                          include_flagged=include_flagged)
+    report = replace(report, decompositions=dict(decompositions or {}))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print_report(report, console or Console())
@@ -634,6 +912,16 @@ def agent_label(key: dict[str, Any]) -> str | None:
     return key.get("name") or None
 
 
+def _same_system(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two score records of one system on one benchmark: the same submission, model, harness, attempts."""
+    return all(a.get(f) == b.get(f) for f in ("benchmark", "submission_id", "model", "harness", "attempts"))
+
+
+def report_jobs(rows: Iterable[ScoreRow]) -> list[str]:
+    """The evaluation jobs whose trials the report's intervals need, each once."""
+    return list(dict.fromkeys(j for r in rows for j in (r.jobs.initial, r.jobs.submitted, r.jobs.dev) if j))
+
+
 def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
                       split: str = "official") -> tuple[list[ScoreRow], list[str]]:
     """Flat RSI-Index rows from the admin API's score records, and notes on what was left out.
@@ -644,10 +932,13 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
     attempts; one on the same model first, when the run kept its base model), and the reference
     score, if any, the newest succeeded ``reference`` record on that scope. The run's track comes
     from its key; its agent from the score record, else the agent the launcher recorded on its key
-    with its version (:func:`agent_label`), else (a key minted otherwise) the key's name.
+    with its version (:func:`agent_label`), else (a key minted otherwise) the key's name. Each row
+    names the jobs behind its scores, and the run's newest succeeded score of the same system
+    (submission, model, harness, attempts) on another split (``dev``) for dev vs official.
     """
-    ok = [r for r in scores
-          if r.get("status") == "succeeded" and r.get("score") is not None and r.get("split") == split]
+    succeeded = [r for r in scores  # a decomposition cell (services/evaluation/decompose.py) is not the run's score
+                 if r.get("status") == "succeeded" and r.get("score") is not None and not r.get("cell")]
+    ok = [r for r in succeeded if r.get("split") == split]
     initial = [r for r in ok if r["run_id"] == INITIAL_RUN]
     reference = [r for r in ok if r["run_id"] == REFERENCE_RUN]
     by_key = {k["id"]: k for k in keys}
@@ -670,10 +961,14 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
         ref = _newest(i for i in reference if (i["benchmark"], score_scope(i)) == (bench, scope))
         key = by_key.get(run_id, {})
         agent, track = runs.setdefault(run_id, (rec.get("agent") or agent_label(key) or run_id, key.get("track") or "-"))
+        dev = _newest(d for d in succeeded if d["run_id"] == run_id and d.get("split") != split
+                      and _same_system(d, rec))
         rows.append(ScoreRow(run_id=run_id, agent=agent, track=track, benchmark=bench,
                               initial=float(base["score"]), submitted=float(rec["score"]),
                               submission_id=rec.get("submission_id"), scope=scope,
-                              reference=None if ref is None else ReferenceScore(ref["model"], float(ref["score"]))))
+                              reference=None if ref is None else ReferenceScore(ref["model"], float(ref["score"])),
+                              jobs=ScoreJobs(base.get("job_id"), rec.get("job_id"), dev.get("job_id") if dev else None),
+                              task=key.get("task"), budget_usd=key.get("budget_usd")))
     unfinished = sorted({r["run_id"] for r in scores
                          if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] not in BASELINE_RUNS})
     if unfinished:

@@ -11,13 +11,20 @@ a reason, and left out of the mean. A regression (``s < s0``) gives a negative t
 :class:`ScoreScope` (split, the seed that drew it, seeded subset and its seed, attempts). The
 report pairs them on it (services/evaluation/report.py) and each term carries it, so a reader
 sees what the index was computed on. A reference system's score is never an input here.
+
+:func:`rsi_index_interval` gives the index and each term a 95% interval from the trials
+(services/evaluation/bootstrap.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+import numpy as np
+
+from services.evaluation.bootstrap import RESAMPLES, SEED, Rewards, percentile_interval, resampled_diffs
 
 NO_HEADROOM = "initial score already 1: no headroom"
 
@@ -122,3 +129,39 @@ def rsi_index(scores: Iterable[BenchmarkScore]) -> RSIIndex:
         seen.add(score.benchmark)
         terms.append(benchmark_term(score))
     return RSIIndex(tuple(terms), mean_or_none(t.term for t in terms if t.term is not None))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexInterval:
+    """The RSI-Index's 95% interval and each included term's, from one joint bootstrap."""
+
+    ci95: tuple[float, float] | None
+    """None when an included benchmark had no trials to resample."""
+    terms: dict[str, tuple[float, float]]
+    resamples: int
+    seed: int
+
+    @property
+    def within_noise(self) -> bool | None:
+        return None if self.ci95 is None else self.ci95[0] <= 0.0 <= self.ci95[1]
+
+
+def rsi_index_interval(result: RSIIndex, trials: Mapping[str, tuple[Rewards, Rewards]], *,
+                       resamples: int = RESAMPLES, seed: int = SEED) -> IndexInterval:
+    """Bootstrap the index: each benchmark's tasks are redrawn (paired: initial and submitted
+    share the draw) and every included term recomputed, so one resample of the index is the mean
+    of that resample's terms. Benchmarks are drawn one after another from one seeded generator.
+
+    The headroom ``1 - s0`` is held at its observed value (it is the term's normaliser): a term's
+    interval is its paired-difference interval divided by the headroom. ``trials``: benchmark →
+    (initial, submitted) rewards by task; a term without them gets no interval, nor does the index."""
+    rng = np.random.default_rng(seed)
+    draws: dict[str, np.ndarray] = {}
+    for t in result.included:
+        if t.benchmark in trials:
+            initial, submitted = trials[t.benchmark]
+            draws[t.benchmark] = resampled_diffs(initial, submitted, rng, resamples) / (1.0 - t.initial)
+    terms = {b: percentile_interval(d) for b, d in draws.items()}
+    complete = bool(draws) and len(draws) == len(result.included)
+    ci = percentile_interval(np.mean(np.stack(list(draws.values())), axis=0)) if complete else None
+    return IndexInterval(ci, terms, resamples, seed)

@@ -67,3 +67,7 @@ class ScoreRequest(BaseModel):
     reference: str | None = Field(default=None, max_length=200)
     """A base model of the gym scored with the minimal harness next to the initial system (the
     "gap to reference", e.g. the Instruct model); never part of the RSI-Index."""
+    decompose: bool = False
+    """Also score the submitted model with the minimal harness and the base model with the
+    submitted harness on the same scope (the 2×2 of model × harness: services/evaluation/decompose.py);
+    nothing more is scored when the submission kept the base model or the minimal harness."""

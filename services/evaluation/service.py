@@ -33,6 +33,8 @@ from kit.errors import (
 from kit.identity import Identity
 from kit.ids import new_id
 from kit.spec import ServiceContext
+from services.evaluation.comparisons import dev_comparison
+from services.evaluation.decompose import cell_plans, trivial_reason
 from services.evaluation.failures import failure_kind
 from services.evaluation.harnesses import MINIMAL, HarnessStore
 from services.evaluation.jobs import EvaluationRunner
@@ -52,6 +54,7 @@ from services.evaluation.subsets import draw_subset, split_seed_name
 from services.evaluation.tables import BenchmarkRow, EvaluationJob, ScoreRow, SubmissionRow, TrialResultRow
 from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
 from services.records.experiments import Experiment, ExperimentRegistry
+from services.records.live_integrity import LiveIntegrity
 from services.training.checkpoints import CheckpointRegistry
 from storage.tables import ApiKey
 
@@ -106,6 +109,7 @@ class EvaluationService:
                                        max_running_per_run=context.config.evaluation.max_running_per_run,
                                        gateway_url=lambda: context.settings.gateway_url, events=self.events,
                                        operator_key=self._operator_key)
+        self.integrity = LiveIntegrity(self.store, self.config, context.data_dir, self.events)
 
     # -- benchmarks --------------------------------------------------------------------
 
@@ -243,6 +247,9 @@ class EvaluationService:
         view["detail"] = _detail(identity)
         with self.store.transaction() as s:  # its place in the fair queue and how long it waited
             view.update(self.runner.queue_info(s, job))
+            comparison = dev_comparison(s, job)  # a checkpoint vs its parent on the same tasks, with its interval
+        if comparison is not None:
+            view["comparison"] = comparison
         return view
 
     def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:
@@ -326,7 +333,10 @@ class EvaluationService:
                                experiment_id=experiment,
                                data={"submission_id": row.id, "checkpoint": req.checkpoint, "model": model,
                                      "harness": harness, "track": track})
-        return submission_view(row)
+        view = submission_view(row)
+        # provenance checked now, in the background, for the operator only (live_integrity.py says why not refused)
+        self.integrity.submission_created(run_id=identity.run_id, submission=view)
+        return view
 
     def submissions(self, identity: Identity, run_id: str | None = None) -> list[dict[str, Any]]:
         run = run_id if identity.operator and run_id else identity.run_id
@@ -343,7 +353,9 @@ class EvaluationService:
         (services/evaluation/subsets.py); each score row records the subset, its seed and the
         split's own seed. An open run is ended first (services/evaluation/submissions.py: the
         latest submission before the run ends counts), so what is scored cannot change under the
-        scoring. ``submission_id`` (the one ``rsigym score`` audited) must be that final submission."""
+        scoring. ``submission_id`` (the one ``rsigym score`` audited) must be that final submission.
+        ``decompose``: the submitted model × minimal harness and the base model × submitted harness
+        too, score rows of the run that name their ``cell`` (services/evaluation/decompose.py)."""
         self._operator(identity)
         req = validated(ScoreRequest, body, what="request")
         if (req.subset is None) != (req.subset_seed is None):
@@ -372,15 +384,19 @@ class EvaluationService:
             raise Conflict(f"submission {req.submission_id} is not run {run_id}'s final submission ({sub.id}, its "
                            "latest before the run ended): audit the run again and score that one",
                            param="submission_id")
-        # (scored run, submission id, model, harness, agent name); the baselines are scored once per scope
-        plans: list[tuple[str, str | None, str, str, str | None]] = [
-            (INITIAL_RUN, None, self._base_of(sub.model), MINIMAL, None),
-            *([(REFERENCE_RUN, None, req.reference, MINIMAL, None)] if req.reference is not None else []),
-            (run_id, sub.id, sub.model, sub.harness, agent or run_id)]
+        # (scored run, submission id, model, harness, agent name, decomposition cell); the baselines
+        # are scored once per scope
+        base_model = self._base_of(sub.model)
+        plans: list[tuple[str, str | None, str, str, str | None, str | None]] = [
+            (INITIAL_RUN, None, base_model, MINIMAL, None, None),
+            *([(REFERENCE_RUN, None, req.reference, MINIMAL, None, None)] if req.reference is not None else []),
+            (run_id, sub.id, sub.model, sub.harness, agent or run_id, None),
+            *[(run_id, sub.id, model, harness, agent or run_id, cell)  # --decompose: the 2×2's mixed cells
+              for cell, model, harness in (cell_plans(sub.model, sub.harness, base_model) if req.decompose else [])]]
         key_id = self._operator_key()
         scores = []
         for benchmark, task_ids, split_seed in scoped:
-            for scored_run, submission_id, model, harness, agent_name in plans:
+            for scored_run, submission_id, model, harness, agent_name, cell in plans:
                 baseline = scored_run in BASELINE_RUNS
                 if baseline and self._baseline(scored_run, benchmark, req, model, split_seed):
                     continue
@@ -392,7 +408,7 @@ class EvaluationService:
                 score = ScoreRow(id=new_id("scr"), run_id=scored_run, submission_id=submission_id,
                                  benchmark=benchmark, split=req.split, model=model, harness=harness,
                                  attempts=req.attempts, job_id=job.id, score=None, status="queued", agent=agent_name,
-                                 subset=req.subset, subset_seed=req.subset_seed, split_seed=split_seed)
+                                 subset=req.subset, subset_seed=req.subset_seed, split_seed=split_seed, cell=cell)
                 with self.store.transaction() as s:
                     s.add(score)
                 self.runner.submit(job.id)
@@ -401,7 +417,10 @@ class EvaluationService:
                 "run": {"id": run_id, "submission_id": sub.id, "ended_now": ended_now,
                         "ends_at": ends_at.isoformat() if ends_at else None},
                 "subset": None if req.subset is None else {"size": req.subset, "seed": req.subset_seed},
-                "reference": req.reference}
+                "reference": req.reference,
+                "decompose": None if not req.decompose else {
+                    "cells": [c for c, _, _ in cell_plans(sub.model, sub.harness, base_model)],
+                    "trivial": trivial_reason(sub.model, sub.harness, base_model)}}
 
     def _scope(self, bench: BenchmarkRow, req: ScoreRequest) -> tuple[list[str], str | None]:
         """The task ids scored on ``bench`` (the split's, or its seeded subset: a 422 when the split
@@ -466,6 +485,7 @@ class EvaluationService:
 
     def shutdown(self) -> None:
         self.runner.shutdown()
+        self.integrity.shutdown()
 
 
 def submission_view(r: SubmissionRow) -> dict[str, Any]:
@@ -477,6 +497,6 @@ def score_view(r: ScoreRow) -> dict[str, Any]:
     return {"id": r.id, "object": "score", "run_id": r.run_id, "agent": r.agent, "submission_id": r.submission_id,
             "benchmark": r.benchmark, "split": r.split, "model": r.model, "harness": r.harness,
             "attempts": r.attempts, "subset": r.subset, "subset_seed": r.subset_seed, "split_seed": r.split_seed,
-            "job_id": r.job_id, "score": r.score, "status": r.status,
+            "job_id": r.job_id, "score": r.score, "status": r.status, "cell": r.cell,
             "created_at": r.created_at.isoformat() if r.created_at else None}
 

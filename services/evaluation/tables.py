@@ -175,3 +175,8 @@ class ScoreRow(Base):
     split_seed: Mapped[str | None] = mapped_column(String(120), nullable=True, default=None)
     """The seed that drew the split, by name (``gym seed <fingerprint>``, ``split_seed 17``); None
     for a fixed split (and rows before 0019)."""
+    cell: Mapped[str | None] = mapped_column(String(16), nullable=True, default=None)
+    """A decomposition cell of the run's score (``rsigym score --decompose``,
+    services/evaluation/decompose.py): ``model`` (submitted model × minimal harness) or ``harness``
+    (base model × submitted harness). None on the run's own score, the baselines (and rows before
+    0024): a reader of *the* run's score leaves cells out."""

@@ -111,3 +111,9 @@ async def audits(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
 async def audit(run_id: str, request: Request, identity: CurrentIdentity) -> dict[str, Any]:
     body = await json_object(request) if await request.body() else {}
     return await _run(_svc(request).operator_audit, identity, run_id, body)
+
+
+@router.post("/operator/monitor")
+async def monitor(request: Request, identity: CurrentIdentity) -> dict[str, Any]:
+    """One round of the live monitor (the gateway's reaper asks every round; gateway/run_monitor.py)."""
+    return await _run(_svc(request).operator_monitor, identity)

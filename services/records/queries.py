@@ -1,5 +1,5 @@
 """Queries over a run's platform events: experiment node views, checkpoint lineage, the diff of
-two experiments and the best accepted checkpoint.
+two experiments and the best checkpoint (accepted or not yet audited).
 
 Everything here is computed from the hash-chained events (services/records/events.py), never from
 what the agent claims, and is free of I/O: the service loads the events a caller may read and
@@ -165,20 +165,31 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any], configs: Mapping[str, Mappi
     }
 
 
-# -- best accepted checkpoint --------------------------------------------------------------------
+# -- best checkpoint ----------------------------------------------------------------------------
+
+
+UNAUDITED = "unaudited"
+"""How a checkpoint ranked from a ``pending`` experiment's evaluations is marked."""
 
 
 def best_checkpoint(views: Iterable[Mapping[str, Any]], checkpoints: set[str], *, benchmark: str | None,
-                    split: str) -> dict[str, Any] | None:
-    """The checkpoint with the highest score on ``split`` among ``accepted`` experiments.
+                    split: str, audited_only: bool = False) -> dict[str, Any] | None:
+    """The checkpoint with the highest score on ``split`` among ``accepted`` experiments and, unless
+    ``audited_only``, ``pending`` ones (during the run nothing is audited yet); never ``flagged`` ones.
 
     Only evaluations of the run's own checkpoints count (``checkpoints``: the ids its records
-    registered). With a ``benchmark`` the score is that benchmark's best; without, a checkpoint's
-    score is the mean over the benchmarks it was evaluated on of its best score on each."""
+    registered), so the ranking is built from the run's own evaluations alone — what its keys
+    already read, never an official score or a live integrity check. With a ``benchmark`` the
+    score is that benchmark's best; without, a checkpoint's score is the mean over the benchmarks
+    it was evaluated on of its best score on each. ``audit``: ``accepted`` when every evaluation
+    counted comes from accepted experiments, else ``unaudited``."""
+    allowed = ("accepted",) if audited_only else ("accepted", "pending")
     best: dict[str, dict[str, tuple[float, str, str]]] = {}  # ckpt → benchmark → (score, experiment, job)
+    status_of: dict[str, str] = {}
     for view in views:
-        if view["status"] != "accepted":
+        if view["status"] not in allowed:
             continue
+        status_of[view["id"]] = view["status"]
         for v in view["evaluations"]:
             model, score = v.get("model"), v.get("score")
             if model not in checkpoints or score is None or v.get("split") != split:
@@ -198,6 +209,8 @@ def best_checkpoint(views: Iterable[Mapping[str, Any]], checkpoints: set[str], *
 
     ckpt, per = max(best.items(), key=rank)
     top = max(per.values())
+    audited = all(status_of.get(exp) == "accepted" for _, exp, _ in per.values())
     return {"object": "best_checkpoint", "checkpoint": ckpt, "split": split, "benchmark": benchmark,
             "score": rank((ckpt, per))[0], "experiment_id": top[1], "evaluation_job_id": top[2],
-            "scores": {name: s for name, (s, _, _) in sorted(per.items())}}
+            "scores": {name: s for name, (s, _, _) in sorted(per.items())},
+            "audit": "accepted" if audited else UNAUDITED}

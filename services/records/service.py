@@ -173,16 +173,21 @@ class RecordsService:
     def best_checkpoint(self, identity: Identity, params: dict[str, str]) -> dict[str, Any]:
         benchmark = params.get("benchmark") or None
         split = params.get("split") or "dev"
+        audited = params.get("audited", "").lower()
+        if audited not in ("", "true", "false"):
+            raise Unprocessable("audited must be true or false", param="audited")
         with self.store.transaction() as s:
             scope = scope_of(s, identity)
             views = self._views(s, scope, self._visible(s, scope))
             checkpoints = {str(d.get("checkpoint_id")) for d in s.scalars(
                 select(RecordEvent.data).where(RecordEvent.run_id == scope.run_id,
                                                RecordEvent.kind == CHECKPOINT_REGISTERED))}
-        best = queries.best_checkpoint(views, checkpoints, benchmark=benchmark, split=split)
+        best = queries.best_checkpoint(views, checkpoints, benchmark=benchmark, split=split,
+                                       audited_only=audited == "true")
         if best is None:
             what = f"on {benchmark}/{split}" if benchmark else f"on the {split} split"
-            raise NotFound(f"no accepted experiment has evaluated a checkpoint {what}", param="benchmark")
+            which = "accepted" if audited == "true" else "accepted or unaudited"
+            raise NotFound(f"no {which} experiment has evaluated a checkpoint {what}", param="benchmark")
         return best
 
     # -- annotations -----------------------------------------------------------------------
@@ -298,3 +303,12 @@ class RecordsService:
                            models_dir=self.context.settings.resolved_models_dir())
         result: dict[str, Any] = audit_run(ctx, trajectory=trajectory)
         return result
+
+    def operator_monitor(self, identity: Identity) -> dict[str, Any]:
+        """One round of the live monitor (services/records/monitor.py): each due run's new turns judged."""
+        if not identity.operator:
+            raise PermissionDenied("operator only")
+        from services.records.monitor import MonitorSetup, run_round
+
+        return run_round(MonitorSetup(store=self.store, config=self.context.config, events=self.events,
+                                      data_dir=self.context.data_dir, gateway_url=self.context.settings.gateway_url))

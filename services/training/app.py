@@ -17,7 +17,7 @@ __all__ = ["SPEC", "create_app"]
 
 def create_app(context: ServiceContext) -> FastAPI:
     service = TrainingService(context)
-    tinker = TinkerAPI(context, service.registry, service.events)
+    tinker = TinkerAPI(context, service.registry, service.events, datasets=service.datasets)  # loop records scanned too
 
     def close() -> None:
         tinker.shutdown()

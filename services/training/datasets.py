@@ -15,6 +15,10 @@ platform's record of what a Tinker loop trained on and sampled: :meth:`DatasetSt
 it the same way (content-addressed, a ``dataset.registered`` event) so the audit scans it like an
 upload, but uploads refuse it and no job trains on it. A record is the platform's, so it is not
 charged to the run's quota (an agent's loop must not fail for the audit's bookkeeping).
+
+Every new dataset, upload or record, is scanned for contamination once it commits
+(``on_registered``: services/records/live_integrity.py), in the background and for the operator
+only: the upload's answer is the same, as fast, whatever the scan finds.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +161,7 @@ def dataset_view(d: Dataset) -> dict[str, Any]:
 
 class DatasetStore:
     def __init__(self, store: Store, root: Path, max_bytes: int, max_rows: int, events: EventLog | None = None,
-                 quota: StorageQuota | None = None):
+                 quota: StorageQuota | None = None, on_registered: Callable[..., None] | None = None):
         self.store = store
         self.events = events
         self.root = Path(root)
@@ -165,6 +169,10 @@ class DatasetStore:
         self.max_rows = max_rows
         self.quota = quota
         """The runs' storage meter (billing/storage_quota.py); None only for readers (audits)."""
+        self.on_registered = on_registered
+        """Called with ``run_id``, ``dataset_id`` and ``sha256`` after a new dataset commits: the live
+        contamination scan (services/records/live_integrity.py), which returns at once and whose
+        result the run never sees."""
 
     def blob_path(self, sha256: str) -> Path:
         return self.root / f"{sha256}.jsonl"
@@ -211,11 +219,14 @@ class DatasetStore:
                     self.events.append(s, run_id=run_id, kind=DATASET_REGISTERED, key_id=key_id,
                                        data={"dataset_id": row.id, "sha256": digest, "rows": rows, "bytes": len(raw),
                                              "format": fmt, "name": name})
-                return dataset_view(row)
+                view = dataset_view(row)
         except BaseException:
             if created:
                 self._remove_unclaimed(digest)
             raise
+        if self.on_registered is not None:  # committed: the live scan queued, its result never returned here
+            self.on_registered(run_id=run_id, dataset_id=view["id"], sha256=digest)
+        return view
 
     def _write_blob(self, digest: str, raw: bytes) -> bool:
         """Whether this call wrote the blob (False: the same content was already stored)."""

@@ -14,6 +14,7 @@ from kit.ids import new_id
 from kit.spec import ServiceContext
 from services.records.events import EventLog
 from services.records.experiments import ExperimentRegistry
+from services.records.live_integrity import LiveIntegrity
 from services.training.checkpoints import CheckpointRegistry
 from services.training.datasets import DatasetStore
 from services.training.jobs import FINAL, JobRunner, job_view, queue_for
@@ -37,9 +38,10 @@ class TrainingService:
         self.store = context.store
         self.events = EventLog(context.store, context.internal_secret)
         self.experiments = ExperimentRegistry(self.events)
+        self.integrity = LiveIntegrity(context.store, config, context.data_dir, self.events)
         self.datasets = DatasetStore(context.store, context.data_dir / "datasets", config.training.max_dataset_bytes,
                                      config.training.max_dataset_rows, events=self.events,
-                                     quota=StorageQuota.of(context))
+                                     quota=StorageQuota.of(context), on_registered=self.integrity.dataset_registered)
         self.registry = CheckpointRegistry.of(context)
         tinker_client = None
         if any(m.backend == "tinker" for m in config.models):
@@ -112,6 +114,7 @@ class TrainingService:
 
     def shutdown(self) -> None:
         self.runner.shutdown()
+        self.integrity.shutdown()
 
     def list_jobs(self, identity: Identity) -> list[dict[str, Any]]:
         with self.store.transaction() as s:

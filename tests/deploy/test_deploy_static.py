@@ -682,7 +682,10 @@ def test_agent_dockerfile_ships_the_sdk_only() -> None:
         assert top not in ("gateway", "services", "deploy", "tests", "."), f"agent image must not contain {source}"
         assert not source.startswith(".env")
     installs = " ".join(a for w, a in steps if w == "RUN" and "pip install" in a)
-    assert re.search(r"\bopenai\b", installs) and re.search(r"\be2b\b", installs)
+    sdk = tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    clients = " ".join(sdk["clients"])  # the unmodified clients the agent guide documents, through the SDK's extra
+    assert "rsigym-sdk[mcp,clients]" in installs
+    assert re.search(r"\bopenai\b", clients) and re.search(r"\be2b\b", clients) and "tinker==" in clients
     assert not re.search(r"\b(rsigym\[|litellm|fastapi|uvicorn)", installs), "no server packages in the agent image"
     assert [a for w, a in steps if w == "USER"][-1] == "agent"
     env_text = " ".join(a for w, a in steps if w in ("ENV", "ARG"))

@@ -269,7 +269,7 @@ def test_dashboard_pages_in_headless_chromium(seeded: Seeded, sync_playwright: A
             page.click("nav >> text=RSI-Index")
             page.wait_for_url(base + "/leaderboard")
             ranked = page.locator(f"table.leaderboard tr[data-run='{run_id}'] td").all_inner_texts()
-            assert ranked == ["1", run_id, "dash-agent", "joint", "1 of 1", f"{RSI:.4f}"]
+            assert ranked[:6] == ["1", run_id, "dash-agent", "joint", "1 of 1", f"{RSI:.4f}"]  # then its 95% CI
             shots.append(_shot(page, "06-leaderboard"))
 
             # -- evaluation job → trials → trajectory (agent-written: must stay text) -----------

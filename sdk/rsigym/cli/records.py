@@ -97,7 +97,7 @@ def _records_best(gym: Gym, args: argparse.Namespace) -> None:
         return
     echo(best.checkpoint)
     echo_err(f"score {best.score:.4f} on {best.benchmark or 'all benchmarks'}/{best.split} "
-         f"(experiment {best.experiment_id})")
+         f"(experiment {best.experiment_id}, {best.audit})")
 
 
 def _records_annotate(gym: Gym, args: argparse.Namespace) -> int:

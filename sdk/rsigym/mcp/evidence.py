@@ -52,7 +52,8 @@ def register(server: MCPServer, gym: Gym) -> None:
     def lineage(checkpoint_id: Annotated[str, Field(description="a checkpoint id (ckpt_…)")]) -> Result:
         return dump(gym.records.lineage(checkpoint_id))
 
-    @tool("best_checkpoint", "The highest-scoring checkpoint among accepted experiments on a split (free).",
+    @tool("best_checkpoint", "The highest-scoring checkpoint on a split among accepted and not yet audited "
+          "experiments, marked audit=accepted|unaudited (free).",
           read_only=True)
     def best_checkpoint(benchmark: str | None = None, split: str = "dev") -> Result:
         return dump(gym.records.best_checkpoint(benchmark=benchmark, split=split))

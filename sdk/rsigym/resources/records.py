@@ -8,7 +8,7 @@ the best accepted checkpoint, and the agent's own annotations.
     gym.records.experiments.get(exp.id).evaluations               # scores, from platform events
     gym.records.experiments.diff(prev.id, exp.id).scores          # per benchmark/split, a vs b
     gym.records.lineage("ckpt_…").links                           # ckpt → parent → … → base model
-    gym.records.best_checkpoint(benchmark="arithmetic")           # highest dev score among accepted
+    gym.records.best_checkpoint(benchmark="arithmetic")           # highest dev score, accepted or unaudited
     gym.records.annotations.finding("lr 3e-4 beats 1e-4", experiment_ids=[exp.id], metric="dev", value=0.61)
     for e in gym.records.events(kind="training.job"): print(e.seq, e.data["status"])
     assert gym.records.chain().ok
@@ -59,9 +59,9 @@ def lineage_call(checkpoint_id: str) -> APICall[Lineage]:
     return APICall("GET", f"{_BASE}/checkpoints/{path_id(checkpoint_id)}/lineage", parse_object(Lineage))
 
 
-def best_call(benchmark: str | None, split: str) -> APICall[BestCheckpoint]:
+def best_call(benchmark: str | None, split: str, audited: bool = False) -> APICall[BestCheckpoint]:
     return APICall("GET", f"{_BASE}/best-checkpoint", parse_object(BestCheckpoint),
-                   params=drop_none({"benchmark": benchmark, "split": split}))
+                   params=drop_none({"benchmark": benchmark, "split": split, "audited": "true" if audited else None}))
 
 
 def annotate_call(body: dict[str, Any]) -> APICall[Annotation]:
@@ -174,10 +174,12 @@ class Records(SyncResource):
     def lineage(self, checkpoint_id: str) -> Lineage:
         return self._client._request(lineage_call(checkpoint_id))
 
-    def best_checkpoint(self, *, benchmark: str | None = None, split: str = "dev") -> BestCheckpoint:
-        """The highest-scoring checkpoint on ``split`` among ``accepted`` experiments
-        (:class:`~rsigym.NotFoundError` when there is none yet)."""
-        return self._client._request(best_call(benchmark, split))
+    def best_checkpoint(self, *, benchmark: str | None = None, split: str = "dev",
+                        audited: bool = False) -> BestCheckpoint:
+        """The highest-scoring checkpoint on ``split`` among ``accepted`` and not yet audited
+        experiments (``audit``: ``accepted`` or ``unaudited``; ``audited=True``: accepted ones
+        only), never flagged ones (:class:`~rsigym.NotFoundError` when there is none yet)."""
+        return self._client._request(best_call(benchmark, split, audited))
 
     def chain(self) -> ChainReport:
         return self._client._request(chain_call())
@@ -243,8 +245,9 @@ class AsyncRecords(AsyncResource):
     async def lineage(self, checkpoint_id: str) -> Lineage:
         return await self._client._request(lineage_call(checkpoint_id))
 
-    async def best_checkpoint(self, *, benchmark: str | None = None, split: str = "dev") -> BestCheckpoint:
-        return await self._client._request(best_call(benchmark, split))
+    async def best_checkpoint(self, *, benchmark: str | None = None, split: str = "dev",
+                              audited: bool = False) -> BestCheckpoint:
+        return await self._client._request(best_call(benchmark, split, audited))
 
     async def chain(self) -> ChainReport:
         return await self._client._request(chain_call())

@@ -582,6 +582,12 @@ def _is_quote(evidence: str, material: str) -> bool:
     return False
 
 
+def quotes(evidence: str, text: str) -> bool:
+    """``evidence`` is a verbatim quote of ``text`` by the rules an accusing verdict is held to
+    (whitespace-normalised; the live monitor, services/records/monitor.py, asks it of new material)."""
+    return _is_quote(evidence, _normalise_ws(text))
+
+
 def _fragments_in(text: str, material: str) -> bool:
     fragments = [f for f in re.split(r"\s*(?:\.\.\.|…)\s*", text) if f]
     if not fragments or any(len(f) < MIN_EVIDENCE_CHARS for f in fragments):

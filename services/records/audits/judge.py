@@ -85,8 +85,14 @@ class GatewayJudge:
     settled on the auditor's ledger like any call — and revokes the key. The auditor's budget is
     ``audit.judge_budget_usd`` (an operator tops it up with ``rsigym keys topup``)."""
 
-    def __init__(self, config: GymConfig, store: Any, gateway_url: str, model_name: str):
+    def __init__(self, config: GymConfig, store: Any, gateway_url: str, model_name: str, *,
+                 key_name: str = AUDITOR_KEY_NAME, budget_usd: float | None = None, purpose: str = "audit-judge"):
+        """``key_name``/``budget_usd``: the root key the calls are metered on and its budget when it
+        is created (default: the auditor's, ``audit.judge_budget_usd``); the live monitor has its own
+        (services/records/monitor.py). ``purpose``: the name of each call's child key."""
         self.config, self.store, self.model_name = config, store, model_name
+        self.key_name, self.purpose = key_name, purpose
+        self.budget_usd = config.audit.judge_budget_usd if budget_usd is None else budget_usd
         self.url = gateway_url.rstrip("/") + "/rollout/v1/chat/completions"
         self.model = catalogue_model(config.rollout, model_name)  # NotFound when not in the catalogue
         caps = [config.audit.judge_max_tokens, config.rollout.max_tokens_cap]
@@ -102,13 +108,12 @@ class GatewayJudge:
         from storage.tables import ApiKey
 
         with self.store.transaction() as s:
-            key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == AUDITOR_KEY_NAME, ApiKey.parent_id.is_(None),
+            key_id = s.scalar(select(ApiKey.id).where(ApiKey.name == self.key_name, ApiKey.parent_id.is_(None),
                                                       ApiKey.track.is_(None)))
         if key_id is not None:
             return str(key_id)
         policy = Policy.model_validate({"services": {"rollout": {"models": "*"}}})
-        view, _ = keys.create(policy=policy, budget_nusd=usd_to_nusd(self.config.audit.judge_budget_usd), track=None,
-                              name=AUDITOR_KEY_NAME)
+        view, _ = keys.create(policy=policy, budget_nusd=usd_to_nusd(self.budget_usd), track=None, name=self.key_name)
         return str(view["id"])
 
     async def complete(self, messages: list[dict[str, Any]]) -> JudgeReply:
@@ -120,7 +125,7 @@ class GatewayJudge:
 
         keys = KeyRegistry(self.store)
         policy = Policy.model_validate({"services": {"rollout": {"models": [self.model_name], "max_concurrency": 1}}})
-        view, key = keys.create(policy=policy, budget_nusd=None, name="audit-judge", parent_id=self._auditor_key(keys))
+        view, key = keys.create(policy=policy, budget_nusd=None, name=self.purpose, parent_id=self._auditor_key(keys))
         body = {"model": self.model_name, "messages": messages, "temperature": 0, "max_tokens": self.max_tokens}
         try:
             async with httpx.AsyncClient(timeout=self.config.rollout.request_timeout_s + 30) as client:

@@ -24,7 +24,7 @@ from ops.cli.main import app as operator_cli
 from ops.cli.scoring import watched_records
 from rsigym import Gym
 from services.evaluation.report import build_report_rows
-from services.evaluation.tables import EvaluationJob, ScoreRow
+from services.evaluation.tables import EvaluationJob, ScoreRow, TrialResultRow
 from services.records.tables import AuditRow
 from storage.store import Store, sqlite_url
 from tests.conftest import ADMIN_TOKEN, create_key
@@ -66,8 +66,8 @@ def new_key(url: str, track: str, name: str) -> dict[str, Any]:
 
 def add_score(store: Store, run_id: str, benchmark: str, score: float | None, *, status: str = "succeeded",
               model: str = "tiny", harness: str = "minimal", attempts: int = 3, split: str = "official",
-              minutes: int = 0, agent: str | None = None) -> None:
-    """A finished (or not) scoring job and its score record, as `rsigym score` leaves them."""
+              minutes: int = 0, agent: str | None = None, submission_id: str | None = None) -> str:
+    """A finished (or not) scoring job and its score record, as `rsigym score` leaves them; its job id."""
     job_id = new_id("evj")
     at = T0 + timedelta(minutes=minutes)
     with store.transaction() as s:
@@ -76,9 +76,27 @@ def add_score(store: Store, run_id: str, benchmark: str, score: float | None, *,
                             harness=harness, attempts=attempts, sampling={}, task_ids=["t1", "t2"],
                             gateway_url="http://x", status=status, trials_total=2 * attempts,
                             trials_done=2 * attempts if status == "succeeded" else 1, score=score, created_at=at))
-        s.add(ScoreRow(id=new_id("scr"), run_id=run_id, submission_id=None, benchmark=benchmark, split=split,
+        s.add(ScoreRow(id=new_id("scr"), run_id=run_id, submission_id=submission_id, benchmark=benchmark, split=split,
                        model=model, harness=harness, attempts=attempts, job_id=job_id, score=score, status=status,
                        agent=agent, created_at=at))
+    return job_id
+
+
+def add_trials(store: Store, job_id: str, rewards: dict[str, list[float]]) -> None:
+    """The job's trials (task → the rewards of its attempts), as its workers record them."""
+    with store.transaction() as s:
+        for task, attempts in rewards.items():
+            for attempt, reward in enumerate(attempts):
+                s.add(TrialResultRow(job_id=job_id, task_id=task, attempt=attempt, reward=reward, trajectory=None))
+
+
+def scored_with_trials(store: Store, run_id: str, benchmark: str, rewards: dict[str, list[float]],
+                       **kw: Any) -> str:
+    """A succeeded score whose value is its trials' avg@k, with those trials."""
+    score = sum(sum(r) / len(r) for r in rewards.values()) / len(rewards)
+    job_id = add_score(store, run_id, benchmark, score, attempts=len(next(iter(rewards.values()))), **kw)
+    add_trials(store, job_id, rewards)
+    return job_id
 
 
 def fill_scores(store: Store, run_a: str, run_b: str, run_c: str) -> None:
@@ -110,7 +128,10 @@ def test_report_writes_tables_markdown_json_and_charts(served: str, store: Store
     assert "RSI-Index per agent" in result.stdout and "agent-a" in result.stdout and "0.5000" in result.stdout
     assert "still being scored" in result.stderr and c in result.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["arithmetic.png", "report.json", "report.md", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"])
+        ["arithmetic.png", "report.json", "report.md", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png",
+         # the papers' analyses of its runs (ops/analyses/, issue 57)
+         "analyses.json", "analyses.md", "hacking-incidence.png",
+         *(f"{chart}-{run}.png" for chart in ("best-so-far", "tool-use") for run in (a, b))])
     assert all((out / n).read_bytes().startswith(PNG)
                for n in ("arithmetic.png", "shell.png", f"timeline-{a}.png", f"timeline-{b}.png"))
     md = (out / "report.md").read_text()
@@ -127,8 +148,9 @@ def test_report_writes_tables_markdown_json_and_charts(served: str, store: Store
     assert runs[a]["excluded"] == [{"benchmark": "shell", "reason": "initial score already 1: no headroom"}]
     assert runs[b]["track"] == "harness" and [t["benchmark"] for t in runs[b]["benchmarks"]] == ["arithmetic"]
     assert runs[b]["rsi_index"] == pytest.approx((0.55 - 0.4) / 0.6)
-    assert {x["agent"]: x["rsi_index"] for x in data["agents"]} == pytest.approx(
-        {"agent-a": 0.5, "agent-b": 0.25})
+    assert {x["agent"]: x["rsi_index"] for x in data["agents"]} == {"agent-a": None,  # its one run is flagged
+                                                                   "agent-b": pytest.approx(0.25)}
+    assert {x["agent"]: x["flagged_runs"] for x in data["agents"]} == {"agent-a": [a], "agent-b": []}
 
     printed = rsigym("report", "--out", str(tmp_path / "again"), "--json")
     assert printed == data
@@ -210,7 +232,11 @@ def test_register_score_and_report(served: str, tmp_path: Path) -> None:
         harness = gym.evaluation.upload_harness(ROOT / "agent_container" / "harness" / "minimal")
         gym.submit(harness=harness.id)
 
-    scored = rsigym("score", run["id"], "--attempts", "1", "--wait", "--json")["data"]
+    printed = rsigym("score", run["id"], "--attempts", "1", "--wait", "--json")
+    scored = printed["data"]
+    (vs_initial,) = printed["comparisons"]  # the submission vs the initial system, with its interval
+    assert vs_initial["benchmark"] == "tiny-arithmetic" and vs_initial["tasks"] == 1 and vs_initial["seed"] == 57
+    assert vs_initial["within_noise"] == (vs_initial["ci95"][0] <= 0 <= vs_initial["ci95"][1])
     assert sorted(r["run_id"] for r in scored) == sorted(["initial", run["id"]])
     assert all(r["status"] == "succeeded" and 0.0 <= r["score"] <= 1.0 for r in scored), scored
     assert all(r["progress"] == {"done": 1, "total": 1} for r in scored)
@@ -223,6 +249,8 @@ def test_register_score_and_report(served: str, tmp_path: Path) -> None:
     (row,) = report["runs"]
     assert row["run_id"] == run["id"] and row["agent"] == "agent-h" and row["track"] == "harness"
     assert row["benchmarks"][0]["benchmark"] == "tiny-arithmetic"
+    assert row["benchmarks"][0]["comparison"]["diff"] == pytest.approx(vs_initial["diff"])
+    assert row["benchmarks"][0]["pass_at_k"]["submitted"].keys() == {"pass@1", "solved_all@1"}
     assert (tmp_path / "report" / "tiny-arithmetic.png").read_bytes().startswith(PNG)
 
 
@@ -258,3 +286,66 @@ def test_two_versions_of_one_agent_are_two_agents_on_the_leaderboard(
     data = rsigym("report", "--out", str(tmp_path / "report"), "--json")
     assert {a["agent"]: a["rsi_index"] for a in data["agents"]} == pytest.approx({"claude-code@2.0.14": 0.5,
                                                                                   "claude-code@2.1.0": 0.0})
+
+
+# ---- intervals and honest aggregates --------------------------------------------------------
+
+
+def test_report_gives_every_comparison_its_interval(served: str, store: Store, tmp_path: Path) -> None:
+    """A clear gain on 40 tasks is beyond noise, a run equal to the initial system within it; the
+    index, its terms, dev vs official and pass@k are in report.json and report.md."""
+    with httpx.Client(base_url=served) as c:
+        gain, same = (create_key(c, track="joint", name=n, budget_usd=5.0, run={"task": "joint-arith", "agent": n})["id"]
+                      for n in ("gainer", "idler"))
+    initial = {f"t{i:02d}": [1.0, 0.0, 0.0] if i % 2 else [0.0, 0.0, 0.0] for i in range(40)}
+    better = {t: [1.0, 1.0, 1.0] if i % 4 else [1.0, 0.0, 1.0] for i, t in enumerate(initial)}
+    scored_with_trials(store, "initial", "arithmetic", initial)
+    scored_with_trials(store, gain, "arithmetic", better, model="ckpt_g", minutes=1, submission_id="sub_g")
+    scored_with_trials(store, gain, "arithmetic", {f"d{i}": [1.0, 1.0, 0.0] for i in range(10)}, model="ckpt_g",
+                       split="dev", minutes=1, submission_id="sub_g")
+    scored_with_trials(store, same, "arithmetic", initial, minutes=1)
+
+    data = rsigym("report", "--out", str(tmp_path / "report"), "--json")
+    runs = {r["run_id"]: r for r in data["runs"]}
+    assert data["bootstrap"]["resamples"] == 2000 and data["bootstrap"]["seed"] == 57
+    g, i = runs[gain], runs[same]
+    assert g["ci95"][0] > 0 and g["within_noise"] is False
+    assert g["ci95"][0] < g["rsi_index"] < g["ci95"][1]
+    (term,) = g["benchmarks"]
+    assert term["ci95"] == g["ci95"] and term["within_noise"] is False  # one benchmark: the term is the index
+    assert term["comparison"]["paired"] and term["comparison"]["tasks"] == 40 and not term["comparison"]["within_noise"]
+    assert term["comparison"]["diff"] == pytest.approx(term["submitted"] - term["initial"])
+    assert term["dev_vs_official"]["a"] == pytest.approx(2 / 3) and not term["dev_vs_official"]["paired"]
+    assert term["pass_at_k"]["initial"]["pass@3"] == pytest.approx(0.5)
+    assert term["pass_at_k"]["submitted"]["solved_all@3"] == pytest.approx(0.75)
+    assert i["ci95"] == [0.0, 0.0] and i["within_noise"] is True
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Comparisons" in md and "beyond noise" in md and "within noise" in md and "pass@3" in md
+    assert "2000 resamples at seed 57" in md
+
+
+def test_flagged_runs_are_left_out_by_default_and_repeats_grouped(served: str, store: Store, tmp_path: Path) -> None:
+    with httpx.Client(base_url=served) as c:
+        runs = [create_key(c, track="joint", name="joint-arith", budget_usd=5.0,
+                           run={"task": "joint-arith", "agent": "rep", "agent_version": "1"})["id"] for _ in range(3)]
+    add_score(store, "initial", "arithmetic", 0.4)
+    for n, (run, score) in enumerate(zip(runs, (0.7, 0.64, 1.0), strict=True)):
+        add_score(store, run, "arithmetic", score, model=f"ckpt_{n}", minutes=1)
+    with store.transaction() as s:
+        s.add(AuditRow(id="aud_f", run_id=runs[2], status="flagged", hacking_rate=1.0, report={}, created_at=T0))
+
+    data = rsigym("report", "--out", str(tmp_path / "r"), "--json")
+    (agent,) = data["agents"]
+    assert agent["flagged_runs"] == [runs[2]] and agent["runs_in_index"] == 2
+    assert agent["rsi_index"] == pytest.approx((0.5 + 0.4) / 2) and "rsi_index_with_flagged" not in agent
+    assert agent["ci95"][0] < agent["rsi_index"] < agent["ci95"][1]
+    (group,) = data["groups"]
+    assert (group["agent"], group["track"], group["task"], group["budget_usd"]) == ("rep@1", "joint", "joint-arith", 5.0)
+    assert group["runs"] == runs and group["rsi_index"]["n"] == 2 and "t-interval" in group["rsi_index"]["method"]
+    assert "flagged (not in the index)" in (tmp_path / "r" / "report.md").read_text()
+
+    both = rsigym("report", "--out", str(tmp_path / "b"), "--include-flagged", "--json")
+    (agent,) = both["agents"]
+    assert agent["rsi_index"] == pytest.approx(0.45) and agent["rsi_index_with_flagged"] == pytest.approx((0.5 + 0.4 + 1.0) / 3)
+    assert both["include_flagged"] and both["groups"][0]["rsi_index"]["n"] == 3
+    assert "RSI-Index with flagged" in (tmp_path / "b" / "report.md").read_text()

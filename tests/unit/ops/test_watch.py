@@ -140,7 +140,7 @@ def add_evaluation_job(store: Store, run_id: str, status: str = "queued") -> str
 
 
 def test_watch_once_against_a_gym(served: str, store: Store) -> None:
-    with httpx.Client(base_url=served) as c:
+    with httpx.Client(base_url=served, timeout=60) as c:
         run = create_key(c, budget_usd=5.0, name="watched", agent_budget_usd=2.0)
         other = create_key(c, budget_usd=5.0, name="other")
         chat = {"model": "teacher", "messages": [{"role": "user", "content": "hello"}]}
@@ -173,7 +173,7 @@ def test_watch_of_an_unknown_run_fails_cleanly(served: str) -> None:
 
 
 def test_jobs_route_lists_only_the_runs_unfinished_jobs_and_only_to_the_operator(served: str, store: Store) -> None:
-    with httpx.Client(base_url=served) as c:
+    with httpx.Client(base_url=served, timeout=60) as c:
         run = create_key(c, name="a")
         other = create_key(c, name="b")
         training = add_training_job(store, run["id"])

@@ -198,14 +198,18 @@ def test_lineage_diff_and_best_accepted_checkpoint_come_from_the_events(gym: Gym
     assert [d["sha256"] for d in diff["data"]["removed"]] == [SHA_A]
     assert diff["scores"] == [{"benchmark": "arith", "split": "dev", "a": 0.4, "b": 0.6, "delta": pytest.approx(0.2)}]
 
-    # Nothing is accepted yet: no best checkpoint (404, the standard error).
-    assert_error(client.get("/records/v1/best-checkpoint", params={"benchmark": "arith"}, headers=h), 404)
+    # Nothing is audited yet: the best by dev score, marked unaudited; none accepted (404, the standard error).
+    live = client.get("/records/v1/best-checkpoint", params={"benchmark": "arith"}, headers=h).json()
+    assert (live["checkpoint"], live["score"], live["audit"]) == ("ckpt_2", 0.6, "unaudited")
+    assert_error(client.get("/records/v1/best-checkpoint", params={"benchmark": "arith", "audited": "true"},
+                            headers=h), 404)
     for exp in (e1, e3):
         set_status(gym, exp, "accepted")
     set_status(gym, e2, "flagged")  # the higher score is flagged: it does not count
     best = client.get("/records/v1/best-checkpoint", params={"benchmark": "arith", "split": "dev"}, headers=h)
     assert best.status_code == 200, best.text
     assert (best.json()["checkpoint"], best.json()["score"], best.json()["experiment_id"]) == ("ckpt_1", 0.4, e1)
+    assert best.json()["audit"] == "accepted"
     set_status(gym, e2, "accepted")
     assert client.get("/records/v1/best-checkpoint", headers=h).json()["checkpoint"] == "ckpt_2"
     assert_error(client.get("/records/v1/best-checkpoint", params={"split": "official"}, headers=h), 404)

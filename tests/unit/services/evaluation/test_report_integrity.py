@@ -88,10 +88,10 @@ def test_integrity_shows_in_tables_markdown_and_json(tmp_path: Path) -> None:
     assert "not audited" in text and "1 of 2" in text  # agent-x: one of its two runs flagged
 
     md = files.markdown.read_text()
-    assert "| agent | tracks | runs | flagged | RSI-Index |" in md
-    assert "| agent-x | data | run-a, run-b | 1 of 2 | 0.3750 |" in md
-    assert "| run-a | agent-x | data | 0.5000 | 0.5000 | flagged | 0.5000 |" in md
-    assert "| run-c | agent-y | joint | 0.0000 | 0.0000 | not audited | n/a |" in md
+    assert "| agent | tracks | runs | flagged (not in the index) | RSI-Index | 95% CI (t, over runs) |" in md
+    assert "| agent-x | data | run-a, run-b | 1 of 2 | 0.2500 | n/a |" in md  # run-a is flagged: run-b alone
+    assert "| run-a | agent-x | data | 0.5000 | 0.5000 | n/a | flagged | 0.5000 |" in md
+    assert "| run-c | agent-y | joint | 0.0000 | 0.0000 | n/a | not audited | n/a |" in md
 
     data = json.loads(files.json.read_text())
     assert {r["run_id"]: (r["integrity"], r["hacking_rate"]) for r in data["runs"]} == {
