@@ -59,6 +59,11 @@ class GymSettings(BaseSettings):
     tmpfs of the template's disk_mb) and jobs (custom-loss work dirs, benchmark unpacking), apart
     from the data dir's store. Default: the system's temporary dir ($TMPDIR, else /tmp). Sandbox
     uids must be able to traverse it (o+x on every parent) when the gym runs as root."""
+    tinker_session_ttl_s: float = Field(default=120.0, ge=0)
+    """RSIGYM_TINKER_SESSION_TTL_S: a Tinker API session that sends no heartbeat (nor any call
+    naming it, its training models or its sampling sessions) for this long is expired — finished
+    as the SDK's ``close()`` finishes it (services/training/tinker_api/sessions.py). The SDK beats
+    every 10 s: the default is 12 missed beats. 0 = sessions never expire."""
 
     @field_validator("gateway_url")
     @classmethod

@@ -7,6 +7,17 @@ needs the training service as one replica (the embedded gym, and the compose/Hel
 sticky routing by model; what outlives the process is on disk and in the store: checkpoints
 (the registry), saved states (``<data dir>/tinker/states``), the ledger and the records.
 
+Sessions end when their client finishes them (the SDK's ``ServiceClient.close()``) or when they
+fall silent: a session that shows no sign of life for ``RSIGYM_TINKER_SESSION_TTL_S`` (default
+120 s: the SDK heartbeats every 10 s) is expired by the API's reaper thread, exactly as a finish
+would end it — its training models closed after their queued calls (which settle or release their
+holds), their loop data registered and their job rows finished. A sign of life is the session's
+creation, a heartbeat, or any call naming the session, one of its training models or one of its
+sampling sessions (``retrieve_future`` names a request, not a session, and does not count: the
+SDK's heartbeat runs beside its polls). A call on an ended session or on a model its end closed
+is refused with 410 ``session_ended`` saying why; the SDK's heartbeat loop stops on that 410.
+Sampling sessions outlive their session's end (their weights are registered checkpoints).
+
 Ordering: each model has one worker thread and runs its calls one at a time in the order they
 arrived (the SDK sends them in ``seq_id`` order, one after the other, as Tinker guarantees);
 each sampling session has its own.
@@ -38,6 +49,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +91,18 @@ nor final); ``succeeded`` once its session ends."""
 MAX_FINISHED_FUTURES = 4096
 FINISH_WAIT_S = 120.0
 """How long finishing a session waits for its models' last calls and loop-data registration."""
+REAP_INTERVAL_MAX_S = 10.0
+"""The reaper looks for silent sessions every quarter of the TTL, at most this far apart."""
+ENDED_SESSIONS_KEPT_S = 3600.0
+"""How long an ended session is remembered, so that a late call on it is told why it is refused."""
+
+
+class SessionEnded(GymError):
+    """A call naming a Tinker session that has ended — finished by its client, or expired when its
+    heartbeats stopped — or a training model its end closed. 410: gone for good, and what the
+    SDK's heartbeat loop reads as "this session has finished"."""
+
+    status, type = 410, "session_ended"
 
 
 @dataclass
@@ -88,6 +112,18 @@ class Outcome:
     json: dict[str, Any] | None = None
     proto: bytes | None = None
     error: GymError | None = None
+
+
+@dataclass
+class _Session:
+    run_id: str
+    beat: float
+    """``time.monotonic()`` of its last sign of life (its creation, a heartbeat, a call naming it)."""
+    ended: str | None = None
+    """None while open; ``"finished"`` (its client's ``close()``) or ``"expired"`` (silent past the TTL)."""
+    ended_at: float = 0.0
+    closed: list[str] = field(default_factory=list)
+    """The training models (ids and SDK aliases) its end closed."""
 
 
 @dataclass
@@ -133,6 +169,12 @@ class _Sampler:
     ephemeral: bool = False
 
 
+def _log_close_failure(done: concurrent.futures.Future[None]) -> None:
+    err = done.exception()
+    if err is not None:
+        log.error("closing a training model of an expired Tinker session failed", exc_info=err)
+
+
 def _fail(err: BaseException) -> GymError:
     return err if isinstance(err, GymError) else GymError(f"the call failed: {type(err).__name__}: {err}")
 
@@ -165,7 +207,8 @@ def check_fields(policies: list[ServicePolicy], values: dict[str, Any], *, model
 class TinkerAPI:
     def __init__(self, context: ServiceContext, registry: CheckpointRegistry, events: EventLog,
                  engine: Engine | None = None, device: str | None = None, models_dir: Path | None = None,
-                 datasets: DatasetStore | None = None, cloud: Engine | None = None):
+                 datasets: DatasetStore | None = None, cloud: Engine | None = None,
+                 session_ttl_s: float | None = None):
         self.context = context
         self.config = context.config
         self.store = context.store
@@ -186,7 +229,14 @@ class TinkerAPI:
         self.experiments = ExperimentRegistry(events)
         self._device = device
         self._lock = threading.Lock()
-        self._sessions: dict[str, str] = {}
+        self.session_ttl_s = float(context.settings.tinker_session_ttl_s if session_ttl_s is None else session_ttl_s)
+        """A session silent for longer is expired (``RSIGYM_TINKER_SESSION_TTL_S``; 0: never)."""
+        self._sessions: dict[str, _Session] = {}
+        self._gone: dict[str, str] = {}
+        """Training model id or alias → the ended session that closed it (while that is remembered)."""
+        self._reaper: tuple[threading.Thread, threading.Event] | None = None
+        """The reaper thread and what stops it: started with a session, stopped by :meth:`shutdown`
+        (and started again by a later session: an app's lifespan may end and begin again)."""
         self._models: dict[str, _Model] = {}
         self._aliases: dict[str, str] = {}
         """``<session id>:train:<model seq id>`` → model id: the id the SDK derives itself for a
@@ -227,7 +277,11 @@ class TinkerAPI:
         return Path(resolve_model_dir(base, self.models_dir))
 
     def _submit(self, run_id: str, worker: concurrent.futures.ThreadPoolExecutor, work: Callable[[], Outcome],
-                on_error: Callable[[], None] | None = None) -> str:
+                on_error: Callable[[], None] | None = None, *, owner: str | None = None,
+                reservation: Any = None) -> str:
+        """``work`` queued on ``worker``; its future's request id. When the worker was shut down
+        (its model closed since the call looked it up: unloaded, or its session ended), the call
+        is refused and its hold (``reservation``) released."""
         request_id = new_id("req")
 
         def run() -> Outcome:
@@ -238,7 +292,12 @@ class TinkerAPI:
                     on_error()
                 return Outcome(error=_fail(err))
 
-        done = worker.submit(run)
+        try:
+            done = worker.submit(run)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            if reservation is not None:
+                self.ledger.release(reservation.id)
+            raise self._closed(run_id, owner) from None
         with self._lock:
             self._futures[request_id] = _Future(run_id, done)
             if len(self._futures) > MAX_FINISHED_FUTURES:  # forget the oldest answered futures
@@ -256,9 +315,33 @@ class TinkerAPI:
     def _model(self, identity: Identity, model_id: str) -> _Model:
         with self._lock:
             model = self._models.get(self._aliases.get(model_id, model_id))
+            if model is not None and model.run_id == identity.run_id:
+                self._beat(model.session_id)
         if model is None or model.run_id != identity.run_id:
-            raise NotFound(f"training model {model_id} not found", param="model_id")
+            raise self._closed(identity.run_id, model_id)
         return model
+
+    def _closed(self, run_id: str, model_id: str | None) -> GymError:
+        """The refusal of a call on a training model that is not open: why, when its session's end
+        closed it; else 404."""
+        with self._lock:
+            session_id = self._gone.get(model_id or "")
+            session = self._sessions.get(session_id or "")
+        if session_id and session is not None and session.run_id == run_id:
+            return self._ended(session_id, session, model_id)
+        if model_id is None:
+            return NotFound("the training model or sampling session was closed before this call was queued")
+        return NotFound(f"training model {model_id} not found", param="model_id")
+
+    def _ended(self, session_id: str, session: _Session, model_id: str | None = None) -> SessionEnded:
+        what = f"training model {model_id} was closed: its session" if model_id else "session"
+        if session.ended == "expired":
+            why = (f"expired after {self.session_ttl_s:g} s without a heartbeat (RSIGYM_TINKER_SESSION_TTL_S), "
+                   "so its training models were closed and their data registered")
+        else:
+            why = "was finished (ServiceClient.close())"
+        return SessionEnded(f"{what} {session_id} {why}; start a new ServiceClient (saved checkpoints and "
+                            "states stay usable)", param="model_id" if model_id else "session_id")
 
     def _reserve(self, identity: Identity, operation: str, cost: int, model: str, ref: str) -> Any:
         return self.ledger.reserve(identity.key_id, service="training", operation=operation, estimate_nusd=cost,
@@ -282,14 +365,27 @@ class TinkerAPI:
     def create_session(self, identity: Identity) -> dict[str, Any]:
         session_id = new_id("sess")
         with self._lock:
-            self._sessions[session_id] = identity.run_id
+            self._sessions[session_id] = _Session(run_id=identity.run_id, beat=time.monotonic())
+        self._start_reaper()
         return {"type": "create_session", "session_id": session_id}
 
+    def _beat(self, session_id: str | None) -> None:
+        """A sign of life of an open session (the caller holds the lock)."""
+        session = self._sessions.get(session_id or "")
+        if session is not None and session.ended is None:
+            session.beat = time.monotonic()
+
     def _session(self, identity: Identity, session_id: str) -> str:
+        """The open session ``session_id`` of the caller's run (a sign of life of it); 404 when
+        there is none, 410 ``session_ended`` when it has ended."""
         with self._lock:
-            run = self._sessions.get(session_id)
-        if run is None or run != identity.run_id:
+            session = self._sessions.get(session_id)
+            if session is not None and session.run_id == identity.run_id:
+                self._beat(session_id)
+        if session is None or session.run_id != identity.run_id:
             raise NotFound(f"session {session_id} not found", param="session_id")
+        if session.ended is not None:
+            raise self._ended(session_id, session)
         return session_id
 
     def heartbeat(self, identity: Identity, session_id: str) -> dict[str, Any]:
@@ -297,13 +393,80 @@ class TinkerAPI:
         return {"type": "session_heartbeat"}
 
     def finish_session(self, identity: Identity, session_id: str) -> None:
-        self._session(identity, session_id)
         with self._lock:
-            models = [m for m in self._models.values() if m.session_id == session_id]
-        closing = [self._close_model(model) for model in models]
+            session = self._sessions.get(session_id)
+        if session is None or session.run_id != identity.run_id:
+            raise NotFound(f"session {session_id} not found", param="session_id")
         # Answered once each model's queued calls ran and its loop data was registered (the SDK's
-        # ``ServiceClient.close()`` waits for this answer).
-        concurrent.futures.wait(closing, timeout=FINISH_WAIT_S)
+        # ``ServiceClient.close()`` waits for this answer). A session that ended already (finished,
+        # or expired) has nothing left to finish: the first end wins, as on Tinker.
+        concurrent.futures.wait(self._end(session_id, "finished") or [], timeout=FINISH_WAIT_S)
+
+    def _end(self, session_id: str, how: str, *,
+             silent_since: float | None = None) -> list[concurrent.futures.Future[None]] | None:
+        """End an open session: its training models closed after their queued calls (each future
+        done once the model's loop data is registered and its job recorded). None when it had
+        ended already, or (``silent_since``) showed a sign of life since."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session.ended is not None or (
+                    silent_since is not None and session.beat > silent_since):
+                return None
+            session.ended, session.ended_at = how, time.monotonic()
+            models = [m for m in self._models.values() if m.session_id == session_id]
+            for model in models:
+                names = [model.id, *(a for a, m in self._aliases.items() if m == model.id)]
+                session.closed.extend(names)
+                self._gone.update(dict.fromkeys(names, session_id))
+        return [self._close_model(model) for model in models]
+
+    # -- expiry of silent sessions -------------------------------------------------------------
+
+    def _start_reaper(self) -> None:
+        """The reaper thread, started with a session (none when sessions never expire)."""
+        if self.session_ttl_s <= 0 or self._reaper is not None:
+            return
+        with self._lock:
+            if self._reaper is not None:
+                return
+            stop = threading.Event()
+            thread = threading.Thread(target=self._reap, args=(stop,), name="tinker-session-reaper", daemon=True)
+            self._reaper = (thread, stop)
+        thread.start()
+
+    def _reap(self, stop: threading.Event) -> None:
+        interval = min(REAP_INTERVAL_MAX_S, max(0.05, self.session_ttl_s / 4))
+        while not stop.wait(interval):
+            try:
+                self.expire_silent_sessions()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("the Tinker session reaper failed")
+
+    def expire_silent_sessions(self, now: float | None = None) -> list[str]:
+        """End every open session silent for longer than the TTL, as its client's finish would
+        (without waiting for its models' last calls); forget sessions ended long ago. Returns the
+        sessions it expired."""
+        now = time.monotonic() if now is None else now
+        if self.session_ttl_s <= 0:
+            return []
+        deadline = now - self.session_ttl_s
+        with self._lock:
+            silent = [(sid, s.run_id) for sid, s in self._sessions.items() if s.ended is None and s.beat < deadline]
+            for sid in [sid for sid, s in self._sessions.items()
+                        if s.ended is not None and now - s.ended_at > ENDED_SESSIONS_KEPT_S]:
+                for name in self._sessions.pop(sid).closed:
+                    self._gone.pop(name, None)
+        expired = []
+        for session_id, run_id in silent:
+            closing = self._end(session_id, "expired", silent_since=deadline)
+            if closing is None:
+                continue
+            expired.append(session_id)
+            log.info("Tinker session %s of run %s expired after %g s without a heartbeat: closing its %d training "
+                     "model(s)", session_id, run_id, self.session_ttl_s, len(closing))
+            for done in closing:
+                done.add_done_callback(_log_close_failure)
+        return expired
 
     def _close_model(self, model: _Model) -> concurrent.futures.Future[None]:
         with self._lock:
@@ -352,6 +515,11 @@ class TinkerAPI:
                                          "steps": model.optim_steps, "tinker": {"parent": model.parent}})
 
     def shutdown(self) -> None:
+        with self._lock:
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper[1].set()
+            reaper[0].join(timeout=5)
         with self._lock:
             models = list(self._models.values())
             workers = [m.worker for m in models] + [p.worker for p in self._samplers.values()]
@@ -407,9 +575,17 @@ class TinkerAPI:
                        base=base, rank=rank_, seed=seed, engine_session=None, worker=worker, parent=parent,
                        experiment_id=experiment_id)
         with self._lock:
-            self._models[model_id] = model
-            if isinstance(body.get("model_seq_id"), int):
-                self._aliases[f"{session_id}:train:{body['model_seq_id']}"] = model_id
+            session = self._sessions.get(session_id)
+            open_ = session is not None and session.ended is None
+            if open_:  # (checked with the insertion: an ending session collects its models under this lock)
+                self._models[model_id] = model
+                if isinstance(body.get("model_seq_id"), int):
+                    self._aliases[f"{session_id}:train:{body['model_seq_id']}"] = model_id
+        if not open_:  # its session ended while the job row was written: the row is finished at once
+            self._close_model(model)
+            if session is None:
+                raise NotFound(f"session {session_id} not found", param="session_id")
+            raise self._ended(session_id, session)
 
         def work() -> Outcome:
             model.engine_session = self._engine(base).training(base_path=self._base_path(base), rank=rank_,
@@ -419,7 +595,7 @@ class TinkerAPI:
         def failed() -> None:
             self._close_model(model)
 
-        return model, self._submit(identity.run_id, worker, work, on_error=failed)
+        return model, self._submit(identity.run_id, worker, work, on_error=failed, owner=model_id)
 
     def _state_experiment(self, identity: Identity, parent: str | None) -> str | None:
         """The experiment of the model that saved the state ``parent`` names (None: no state)."""
@@ -445,7 +621,7 @@ class TinkerAPI:
             self._close_model(model)
             return Outcome(json={"type": "unload_model", "model_id": model_id})
 
-        return self._submit(identity.run_id, model.worker, work)
+        return self._submit(identity.run_id, model.worker, work, owner=model_id)
 
     def forward_backward(self, identity: Identity, raw: bytes) -> tuple[str, str]:
         request = protowire.decode_forward_backward(raw)
@@ -480,7 +656,8 @@ class TinkerAPI:
             outputs = [{k: list(v) for k, v in out.items()} for out in result.loss_fn_outputs]
             return Outcome(proto=protowire.encode_forward_backward_output(outputs, dict(result.metrics or {})))
 
-        return model.id, self._submit(identity.run_id, model.worker, self._metered(reservation, cost, work))
+        return model.id, self._submit(identity.run_id, model.worker, self._metered(reservation, cost, work),
+                                      owner=request.model_id, reservation=reservation)
 
     def optim_step(self, identity: Identity, body: dict[str, Any]) -> tuple[str, str]:
         model = self._model(identity, str(body.get("model_id")))
@@ -499,7 +676,7 @@ class TinkerAPI:
             model.adam = params
             return Outcome(json={"type": "optim_step", "metrics": dict(metrics or {})})
 
-        return model.id, self._submit(identity.run_id, model.worker, work)
+        return model.id, self._submit(identity.run_id, model.worker, work, owner=model.id)
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -541,7 +718,7 @@ class TinkerAPI:
             return Outcome(json={"type": "save_weights_for_sampler", "checkpoint_id": view["id"],
                                  "path": f"{TINKER_PREFIX}{model.id}/sampler_weights/{view['id']}"})
 
-        return model.id, self._submit(identity.run_id, model.worker, work)
+        return model.id, self._submit(identity.run_id, model.worker, work, owner=model.id)
 
     @staticmethod
     def _parent_checkpoint(model: _Model) -> str | None:
@@ -588,7 +765,7 @@ class TinkerAPI:
                 raise
             return Outcome(json={"type": "save_weights", "path": f"{TINKER_PREFIX}{model.id}/weights/{state_id}"})
 
-        return model.id, self._submit(identity.run_id, model.worker, work)
+        return model.id, self._submit(identity.run_id, model.worker, work, owner=model.id)
 
     def _state(self, identity: Identity, path: str) -> tuple[Path, dict[str, Any]]:
         parts = path[len(TINKER_PREFIX):].split("/") if path.startswith(TINKER_PREFIX) else []
@@ -629,7 +806,7 @@ class TinkerAPI:
             model.loss_fns = set(meta.get("loss_fns") or [])
             return Outcome(json={"type": "load_weights", "path": path, "model_id": model.id})
 
-        return model.id, self._submit(identity.run_id, model.worker, work)
+        return model.id, self._submit(identity.run_id, model.worker, work, owner=model.id)
 
     # -- sampling ------------------------------------------------------------------------------
 
@@ -663,6 +840,8 @@ class TinkerAPI:
     def _sampler(self, identity: Identity, sampler_id: str) -> _Sampler:
         with self._lock:
             sampler = self._samplers.get(sampler_id)
+            if sampler is not None and sampler.run_id == identity.run_id:
+                self._beat(sampler.session_id)
         if sampler is None or sampler.run_id != identity.run_id:
             raise NotFound(f"sampling session {sampler_id} not found", param="sampling_session_id")
         return sampler
@@ -719,7 +898,7 @@ class TinkerAPI:
                 protowire.WireSequence([int(t) for t in s.tokens], None if s.logprobs is None else
                                        [float(x) for x in s.logprobs], str(s.stop_reason)) for s in sequences]))
 
-        request_id = self._submit(identity.run_id, sampler.worker, work)
+        request_id = self._submit(identity.run_id, sampler.worker, work, reservation=reservation)
         return request_id, [f"{request_id}-{i}" for i in range(num)]
 
     def _record_samples(self, identity: Identity, sampler: _Sampler, prompt: list[int],
