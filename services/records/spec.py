@@ -41,6 +41,7 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/operator/runs/{run_id}/chain", "operator.runs.chain"),
         Operation("GET", "/v1/operator/audits", "operator.audits"),
         Operation("POST", "/v1/operator/runs/{run_id}/audit", "operator.runs.audit"),
+        Operation("POST", "/v1/operator/monitor", "operator.monitor"),
     ),
     policy=RecordsPolicy,
 )

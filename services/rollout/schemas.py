@@ -105,18 +105,23 @@ def refuse_fetching(body: dict[str, Any]) -> None:
     for name, what in FETCHING_FIELDS.items():
         if name in body:
             raise PermissionDenied(f"{name} is refused: the gym does not let providers use {what}", param=name)
-    for i, tool in enumerate(body.get("tools") or []):
+    for i, tool in enumerate(_listed(body.get("tools"))):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise PermissionDenied(f"tool type {kind!r} is refused: only function tools", param=f"tools.{i}.type")
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text", "json_object", "json_schema"):
         raise PermissionDenied("response_format type is refused", param="response_format.type")
-    for i, message in enumerate(body.get("messages") or []):
+    for i, message in enumerate(_listed(body.get("messages"))):
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             for j, part in enumerate(content):
                 _check_part(part, f"messages.{i}.content.{j}")
+
+
+def _listed(value: Any) -> list[Any]:
+    """``value`` when it is a list, else nothing to check here (the schema refuses it with a 422)."""
+    return value if isinstance(value, list) else []
 
 
 def _check_part(part: Any, where: str) -> None:

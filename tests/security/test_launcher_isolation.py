@@ -131,8 +131,9 @@ def test_the_launched_agent_gets_nothing_of_its_host(live: tuple[str, Path], ope
 
 def test_an_agent_that_stops_its_relay_is_still_killed_at_the_wall_clock(live: tuple[str, Path],  # noqa: F811
                                                                          tmp_path: Path) -> None:
-    """The relay kills the agent at the wall clock; an agent that freezes its relay (SIGSTOP, same
-    uid) is killed by the supervisor a grace period later, with everything it started."""
+    """The supervisor outside the sandbox owns the run's clock (ops/run_watch.py): an agent that
+    freezes its relay (SIGSTOP, same uid) is still killed at the wall clock, with everything it
+    started."""
     from tests.e2e.test_launcher import _quick_task
 
     require_root()
@@ -153,6 +154,6 @@ def test_an_agent_that_stops_its_relay_is_still_killed_at_the_wall_clock(live: t
     log = rsigym("run", "logs", run)
     assert "relay: frozen" in log, log
     assert shown["status"] == "exited" and shown["exit_code"] == 124, log
-    assert "its relay did not stop the agent; the sandbox is killed" in log
-    assert took < 3 + launcher.WALL_CLOCK_GRACE_S + 10, took
+    assert "the run's wall clock has passed; the agent is stopped" in log
+    assert took < 3 + 10, took
     assert not [cmd for cmd in _cmdlines().values() if marker.encode() in cmd]  # nothing of the agent lives on
