@@ -122,6 +122,17 @@ def with_progress(view: dict[str, Any], *, audited: bool, scored: bool) -> dict[
     return {**view, "state": str(state), "state_name": state.state}
 
 
+def _run_key_for_update(s: Session, key_id: str, child_refusal: str) -> ApiKey:
+    """The run key ``key_id``, locked for this transaction: 404 if there is none, 409
+    (``child_refusal``) for a child key — a run's clock and end are its run key's."""
+    row = s.get(ApiKey, key_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"key {key_id} not found", param="id")
+    if row.parent_id is not None:
+        raise Conflict(child_refusal)
+    return row
+
+
 def _clock_change(row: ApiKey, status: str, now: datetime) -> dict[str, Any]:
     """How a run key's clock columns change when its status becomes ``status`` (access/lifecycle.py)."""
     if status == "paused":
@@ -270,11 +281,7 @@ class KeyRegistry:
         The first report stands."""
         now = utcnow()
         with self.store.transaction() as s:
-            row = s.get(ApiKey, key_id, with_for_update=True)
-            if row is None:
-                raise NotFound(f"key {key_id} not found", param="id")
-            if row.parent_id is not None:
-                raise Conflict("a run starts through its run key; child keys belong to their run")
+            row = _run_key_for_update(s, key_id, "a run starts through its run key; child keys belong to their run")
             if row.started_at is None:
                 values: dict[str, Any] = {"started_at": now, "updated_at": now}
                 if row.ends_at is not None and row.end_reason is None and row.ends_at > now:
@@ -335,11 +342,7 @@ class KeyRegistry:
             raise Unprocessable(f"reason must be one of {', '.join(END_REASONS)}", param="reason")
         now = utcnow()
         with self.store.transaction() as s:
-            row = s.get(ApiKey, key_id, with_for_update=True)
-            if row is None:
-                raise NotFound(f"key {key_id} not found", param="id")
-            if row.parent_id is not None:
-                raise Conflict("a run ends through its run key; child keys end with their run")
+            row = _run_key_for_update(s, key_id, "a run ends through its run key; child keys end with their run")
             values: dict[str, Any] = {"updated_at": now}
             if row.ends_at is None or row.ends_at > now:
                 values["ends_at"] = now
