@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import bearer, client_for, create_key
+from tests.conftest import admin_headers, bearer, client_for, create_key
 from tests.fakes.servers import serve_gym
 
 tinker = pytest.importorskip("tinker")
@@ -150,3 +150,30 @@ def test_bare_run_key_and_unknown_route(served: tuple[Any, str]) -> None:
     r = httpx.post(f"{url}/tinker/api/v1/auth/token", headers={"X-API-Key": "tml-" + key}, json={})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     assert httpx.post(f"{url}/tinker/api/v1/create_session", headers={"X-API-Key": "tml-nope"}).status_code == 401
+
+
+def test_another_runs_key_reaches_nothing_of_a_runs_loop(served: tuple[Any, str]) -> None:
+    """An attacker holding another run's key (as `tml-` or bare, or a forged run header) sees a
+    run's training model, saved state and futures as missing: 404, nothing loaded, nothing charged."""
+    gym, url = served
+    with client_for(gym) as admin:
+        victim = create_key(admin, budget_usd=5.0, track="joint")["key"]
+        attacker = create_key(admin, budget_usd=5.0, track="joint")
+    service = _service(url, victim)
+    trainer = service.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
+    state = trainer.save_state("s").result().path
+    model_id = trainer.model_id
+    pending = httpx.post(f"{url}/tinker/api/v1/optim_step", headers={"X-API-Key": "tml-" + victim},
+                         json={"model_id": model_id, "adam_params": {"learning_rate": 1e-3}}).json()
+    for header in ({"X-API-Key": "tml-" + attacker["key"]}, {"X-API-Key": attacker["key"],
+                                                            "X-RSIGym-Run": model_id, "X-RSIGym-Key": victim}):
+        api = f"{url}/tinker/api/v1"
+        for path, body in (("get_info", {"model_id": model_id}),
+                           ("optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1e-3}}),
+                           ("retrieve_future", {"request_id": pending["request_id"]}),
+                           ("load_weights", {"model_id": None, "path": state, "session_id": "x"})):
+            r = httpx.post(f"{api}/{path}", headers=header, json=body, timeout=30)
+            assert r.status_code == 404, (path, r.status_code, r.text)
+    with client_for(gym) as admin:
+        ledger = admin.get(f"/admin/v1/keys/{attacker['id']}/ledger", headers=admin_headers()).json()["data"]
+    assert [row for row in ledger if row["status"] != "released"] == []
