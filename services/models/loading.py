@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from functools import lru_cache
@@ -34,6 +35,10 @@ def import_ml() -> None:
             _imported = True
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def resolve_model_dir(model: BaseModel_, models_dir: Path,
                       on_step: Callable[[int, int], None] | None = None) -> Path:
     """The directory of a base model, building or converting it on first use (``on_step``
@@ -41,8 +46,8 @@ def resolve_model_dir(model: BaseModel_, models_dir: Path,
     if model.path == "builtin:tiny":
         from services.models.tiny import build_tiny
 
-        with _build_lock:
-            return build_tiny(models_dir, on_step=on_step)
+        with _build_lock:  # its log on stderr: a CLI's stdout is its answer (`rsigym score --json`)
+            return build_tiny(models_dir, on_step=on_step, log=_to_stderr)
     if model.path == "builtin:smollm2":
         from services.models.smollm2 import convert_smollm2
 

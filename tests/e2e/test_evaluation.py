@@ -3,12 +3,15 @@ validated (every oracle 1, every empty answer 0), base vs trained checkpoint on 
 arithmetic dev split through the SDK, result detail by policy, hidden splits, a probing
 harness that finds no way out of its trial, and scoring on the operator's budget.
 
-The arithmetic benchmark is registered whole (the trained checkpoint is scored on its 60 dev
-tasks). The shell benchmark is registered cut to its first 20 tasks of each split: its tasks are
-ten generated kinds in rotation (services/evaluation/task_generators/shell.py; the official split is
-drawn by the gym at registration the same way), so the cut validates every kind twice in each split,
-where the whole benchmark's 160 trials more took ~1.5 minutes of the suite. `make demo` registers and
-validates both bundled benchmarks whole."""
+Both bundled benchmarks are registered cut to their first 20 tasks of each split (the official
+split drawn by the gym at registration, as for the whole benchmark). Arithmetic's tasks are one kind
+(two-digit subtraction, every task the same files but the numbers), so 20 a split validate it 20
+times over; the whole benchmark's 160 trials more, and 80 more to evaluate base and checkpoint on
+60 dev tasks, took ~1.5 minutes of the suite. Its 120 tasks' structure is checked without sandboxes
+(tests/unit/services/evaluation/test_benchmarks.py). Shell's tasks are ten generated kinds in rotation
+(services/evaluation/task_generators/shell.py), so the cut validates every kind twice in each split.
+Arithmetic is scored too (avg@3 on its 20 official tasks). `make demo` registers and validates both
+bundled benchmarks whole."""
 
 from __future__ import annotations
 
@@ -20,7 +23,6 @@ import tarfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +32,10 @@ from ops.demo_common import trimmed_benchmarks
 from services.evaluation.task_generators import shell as shell_generator
 from services.models.synthetic import subtraction
 from tests.fakes.live_gym import LiveGym as Live
-from tests.fakes.live_gym import live_gym, mini_benchmark, registered_tasks
+from tests.fakes.live_gym import live_gym, registered_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-SCORED, SCORED_TASKS = "arithmetic-20", 20
+SCORED, SCORED_TASKS = "arithmetic", 20
 SHELL_KINDS, SHELL_PER_SPLIT = 10, 20
 HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
                  for n in ("bash", "read_file", "write_file", "finish")]
@@ -42,10 +43,10 @@ HARNESS_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"ty
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    scored = mini_benchmark(tmp_path_factory.mktemp("bench"), name=SCORED, per_split=SCORED_TASKS)
+    arithmetic = trimmed_benchmarks(tmp_path_factory.mktemp("arithmetic"), SCORED_TASKS, names=(SCORED,))[0]
     shell = trimmed_benchmarks(tmp_path_factory.mktemp("shell"), SHELL_PER_SPLIT, names=("shell",))[0]
     with live_gym(tmp_path_factory.mktemp("gym")) as served:
-        for path in (BENCHMARKS / "arithmetic", shell, scored):  # validated in the background
+        for path in (arithmetic, shell):  # validated in the background
             r = served.http.post("/admin/v1/benchmarks", json={"path": str(path)})
             assert r.status_code == 201, r.text
         yield served
@@ -59,7 +60,7 @@ def trained(live: Live) -> dict[str, Any]:
     gym = live.sdk(key)
     # every registered question, the official ones the gym drew at registration included
     banned = {(t.path / "instruction.md").read_text().strip()
-              for name in ("arithmetic", SCORED) for s in ("dev", "official") for t in registered_tasks(live.gym, name, s)}
+              for name in ("arithmetic",) for s in ("dev", "official") for t in registered_tasks(live.gym, name, s)}
     rng, rows = random.Random(11), []
     while len(rows) < 3000:
         messages = subtraction(rng)
@@ -102,7 +103,7 @@ def trained(live: Live) -> dict[str, Any]:
 
 
 def test_bundled_benchmarks_validate_every_oracle_1_and_every_empty_answer_0(live: Live) -> None:
-    for name, tasks in (("arithmetic", 120), ("shell", 2 * SHELL_PER_SPLIT)):
+    for name, tasks in (("arithmetic", 2 * SCORED_TASKS), ("shell", 2 * SHELL_PER_SPLIT)):
         bench = live.wait_benchmark(name)
         v = bench["validation"]
         print(f"\n{name}: {v}")
@@ -123,7 +124,7 @@ def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: 
     tuned = gym.evaluation.run("arithmetic", model=trained["checkpoint"], split="dev")
     base = gym.evaluation.wait(base.id, timeout=900)
     tuned = gym.evaluation.wait(tuned.id, timeout=900)
-    print(f"\narithmetic dev (60 tasks, minimal harness): base {base.score:.3f}, checkpoint {tuned.score:.3f}")
+    print(f"\narithmetic dev ({SCORED_TASKS} tasks, minimal harness): base {base.score:.3f}, checkpoint {tuned.score:.3f}")
     assert base.status == tuned.status == "succeeded"
     results = gym.evaluation.results(tuned.id)
     # On failure, say whether the model answered wrongly or trials failed (and how), not only the score.
@@ -132,10 +133,11 @@ def test_checkpoint_beats_base_on_arithmetic_dev_with_the_minimal_harness(live: 
               for j in trained["jobs"]]
     assert tuned.score > base.score + 0.2, {"trial_errors": errors, "training_loss": losses,
                                             "held_out_after_each_round": trained["held_out"]}
-    assert len(results) == 60 and {r.task_id for r in results} == {f"sub-{i:04d}" for i in range(1, 61)}
+    assert len(results) == SCORED_TASKS and {r.task_id for r in results} == {
+        f"sub-{i:04d}" for i in range(1, SCORED_TASKS + 1)}
     assert all(r.reward in (0.0, 1.0) and r.error is None for r in results)
     assert all(r.trajectory and r.trajectory["steps"] for r in results)
-    assert sum(r.reward for r in results) / 60 == pytest.approx(tuned.score)
+    assert sum(r.reward for r in results) / SCORED_TASKS == pytest.approx(tuned.score)
     after = gym.balance()
     assert after.spent_usd > before.spent_usd and after.reserved_usd == 0  # sandbox seconds + tokens, metered
 
@@ -230,8 +232,8 @@ def test_a_harness_finds_no_way_out_of_its_trial(live: Live, trained: dict[str, 
 
 
 def test_operator_scores_a_submission_on_its_own_budget(live: Live, trained: dict[str, Any]) -> None:
-    """Official avg@3 on the first 20 official arithmetic tasks (a benchmark of its own, to keep
-    the suite short: every trial is two sandboxes since verifiers run apart)."""
+    """Official avg@3 on the 20 official arithmetic tasks of the cut benchmark (to keep the suite
+    short: every trial is two sandboxes since verifiers run apart)."""
     assert live.wait_benchmark(SCORED)["status"] == "ready"
     gym: rsigym.Gym = trained["gym"]
     archive = gym.evaluation.upload_harness(_minimal_archive())

