@@ -17,6 +17,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session
 
 from access.fanout import STATUS_EVENTS
+from access.generations import AcceptedSystem, generation_view, generation_views, row_of, start_from
 from access.lifecycle import END_REASONS, RunState, run_state, time_left
 from access.policy import Policy, ServicePolicy, narrowed
 from billing.deadlines import chain_ends_at
@@ -160,12 +161,18 @@ class KeyRegistry:
         platform: bool = False,
         ends_at: datetime | None = None,
         run: dict[str, str | None] | None = None,
+        from_run: str | None = None,
+        accepted_system: AcceptedSystem | None = None,
     ) -> tuple[dict[str, Any], str]:
         """Create a key; returns its view and the plaintext key (the only time it exists).
 
         ``platform``: minted by the gym itself (an evaluation job's keys), which may grant a
         model door; everything else must still be within every ancestor's policy. ``run``: what
-        the launcher records of a run key's run (:data:`RUN_FACTS`)."""
+        the launcher records of a run key's run (:data:`RUN_FACTS`). ``from_run``: the run key's run
+        starts from that run's accepted system (access/generations.py; ``accepted_system`` reads and
+        vouches for it): its generation row commits with the key, and a refusal mints nothing."""
+        if from_run is not None and (parent_id is not None or accepted_system is None):
+            raise Unprocessable("only a run key starts from another run", param="from_run")
         if budget_nusd is not None and budget_nusd < 0:
             raise Unprocessable("budget must be >= 0", param="budget_usd")
         plaintext = new_api_key()
@@ -202,7 +209,9 @@ class KeyRegistry:
             )
             s.add(row)
             s.flush()
-            return key_view(row, chain_of(s, key_id)), plaintext
+            if from_run is not None and accepted_system is not None:
+                start_from(s, new_run_id=key_id, from_run_id=from_run, accepted_system=accepted_system)
+            return {**key_view(row, chain_of(s, key_id)), **generation_view(row_of(s, row.root_id))}, plaintext
 
     def authenticate(self, plaintext: str | None) -> Principal:
         if not plaintext:
@@ -241,7 +250,7 @@ class KeyRegistry:
             row = s.get(ApiKey, key_id)
             if row is None or (within_run is not None and row.root_id != within_run):
                 raise NotFound(f"key {key_id} not found", param="id")
-            return key_view(row, chain_of(s, key_id))
+            return {**key_view(row, chain_of(s, key_id)), **generation_view(row_of(s, row.root_id))}
 
     def list(self, *, parent_id: str | None = None, roots_only: bool = False) -> list[dict[str, Any]]:
         with self.store.transaction() as s:
@@ -250,7 +259,9 @@ class KeyRegistry:
                 stmt = stmt.where(ApiKey.parent_id == parent_id)
             elif roots_only:
                 stmt = stmt.where(ApiKey.parent_id.is_(None))
-            return [key_view(row, chain_of(s, row.id)) for row in s.scalars(stmt).all()]
+            rows = list(s.scalars(stmt).all())
+            generations = generation_views(s, {row.root_id for row in rows})
+            return [{**key_view(row, chain_of(s, row.id)), **generations[row.root_id]} for row in rows]
 
     def set_status(self, key_id: str, status: str, *, parent_id: str | None = None) -> dict[str, Any]:
         """Pause, resume or revoke. Revocation is final. A run key's pause stops its run's wall

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from access.generations import InitialSystem, initial_system, with_initial_checkpoint
 from access.policy import Policy
 from access.presets import budget_usd, preset_policy, track_label
 from billing import agent_meter, spend
@@ -25,7 +26,10 @@ from gateway.schemas import CreateKey, EditPolicy, EndRun, SetDeadline, TopUp
 from kit.errors import PermissionDenied, Unprocessable, validated
 from kit.http import TextJsonRoute, request_id_of
 from kit.spec import ServiceSpec
+from services.inference.read import check_new_run_agent_model
 from services.records import read as records_read
+from services.records.read import accepted_system
+from storage.store import Store
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_admin)], route_class=TextJsonRoute)
 
@@ -68,15 +72,28 @@ async def create_key(body: CreateKey, request: Request) -> dict[str, Any]:
     else:
         policy, track = parse_policy(body.policy or {}, gw.specs), None
     ends_at = resolve_ends_at(body.ends_at, body.deadline_s)
+    from_run = body.run.from_run if body.run is not None else None
+    if body.run is not None and body.run.agent_model:  # a gym-served agent model it may never use: refused now
+        await gw.store.call(check_new_run_agent_model, gw.context, body.run.agent_model)
+    if from_run is not None:  # the fixed base follows the system it starts from (checked again with the key)
+        policy = with_initial_checkpoint(policy, await gw.store.call(_initial_system, gw.store, from_run))
     view, plaintext = await gw.store.call(
         partial(gw.registry.create, policy=policy, budget_nusd=usd_to_nusd(usd), track=track, name=body.name,
-                ends_at=ends_at, run=body.run.model_dump() if body.run is not None else None)
+                ends_at=ends_at, run=body.run.model_dump(exclude={"from_run"}) if body.run is not None else None,
+                from_run=from_run, accepted_system=accepted_system if from_run is not None else None)
     )
     if body.agent_budget_usd is not None:
         meter = await gw.store.call(partial(agent_meter.attach_meter, gw.store, view["id"],
                                             usd_to_nusd(body.agent_budget_usd)))
         view = {**view, "agent_meter_id": meter["id"], "agent_budget_usd": meter["budget_usd"]}
     return {**view, "key": plaintext}
+
+
+def _initial_system(store: Store, from_run: str) -> InitialSystem:
+    """``from_run``'s accepted system, or its refusal (404 unknown, 409 running / unaudited /
+    unscored / flagged) before a key is minted."""
+    with store.transaction() as s:
+        return initial_system(s, from_run, accepted_system)
 
 
 @router.get("/keys")

@@ -12,10 +12,16 @@ Its token rate is the *caller's*: ``services.agent.tokens_per_minute`` on the ru
 (billing/rate_limits.py); a call over it is a 429 before anything is reserved.
 ``/agent/v1/messages/count_tokens`` is free and unlimited: it answers the prompt bound the
 reservation counts (services/rollout/agent_spec.py).
+
+A call naming one of the gym's own models (a ``gym:`` name, or an agent model ``served_by =
+"gym"``: services/inference/agent_models.py) goes the same way to the inference service instead
+(``GYM_ROUTE``), on the same meter, at the inference prices; so does the model list, which the
+inference service answers with the whole catalogue and the run's own gym model.
 """
 
 from __future__ import annotations
 
+import json
 from functools import partial
 
 from fastapi import APIRouter, Request
@@ -25,7 +31,9 @@ from access.keys import Principal
 from billing import agent_meter
 from gateway.context import Gateway, gateway_of
 from gateway.proxy import BilledRoute, forward
+from kit.config import GYM_AGENT_PREFIX, GymConfig
 from kit.errors import NotFound, PermissionDenied
+from services.inference.agent_spec import SPEC as GYM_SPEC
 from services.rollout.agent_spec import PREFIX, SPEC
 
 router = APIRouter()
@@ -40,10 +48,29 @@ async def payer(gw: Gateway, caller: Principal) -> Principal:
 
 
 ROUTE = BilledRoute(spec=SPEC, served_by="rollout", prefix=PREFIX, payer=payer)
+GYM_ROUTE = BilledRoute(spec=GYM_SPEC, served_by="inference", prefix=PREFIX, payer=payer)
+
+
+def names_gym_model(config: GymConfig, raw: bytes) -> bool:
+    """Whether a body's ``model`` is one of the gym's own (read only when it may be: most calls
+    name a provider model and are not parsed twice)."""
+    gym_names = [m.name for m in config.agent_models if m.served_by == "gym"]
+    if GYM_AGENT_PREFIX.encode() not in raw and not any(n.encode() in raw for n in gym_names):
+        return False
+    try:
+        model = json.loads(raw).get("model")
+    except (ValueError, AttributeError):
+        return False  # the route's own parsing answers it
+    return isinstance(model, str) and (model.startswith(GYM_AGENT_PREFIX) or model in gym_names)
 
 
 @router.api_route("/agent/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def agent_model(path: str, request: Request) -> Response:
-    if ROUTE.served_by not in gateway_of(request).links:
+    gw = gateway_of(request)
+    route = ROUTE
+    if GYM_ROUTE.served_by in gw.links:
+        if request.method == "GET" or names_gym_model(gw.config, await request.body()):
+            route = GYM_ROUTE
+    if route.served_by not in gw.links:
         raise NotFound("the agent route needs the rollout service, which is not part of this gym")
-    return await forward(request, agent_meter.SERVICE, path, ROUTE)
+    return await forward(request, agent_meter.SERVICE, path, route)

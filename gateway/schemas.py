@@ -26,6 +26,9 @@ class RunFacts(_Body):
     agent: str | None = Field(default=None, max_length=200)
     agent_version: str | None = Field(default=None, max_length=80)
     agent_model: str | None = Field(default=None, max_length=200)
+    from_run: str | None = Field(default=None, max_length=40)
+    """The run whose scored, audit-accepted final submission this run starts from (``rsigym run
+    start --from RUN``; access/generations.py). Not a fact stored on the key: a generation row."""
 
 
 class EndRun(_Body):

@@ -52,15 +52,20 @@ class RolloutModel(_Strict):
     by a direct pass-through, the others through LiteLLM: ``RolloutConfig.openai_passthrough``)."""
 
     name: str
-    litellm_model: str
+    litellm_model: str = ""
+    """The provider's model id (``openai/…``, ``anthropic/…``); a gym-served model has none."""
     api_base: str | None = None
     api_key_env: str | None = None
-    served_by: Literal["provider", "standin"] = "provider"
+    served_by: Literal["provider", "standin", "gym"] = "provider"
     """``provider``: the gym calls the provider at ``api_base`` (or the model's default) with the
     key in ``api_key_env``. ``standin``: the offline stand-in provider (services/rollout/standin.py:
     deterministic arithmetic, a fixed passage, a literal-signs judge) runs inside the rollout
     service and is reached over the OpenAI API in-process — no key, no network. It lets a
-    gym run offline; it is no frontier model (and no real judge)."""
+    gym run offline; it is no frontier model (and no real judge). ``gym`` (``agent_models``
+    only): the gym's own base model ``gym_model`` answers, through the inference service
+    (services/inference/agent.py), billed at that base model's inference prices."""
+    gym_model: str | None = None
+    """``served_by = "gym"`` only: the base model (``[[models]]``) that serves this agent model."""
     script: list[StandinStep] | None = None
     """``served_by = "standin"`` only: a trajectory the stand-in plays as this model — step k
     answers a conversation holding k assistant turns after its last user question; once the
@@ -80,6 +85,20 @@ class RolloutModel(_Strict):
 
     @model_validator(mode="after")
     def _standin_needs_no_provider(self) -> RolloutModel:
+        if self.name.startswith(GYM_AGENT_PREFIX):
+            raise ValueError(f"{self.name}: names starting with {GYM_AGENT_PREFIX!r} are the gym's own "
+                             "(rsigym run start --agent-model gym:…)")
+        if self.served_by == "gym":
+            if not self.gym_model:
+                raise ValueError(f"{self.name}: a gym-served model names its base model (gym_model)")
+            if self.api_base is not None or self.api_key_env is not None or self.script is not None:
+                raise ValueError(f"{self.name}: a gym-served model runs in the inference service; drop api_base, "
+                                 "api_key_env and script")
+            return self
+        if self.gym_model is not None:
+            raise ValueError(f"{self.name}: only a gym-served model (served_by = \"gym\") names a gym_model")
+        if not self.litellm_model:
+            raise ValueError(f"{self.name}: litellm_model is required (the provider's model id)")
         if self.served_by == "standin":
             if not self.litellm_model.startswith("openai/"):
                 raise ValueError(f"{self.name}: a stand-in model is reached over the OpenAI API; "
@@ -90,6 +109,11 @@ class RolloutModel(_Strict):
         elif self.script is not None:
             raise ValueError(f"{self.name}: only a stand-in model plays a script (served_by = \"standin\")")
         return self
+
+
+GYM_AGENT_PREFIX = "gym:"
+"""An agent model the gym serves from its own models, chosen per run (``rsigym run start
+--agent-model gym:<base model>|gym:<checkpoint id>|gym:from:<run>``; services/inference/agent_models.py)."""
 
 
 class RolloutConfig(_Strict):
@@ -452,6 +476,50 @@ class GymConfig(_Strict):
     the rollout catalogue, served by the rollout service's code and billed on each run's
     separate agent-model meter."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gym_agent_prices(cls, data: Any) -> Any:
+        """A gym-served agent model (``served_by = "gym"``) is billed at its base model's inference
+        prices: left out, they are filled in from the base model (checked in ``_gym_agent_models``)."""
+        if not isinstance(data, dict) or not isinstance(data.get("agent_models"), list):
+            return data
+        raw_models = data["models"] if "models" in data else _default_models()
+        bases = {(m.get("name") if isinstance(m, dict) else getattr(m, "name", None)): m for m in raw_models or []}
+
+        def price(base: Any, field: str) -> Any:
+            return base.get(field, 0.0) if isinstance(base, dict) else getattr(base, field, 0.0)
+
+        agents = []
+        for entry in data["agent_models"]:
+            if isinstance(entry, dict) and entry.get("served_by") == "gym":
+                base = bases.get(entry.get("gym_model"))
+                entry = {"input_usd_per_mtok": price(base, "prefill_usd_per_mtok") if base is not None else 0.0,
+                         "output_usd_per_mtok": price(base, "sample_usd_per_mtok") if base is not None else 0.0,
+                         **entry}
+            agents.append(entry)
+        return {**data, "agent_models": agents}
+
+    @model_validator(mode="after")
+    def _gym_agent_models(self) -> GymConfig:
+        """A gym-served agent model names a configured base model, is priced as its inference, and
+        is granted at most the inference service's ``max_tokens_cap``."""
+        if any(m.served_by == "gym" for m in self.rollout.models):
+            raise ValueError("served_by = \"gym\" is for agent_models only (the rollout catalogue's are providers')")
+        for m in self.agent_models:
+            if m.served_by != "gym":
+                continue
+            base = self.base_model(m.gym_model or "")
+            if base is None:
+                raise ValueError(f"agent model {m.name}: gym_model {m.gym_model!r} is not a configured base model")
+            if (m.input_usd_per_mtok, m.output_usd_per_mtok) != (base.prefill_usd_per_mtok, base.sample_usd_per_mtok):
+                raise ValueError(f"agent model {m.name}: a gym-served model is billed at its base model's inference "
+                                 f"prices ({base.prefill_usd_per_mtok}, {base.sample_usd_per_mtok}); leave its "
+                                 "input/output prices out")
+            cap = self.inference.max_tokens_cap
+            if m.max_output_tokens is None or m.max_output_tokens > cap:
+                m.max_output_tokens = cap
+        return self
+
     @model_validator(mode="after")
     def _resolve_tracks(self) -> GymConfig:
         """Fill the tracks' unset models from the catalogues; refuse names nobody offers."""
@@ -512,8 +580,13 @@ class GymConfig(_Strict):
         return self
 
     def agent_catalogue(self) -> RolloutConfig:
-        """The rollout settings with the agent models as the catalogue (what the agent route serves)."""
-        return self.rollout.model_copy(update={"models": list(self.agent_models)})
+        """The rollout settings with the provider and stand-in agent models as the catalogue (what
+        the rollout service serves on the agent route; gym-served ones are the inference service's)."""
+        return self.rollout.model_copy(update={"models": [m for m in self.agent_models if m.served_by != "gym"]})
+
+    def gym_agent_model(self, name: str) -> RolloutModel | None:
+        """The catalogue's gym-served agent model of that name (``served_by = "gym"``), or None."""
+        return next((m for m in self.agent_models if m.name == name and m.served_by == "gym"), None)
 
     def base_model(self, name: str) -> BaseModel_ | None:
         return next((m for m in self.models if m.name == name), None)

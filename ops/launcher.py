@@ -52,6 +52,7 @@ import tempfile
 import time
 import tomllib
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 from pathlib import Path
@@ -63,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from access import repeats
 from access.lifecycle import RunState, exit_reason, run_state
 from kit import namespace_relay
-from kit.config import GymConfig
+from kit.config import GYM_AGENT_PREFIX, GymConfig
 from kit.egress import HEAD_LIMIT, EgressPolicy, EgressProxy, proxy_env
 from kit.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from kit.host_uids import HostUidPool, kill_uid, pid_running
@@ -168,6 +169,11 @@ class RunRecord(BaseModel):
     state: str | None = None
     """The run's lifecycle state (``run list/show``: the gateway's, which knows pauses, audits and
     scores; else :meth:`local_state`)."""
+    generation: int = 1
+    """The run's generation (access/generations.py): 1 unless started with ``--from``."""
+    from_run: str | None = None
+    initial_system: dict[str, Any] | None = None
+    """``--from``: the system it starts from (model, harness, weights_hash, base_model, submission)."""
 
     def local_state(self, now: datetime | None = None) -> RunState:
         """The state from this record's facts alone (the gym unreachable)."""
@@ -208,15 +214,28 @@ def agent_env(key: str, egress: bool = False, extra: dict[str, str] | None = Non
     return env
 
 
-def _placeholders(template: AgentTemplate, agent: str, config: GymConfig) -> dict[str, str]:
-    """The placeholders of an agent that names its model: the gym's first agent model (``agent_models``
-    in its config) and the most output tokens the agent route grants it."""
-    if not template.needs_agent_model():
+def _placeholders(template: AgentTemplate, agent: str, config: GymConfig, chosen: str | None = None) -> dict[str, str]:
+    """The placeholders of an agent that names its model: ``chosen`` (``rsigym run start
+    --agent-model``: a catalogue agent model, or one of the gym's own, ``gym:<base model>``,
+    ``gym:<checkpoint id>``, ``gym:from:<run>``), else the gym's first agent model (``agent_models``
+    in its config), and the most output tokens the agent route grants it. A ``gym:`` model's
+    eligibility (an ended run's accepted, scored submission; never the run's own) is checked by
+    the gym on every call (services/inference/agent_models.py)."""
+    if chosen is not None:
+        if chosen.startswith(GYM_AGENT_PREFIX):
+            if not chosen.removeprefix(GYM_AGENT_PREFIX).removeprefix("from:"):
+                raise Unprocessable("--agent-model gym:<base model>|gym:<checkpoint id>|gym:from:<run>",
+                                    param="agent_model")
+            return {"{agent_model}": chosen, "{agent_max_output_tokens}": str(config.inference.max_tokens_cap)}
+        if next((m for m in config.agent_models if m.name == chosen), None) is None:
+            raise Unprocessable(f"--agent-model {chosen!r} is neither one of this gym's agent models nor gym:<model>",
+                                param="agent_model")
+    if not template.needs_agent_model() and chosen is None:
         return {}
     if not config.agent_models:
         raise Unprocessable(f"agent {agent!r} needs an agent model, and this gym's config has no agent_models "
                             "(docs/operator-guide.md: the agent route)", param="agent")
-    model = config.agent_models[0]
+    model = next(m for m in config.agent_models if m.name == chosen) if chosen is not None else config.agent_models[0]
     return {"{agent_model}": model.name,
             "{agent_max_output_tokens}": str(model.max_output_tokens or config.rollout.max_tokens_cap)}
 
@@ -268,12 +287,16 @@ def repeat_slots(count: int, seed: int | None = None) -> list[Repeat | None]:
 
 
 def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any, key_body: dict[str, Any],
-              instruction: str, agent: str, config: GymConfig, extra_args: list[str] | None = None,
-              agents_file: Path = AGENTS, compose: ComposeTarget | None = None,
-              repeat: Repeat | None = None) -> RunRecord:
+              instruction: str | Callable[[dict[str, Any]], str], agent: str, config: GymConfig,
+              extra_args: list[str] | None = None, agents_file: Path = AGENTS, compose: ComposeTarget | None = None,
+              repeat: Repeat | None = None, from_run: str | None = None,
+              chosen_agent_model: str | None = None) -> RunRecord:
     """Mint the run key, lay out the run directory and start the supervisor; the run's record.
     ``compose`` set: compose mode (the track's agent container), else embedded (bubblewrap here).
-    ``repeat``: one run of a repeat group (its key named for the group, its seed passed to the agent)."""
+    ``repeat``: one run of a repeat group (its key named for the group, its seed passed to the agent).
+    ``from_run``: the run starts from that run's accepted system (``--from``; refused, no key is
+    minted, unless it was scored and its audit accepted it). ``instruction`` may be rendered from
+    the minted key's view (its ``generation`` and ``initial_system``)."""
     agents = load_agents(agents_file)
     if agent not in agents:
         raise Unprocessable(f"no agent {agent!r} (agents: {', '.join(sorted(agents)) or 'none'})", param="agent")
@@ -282,7 +305,7 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
     extra_args = seed_args(template, agent, repeat.seed if repeat else None, extra_args or []) + (extra_args or [])
     if repeat is not None:
         key_body = {**key_body, "name": repeats.key_name(str(key_body.get("name") or task.name), repeat.group)}
-    placeholders = _placeholders(template, agent, config)
+    placeholders = _placeholders(template, agent, config, chosen_agent_model)  # --agent-model, else the first
     agent_model = placeholders.get("{agent_model}", "")
     env = dict(zip(template.env, _fill(list(template.env.values()), placeholders), strict=True))
     if compose is None and (absent := agent_toolbox.missing(template.npm)):
@@ -295,7 +318,10 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
     if compose is not None and shutil.which(compose.docker) is None:
         raise ServiceUnavailable(f"compose mode needs the docker CLI ({compose.docker!r} is not on PATH)")
     minted = client.create_key({**key_body, "run": {"task": task.name, "agent": agent, "agent_version": template.version(),
-                                                    "agent_model": agent_model or None}})
+                                                    "agent_model": agent_model or None,
+                                                    **({"from_run": from_run} if from_run else {})}})
+    if callable(instruction):
+        instruction = instruction(minted)
     run = minted.get("run_id") or minted["id"]
     runs = runs_root(data_dir)
     runs.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -336,7 +362,8 @@ def start_run(*, data_dir: Path, gateway_url: str, client: KeyMinter, task: Any,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=Path(__file__).resolve().parents[1])
     record = RunRecord(run=run, key_id=minted["id"], task=task.name, agent=agent, agent_version=template.version(),
-                       agent_model=agent_model or None, pid=proc.pid,
+                       agent_model=agent_model or None, pid=proc.pid, generation=minted.get("generation") or 1,
+                       from_run=minted.get("from_run"), initial_system=minted.get("initial_system"),
                        started_at=_now(), deadline_s=seconds, mode=plan["mode"], egress=egress,
                        **({} if repeat is None else {"repeat_group": repeat.group, "repeat_index": repeat.index,
                                                      "repeat_count": repeat.count, "seed": repeat.seed}))

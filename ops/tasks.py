@@ -27,6 +27,7 @@ from typing import Any, Literal
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from access.generations import InitialSystem, with_initial_checkpoint
 from access.policy import Policy
 from access.presets import budget_usd, preset_policy, submission_needs, track_label
 from billing.deadlines import parse_duration
@@ -256,16 +257,24 @@ def fixed_fields(policy: Policy, service: str) -> dict[str, Any]:
     return {path: rule.arg for path, rule in rules.fields.items() if rule.kind == "fixed"}
 
 
-def render_instruction(task: Task, config: GymConfig) -> str:
+def render_instruction(task: Task, config: GymConfig, generation: dict[str, Any] | None = None) -> str:
     """The task's ``instruction.md`` rendered (Jinja2, undefined names refused) from the task and
     the effective policy. Templates see: ``task``, ``track``, ``offline``, ``benchmarks``,
     ``policy`` (services → settings), ``granted``/``revoked`` (service names), ``fixed``
     (service → {field: value}), ``models`` (service → allowlist or ``"*"``), ``needs``
     (submission artifacts), ``budget_usd``, ``agent_budget_usd``, ``wall_clock``,
-    ``tokens_per_minute``, ``egress``, ``skills`` (service → skills document path)."""
+    ``tokens_per_minute``, ``egress``, ``skills`` (service → skills document path), ``generation``
+    (the run's generation, 1 without ``--from``) and ``initial_system`` (``generation``: the minted run
+    key's view of a run started with ``--from``, access/generations.py: its checkpoint id, harness id,
+    weights hash; None otherwise)."""
     if task.path is None:
         raise Unprocessable(f"task {task.name} was not loaded from a directory", param="task")
     policy = task_policy(task, config)
+    initial = (generation or {}).get("initial_system")
+    if initial:  # the fixed base follows the system the run starts from (as the key's policy does)
+        policy = with_initial_checkpoint(policy, InitialSystem(
+            submission_id=initial.get("submission") or "", model=initial["model"], harness=initial["harness"],
+            weights_hash=initial.get("weights_hash"), base_model=initial.get("base_model") or "", audit_id=""))
     root = task.path.parent
     env = jinja2.Environment(loader=jinja2.FileSystemLoader([str(task.path), str(root)]),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
@@ -281,6 +290,8 @@ def render_instruction(task: Task, config: GymConfig) -> str:
         "agent_budget_usd": task.budget.agent_model_usd, "wall_clock": task.limits.wall_clock,
         "tokens_per_minute": task.limits.tokens_per_minute.model_dump(), "egress": task.egress.allow,
         "skills": {s: str(SKILLS / f"{s}.md") for s in granted},
+        "generation": (generation or {}).get("generation") or 1,
+        "from_run": (generation or {}).get("from_run"), "initial_system": initial,
     }
     try:
         return env.get_template("instruction.md").render(**context)

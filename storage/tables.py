@@ -143,6 +143,40 @@ class ApiKey(Base):
     """Run keys: since when the run is paused; its wall clock stands still until it resumes."""
 
 
+class RunGeneration(Base):
+    """A run started from an earlier run's accepted system (``rsigym run start --from RUN``,
+    access/generations.py). Generation 0 is the base model with the minimal harness; a run
+    started without ``--from`` is generation 1 and has no row here; a run started from a
+    generation-N run is generation N + 1.
+
+    The row is the cross-run grant ``--from`` makes: the new run may read and use
+    ``initial_model`` (when it is a checkpoint) and ``initial_harness`` (when it is not the
+    minimal harness), nothing more of the earlier run."""
+
+    __tablename__ = "run_generations"
+
+    run_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    """The new run (its root key id)."""
+    from_run_id: Mapped[str] = mapped_column(String(40), index=True)
+    """The earlier run whose scored, accepted final submission is this run's initial system."""
+    chain_root_id: Mapped[str] = mapped_column(String(40), index=True)
+    """The chain's generation-1 run (the first run of the chain, started without ``--from``)."""
+    generation: Mapped[int] = mapped_column(Integer)
+    submission_id: Mapped[str] = mapped_column(String(40))
+    """``from_run_id``'s final submission (scored, its audit accepted)."""
+    audit_id: Mapped[str] = mapped_column(String(40))
+    """The audit of ``from_run_id`` that accepted that submission: the one the grant rests on."""
+    initial_model: Mapped[str] = mapped_column(String(200))
+    """The initial system's model: the submission's checkpoint id, or a base model's name."""
+    initial_harness: Mapped[str] = mapped_column(String(200))
+    """The initial system's harness: the submission's harness id, or ``minimal``."""
+    initial_weights_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The initial checkpoint's weights hash (None: a base model)."""
+    base_model: Mapped[str] = mapped_column(String(200))
+    """Generation 0's base model: the chain's fixed base, the checkpoints' ``base_model``."""
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class RateCounter(Base):
     """Tokens a key has reserved in one minute (billing/rate_limits.py)."""
 

@@ -47,6 +47,14 @@ def run_start(
                                              "S+i, which seeds what it asks the gym to sample (the baseline and dag "
                                              "agents). LLM agents (claude-code, codex) take no seed: they are "
                                              "repeated, not seeded.")] = None,
+    from_run: Annotated[str | None, typer.Option("--from", help="Start from RUN's accepted system: its scored, "
+                                                 "audit-accepted submission (checkpoint and harness) is this run's "
+                                                 "initial system, one generation on.")] = None,
+    agent_model: Annotated[str | None, typer.Option("--agent-model", help="The research agent's own model: one of "
+                                                    "the gym's agent_models, or one the gym serves itself: "
+                                                    "gym:<base model>, gym:<checkpoint id> or gym:from:<RUN> (an "
+                                                    "ended run's scored, audit-accepted submission). Default: the "
+                                                    "first of agent_models.")] = None,
     tasks_dir: TasksDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False,
     data_dir: DataDirOpt = None, url: UrlOpt = None,
 ) -> None:
@@ -78,8 +86,9 @@ def run_start(
         return launcher.start_run(
             data_dir=Path(settings.data_dir), gateway_url=url or settings.url, client=AdminClient(settings, url),
             task=found, key_body=key_body(found, gym_config, budget=amount),
-            instruction=render_instruction(found, gym_config), agent=agent, config=gym_config,
-            extra_args=list(ctx.args), compose=compose, agents_file=agents_file or launcher.AGENTS, repeat=slot)
+            instruction=lambda minted: render_instruction(found, gym_config, minted), agent=agent,
+            config=gym_config, extra_args=list(ctx.args), compose=compose, agents_file=agents_file or launcher.AGENTS,
+            repeat=slot, from_run=from_run, chosen_agent_model=agent_model)
 
     slots = exit_on_refusal(lambda: launcher.repeat_slots(repeat, seed))
     records: list[launcher.RunRecord] = []

@@ -30,6 +30,7 @@ from ops.cli.common import (
 from services.evaluation.decompose import decomposition_view, decompositions_of
 from services.evaluation.report import FINAL_SCORE_STATUSES as FINAL
 from services.evaluation.report import build_report_rows
+from services.evaluation.report import to_json as to_report_json
 from services.evaluation.schemas import BASELINE_RUNS, REFERENCE_RUN
 
 
@@ -177,6 +178,8 @@ def score(
                                "reference": reference,
                                "dev_scores": [r for r in watched if r["split"] != split],
                                "comparisons": with_admin(data_dir, url, lambda c: score_comparisons(c, rows, run_id)),
+                               "rsi_index": (with_admin(data_dir, url, lambda c: run_indices(c, run_id, split))
+                                             if wait else None),
                                "audit_after_scoring": None if after is None else {
                                    "status": after["status"], "hacking_rate": after["hacking_rate"],
                                    "audit_id": after.get("audit_id")},
@@ -192,29 +195,62 @@ def score(
         raise typer.Exit(1)
 
 
+def _baseline_systems(record: dict[str, Any]) -> list[tuple[str, tuple[str, str] | None]]:
+    """What a run's score is compared with: its initial system (``initial``; the one its record
+    names, else any minimal-harness initial score of the scope, as before generations) and, for a
+    run started ``--from`` an earlier run, generation 0 (``generation_0``: base model + minimal)."""
+    named = record.get("initial_system")
+    out: list[tuple[str, tuple[str, str] | None]] = [("initial", (named["model"], named["harness"]) if named else None)]
+    generation = record.get("generation")
+    if generation:
+        out.append(("generation_0", (generation["base_model"], "minimal")))
+    return out
+
+
 def score_comparisons(client: AdminClient, rows: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
-    """The submission vs the initial system per benchmark, once both scores succeeded: the paired
-    bootstrap of services/evaluation/bootstrap.py over the two jobs' trials (``ci95``, ``within_noise``)."""
+    """The submission vs the initial system per benchmark (and, for a later generation, vs
+    generation 0 too), once both scores succeeded: the paired bootstrap of
+    services/evaluation/bootstrap.py over the two jobs' trials (``ci95``, ``within_noise``)."""
     from services.evaluation.bootstrap import paired_bootstrap, task_rewards
     from services.evaluation.schemas import INITIAL_RUN
 
     done = [r for r in rows if r["status"] == "succeeded" and not r.get("cell")]
     out = []
     for run in (r for r in done if r["run_id"] == run_id):
-        base = next((i for i in done if i["run_id"] == INITIAL_RUN and _scope_of(i) == _scope_of(run)), None)
-        if base is None:
-            continue
-        initial, submitted = (task_rewards((t["task_id"], t.get("reward")) for t in client.evaluation_results(r["job_id"]))
-                              for r in (base, run))
-        try:
-            c = paired_bootstrap(initial, submitted)
-        except ValueError as err:  # not the same tasks (or none): no paired interval
-            print_note(f"{run['benchmark']}: no interval vs the initial system ({err})")
-            continue
-        out.append({"benchmark": run["benchmark"], "split": run["split"], "vs": "initial", "initial": c.a,
-                    "submitted": c.b, "diff": c.diff, "ci95": list(c.ci95), "within_noise": c.within_noise,
-                    "tasks": c.tasks, "method": c.to_json()["method"], "resamples": c.resamples, "seed": c.seed})
+        for vs, system in _baseline_systems(run):
+            base = next((i for i in done if i["run_id"] == INITIAL_RUN and _scope_of(i) == _scope_of(run)
+                         and ((i["model"], i.get("harness") or "minimal") == system if system
+                              else (i.get("harness") or "minimal") == "minimal")), None)
+            if base is None:
+                continue
+            initial, submitted = (task_rewards((t["task_id"], t.get("reward"))
+                                               for t in client.evaluation_results(r["job_id"])) for r in (base, run))
+            try:
+                c = paired_bootstrap(initial, submitted)
+            except ValueError as err:  # not the same tasks (or none): no paired interval
+                print_note(f"{run['benchmark']}: no interval vs {vs.replace('_', ' ')} ({err})")
+                continue
+            out.append({"benchmark": run["benchmark"], "split": run["split"], "vs": vs,
+                        "model": base["model"], "harness": base.get("harness"), "initial": c.a,
+                        "submitted": c.b, "diff": c.diff, "ci95": list(c.ci95), "within_noise": c.within_noise,
+                        "tasks": c.tasks, "method": c.to_json()["method"], "resamples": c.resamples, "seed": c.seed})
     return out
+
+
+def run_indices(client: AdminClient, run_id: str, split: str) -> dict[str, Any] | None:
+    """The run's RSI-Index with its interval (``rsigym score RUN --wait --json``) and, for a run
+    started ``--from`` an earlier run, its generation and both indices (vs its initial system, vs
+    generation 0): the report's own numbers for this one run. None: not scored to the end yet."""
+    from services.evaluation.report import build_report, group_rows, report_jobs
+
+    rows, _ = build_report_rows(client.scores(), [client.key(run_id)], split)
+    rows = [r for r in rows if r.run_id == run_id]
+    if not rows:
+        return None
+    report = build_report(group_rows(rows), trials=_job_trials(client, report_jobs(rows)))
+    (run,) = [r for r in to_report_json(report)["runs"] if r["run_id"] == run_id]
+    return {"rsi_index": run["rsi_index"], "ci95": run["ci95"], "within_noise": run["within_noise"],
+            "generation": run["generation"]}
 
 
 def _interval_text(c: dict[str, Any] | None) -> str:
@@ -277,6 +313,9 @@ def report(
     split: Annotated[str, typer.Option("--split", help="The split whose scores are reported.")] = "official",
     include_flagged: Annotated[bool, typer.Option("--include-flagged", help="Also give each agent's RSI-Index with "
                                                   "its flagged runs (left out of it by default).")] = False,
+    chain: Annotated[str | None, typer.Option("--chain", metavar="RUN", help="Draw only RUN's chain of generations "
+                                              "back to generation 0 (every chain of two or more generations among "
+                                              "the reported runs is drawn by default).")] = None,
     as_json: JsonOpt = False,
     data_dir: DataDirOpt = None,
     url: UrlOpt = None,
@@ -292,8 +331,16 @@ def report(
     agent's RSI-Index and listed apart (--include-flagged adds the index with them); runs of one
     agent on one task, track and budget are grouped, with their mean index and its t-interval.
 
-    Prints the tables and writes report.md, report.json, one PNG chart per benchmark and one
-    timeline chart per run into --out; --json prints report.json's content instead of the tables."""
+    A run started --from an earlier run (a later generation) gets its RSI-Index against its own
+    initial system and against generation 0 (base model + minimal harness), both with intervals.
+    Each chain of generations among the reported runs (or only RUN's, with --chain RUN) is drawn
+    back to generation 0: a table of the official score by generation per benchmark and
+    chain-<run>.png, with each score's 95% bootstrap interval as error bars.
+
+    Prints the tables and writes report.md, report.json, one PNG chart per benchmark, one
+    timeline chart per run and one chain chart per chain into --out; --json prints report.json's
+    content instead of the tables."""
+    from services.evaluation.generations import build_chain, chain_ends
     from services.evaluation.report import group_rows, report_jobs, scored_submissions, to_json, write_report
 
     scores, keys = with_admin(data_dir, url, lambda c: (c.scores(), c.keys()))
@@ -304,18 +351,25 @@ def report(
         err_console.print("no scored runs with an initial-system score yet: `rsigym score RUN --wait` first")
         raise typer.Exit(1)
     grouped = group_rows(rows)
+    if chain is not None and chain not in {r.run_id for r in grouped}:
+        print_error(f"--chain {chain}: the run has no finished {split} score with an initial-system score")
+        raise typer.Exit(1)
+    chains = [build_chain(scores, run, split=split)
+              for run in ([chain] if chain is not None else chain_ends(scores, [r.run_id for r in grouped]))]
     audits, timelines, integrity_default = with_admin(
         data_dir, url, lambda c: _report_records(c, [r.run_id for r in grouped], scored_submissions(rows)))
-    trials = with_admin(data_dir, url, lambda c: _job_trials(c, report_jobs(rows)))
+    jobs = list(dict.fromkeys([*report_jobs(rows), *(j for c in chains for j in c.jobs())]))
+    trials = with_admin(data_dir, url, lambda c: _job_trials(c, jobs))
     decompositions = with_admin(data_dir, url, lambda c: decompositions_of(  # `rsigym score --decompose`'s
         scores, [r.run_id for r in grouped], c.evaluation_results, split=split))
     files = write_report(grouped, out, err_console if as_json else console, audits=audits, timelines=timelines,
                          integrity_default=integrity_default, trials=trials, include_flagged=include_flagged,
-                         decompositions=decompositions)
+                         decompositions=decompositions, chains=chains)
     if as_json:
         typer.echo(json.dumps(to_json(files.report), indent=2))
     else:
-        written = [files.markdown, files.json, *files.charts.values(), *files.timeline_charts.values()]
+        written = [files.markdown, files.json, *files.charts.values(), *files.timeline_charts.values(),
+                   *files.chain_charts.values()]
         console.print("written: " + ", ".join(str(p) for p in written))
     from ops.cli.analyses import report_analyses  # the papers' analyses next to report.md (ops/analyses/)
     report_analyses(out, [r.run_id for r in grouped], as_json=as_json, data_dir=data_dir, url=url)

@@ -173,7 +173,8 @@ def decomposition_view(scores: Sequence[Mapping[str, Any]], run_id: str,
                  for name in CELLS}
         harness_cell = cells[CELL_HARNESS]
         base_model = harness_cell["model"] if harness_cell is not None else None
-        same = [r for r in ok if r["run_id"] == INITIAL_RUN and _scope(r) == scope]
+        same = [r for r in ok if r["run_id"] == INITIAL_RUN and _scope(r) == scope  # base × minimal, not a
+                and (r.get("harness") or MINIMAL) == MINIMAL]  # later generation's initial system
         initial = _newest(r for r in same if r["model"] in (base_model, sub["model"])) or _newest(same)
         if initial is None:
             continue

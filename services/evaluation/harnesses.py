@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from access.generations import granted_harness
 from billing.storage_quota import StorageQuota, tree_bytes
 from kit.errors import Conflict, NotFound
 from kit.ids import new_id
@@ -131,12 +132,13 @@ class HarnessStore:
             return [harness_view(r) for r in rows]
 
     def directory(self, harness: str, *, run_id: str | None) -> Path:
-        """The unpacked tree of ``minimal`` or of one of the run's harnesses (None: any run)."""
+        """The unpacked tree of ``minimal`` or of one of the run's harnesses, its initial harness
+        granted by ``--from`` included (access/generations.py; None: any run)."""
         if harness == MINIMAL:
             return MINIMAL_DIR
         with self.store.transaction() as s:
             row = s.get(HarnessRow, harness)
-            if row is None or (run_id is not None and row.run_id != run_id):
+            if row is None or (run_id is not None and row.run_id != run_id and not granted_harness(s, run_id, row.id)):
                 raise NotFound(f"harness {harness!r} not found", param="harness")
             return self.root / row.sha256
 

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from jobs.lifecycle import OPEN, finished_counts, queue_figures
 from services.evaluation.failures import failure_kind
+from services.evaluation.submissions import final_submission as final_submission_row
 from services.evaluation.tables import (
     BenchmarkRow,
     EvaluationJob,
@@ -230,6 +231,19 @@ def submissions(s: Session, *, run_id: str | None = None, newest_first: bool = F
     """Submissions by creation time, of one run or all, in ``s``."""
     return [view(SubmissionView, r) for r in by_creation(s, SubmissionRow, run_id=run_id, newest_first=newest_first,
                                                           limit=limit)]
+
+
+def final_submission(s: Session, run_id: str) -> SubmissionView | None:
+    """The run's final submission (services/evaluation/submissions.py), or None."""
+    row = final_submission_row(s, run_id)
+    return None if row is None else view(SubmissionView, row)
+
+
+def scored_submission(s: Session, run_id: str, submission_id: str) -> bool:
+    """Has ``submission_id`` of ``run_id`` a succeeded score (the run's own, not a decomposition cell)?"""
+    return s.scalar(select(ScoreRow.id).where(ScoreRow.run_id == run_id, ScoreRow.submission_id == submission_id,
+                                              ScoreRow.status == "succeeded", ScoreRow.cell.is_(None))
+                    .limit(1)) is not None
 
 
 @dataclass(frozen=True)

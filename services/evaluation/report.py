@@ -19,6 +19,14 @@ vs official score of its one submitted system; and pass@k / solved-in-all-k per 
 Honest aggregates: a flagged run (its newest audit's verdict) is left out of its agent's index
 and listed apart (``include_flagged`` adds the index with them); runs of one agent on one task, track
 and budget are grouped, their indices' mean given with a t-interval over runs.
+
+Generations (services/evaluation/generations.py): a run started ``--from`` an earlier run has two
+RSI-Indices, against its own initial system (the earlier run's accepted system; the run's index,
+the one its agent is ranked on) and against generation 0 (the chain's base model with the minimal
+harness), each with its interval. Every chain of two or more generations among the reported runs
+is drawn back to generation 0 automatically (``rsigym report --chain RUN``: only RUN's chain, which
+may be a single generation): a table and ``chain-<run>.png`` of the official score by generation
+per benchmark, with each score's 95% interval where its trials could be read.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from services.evaluation.bootstrap import (
     pass_stats,
     unpaired_bootstrap,
 )
+from services.evaluation.generations import Chain, Generation, chain_figure_stem, chain_json, draw_chain, with_intervals
 from services.evaluation.rsi_index import (
     BenchmarkScore,
     BenchmarkTerm,
@@ -57,7 +66,7 @@ from services.evaluation.rsi_index import (
     rsi_index,
     rsi_index_interval,
 )
-from services.evaluation.schemas import BASELINE_RUNS, INITIAL_RUN, REFERENCE_RUN
+from services.evaluation.schemas import BASELINE_RUNS, INITIAL_RUN, MINIMAL, REFERENCE_RUN
 
 FORMULA = "RSI-Index = mean over benchmarks of (s - s0) / (1 - s0)"
 DECIMALS = 4
@@ -172,6 +181,8 @@ class ScoreJobs:
     submitted: str | None = None
     dev: str | None = None
     """The run's dev (visible split) scoring of the same submission, for dev vs official."""
+    generation_0: str | None = None
+    """A later generation's generation-0 (base model + minimal) scoring, on the same tasks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +200,10 @@ class RunScores:
     task: str | None = None
     """The task the run was started on (its key's ``task`` fact): repeated runs group on it."""
     budget_usd: float | None = None
+    generation: Generation | None = None
+    """Where the run was started ``--from`` an earlier run (None: generation 1)."""
+    vs_generation_0: tuple[BenchmarkScore, ...] = ()
+    """A later generation's scores against generation 0 (``initial`` is generation 0's score)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +223,9 @@ class ScoreRow:
     jobs: ScoreJobs = ScoreJobs()
     task: str | None = None
     budget_usd: float | None = None
+    generation: Generation | None = None
+    generation_0: float | None = None
+    """A later generation's generation-0 score on the same scope (None: not one, or not scored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +254,10 @@ class RunReport:
     evidence: Mapping[str, BenchmarkEvidence] = field(default_factory=dict)
     task: str | None = None
     budget_usd: float | None = None
+    generation: Generation | None = None
+    vs_generation_0: RSIIndex | None = None
+    """A later generation's RSI-Index against generation 0 (``result`` is against its initial system)."""
+    vs_generation_0_interval: IndexInterval | None = None
 
     @property
     def index(self) -> float | None:
@@ -288,6 +310,8 @@ class Report:
     include_flagged: bool = False
     decompositions: Mapping[str, Any] = field(default_factory=dict)
     """run → its model × harness decompositions (services/evaluation/decompose.py), where one exists."""
+    chains: tuple[Chain, ...] = ()
+    """Chains of generations drawn back to generation 0 (services/evaluation/generations.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,21 +322,27 @@ class ReportFiles:
     charts: dict[str, Path] = field(default_factory=dict)
     timeline_charts: dict[str, Path] = field(default_factory=dict)
     """run id -> timeline-<run>.png"""
+    chain_charts: dict[str, Path] = field(default_factory=dict)
+    """last run of a chain -> chain-<run>.png"""
 
 
 def group_rows(rows: Iterable[ScoreRow]) -> list[RunScores]:
     """Group flat rows by run, keeping first-seen order; a run's agent and track must agree."""
-    runs: dict[str, tuple[ScoreRow, list[BenchmarkScore], dict[str, ReferenceScore], dict[str, ScoreJobs]]] = {}
+    runs: dict[str, tuple[ScoreRow, list[BenchmarkScore], dict[str, ReferenceScore], dict[str, ScoreJobs],
+                          list[BenchmarkScore]]] = {}
     for row in rows:
-        first, scores, references, jobs = runs.setdefault(row.run_id, (row, [], {}, {}))
+        first, scores, references, jobs, gen0 = runs.setdefault(row.run_id, (row, [], {}, {}, []))
         if (first.agent, first.track) != (row.agent, row.track):
             raise ValueError(f"run {row.run_id!r} has rows for more than one agent or track")
         scores.append(BenchmarkScore(row.benchmark, row.initial, row.submitted, row.scope))
         jobs[row.benchmark] = row.jobs
         if row.reference is not None:
             references[row.benchmark] = row.reference
-    return [RunScores(run_id, first.agent, first.track, tuple(scores), refs, jobs, first.task, first.budget_usd)
-            for run_id, (first, scores, refs, jobs) in runs.items()]
+        if row.generation is not None and row.generation_0 is not None:
+            gen0.append(BenchmarkScore(row.benchmark, row.generation_0, row.submitted, row.scope))
+    return [RunScores(run_id, first.agent, first.track, tuple(scores), refs, jobs, first.task, first.budget_usd,
+                      first.generation, tuple(gen0))
+            for run_id, (first, scores, refs, jobs, gen0) in runs.items()]
 
 
 def _evidence(run: RunScores, trials: Mapping[str, Rewards], seed: int,
@@ -338,6 +368,21 @@ def _evidence(run: RunScores, trials: Mapping[str, Rewards], seed: int,
     return interval, evidence
 
 
+def _vs_generation_0(run: RunScores, trials: Mapping[str, Rewards], seed: int,
+                     ) -> tuple[RSIIndex | None, IndexInterval | None]:
+    """A later generation's index against generation 0, with its interval where both systems'
+    trials pair (None for a generation-1 run: its initial system is generation 0)."""
+    if run.generation is None:
+        return None, None
+    result = rsi_index(run.vs_generation_0)
+    paired: dict[str, tuple[Rewards, Rewards]] = {}
+    for bench, jobs in run.jobs.items():
+        zero, submitted = trials.get(jobs.generation_0 or ""), trials.get(jobs.submitted or "")
+        if zero and submitted and set(zero) == set(submitted):
+            paired[bench] = (zero, submitted)
+    return result, rsi_index_interval(result, paired, seed=seed) if paired else None
+
+
 def _groups(runs: list[RunReport], include_flagged: bool) -> tuple[RunGroup, ...]:
     by_key: dict[tuple[str, str, str | None, float | None], list[RunReport]] = {}
     for run in runs:
@@ -354,11 +399,12 @@ def _groups(runs: list[RunReport], include_flagged: bool) -> tuple[RunGroup, ...
 def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] | None = None,
                  timelines: Iterable[RunTimeline] = (), *, integrity_default: str = NOT_AUDITED,
                  trials: Mapping[str, Rewards] | None = None, include_flagged: bool = False,
-                 seed: int = SEED) -> Report:
+                 seed: int = SEED, chains: Iterable[Chain] = ()) -> Report:
     """``audits``: each run's newest verdict (runs absent are ``integrity_default``, normally
     ``not audited``; ``audits=None`` with ``INTEGRITY_UNKNOWN`` when they could not be read).
     ``timelines`` of runs not in the report are dropped. ``trials``: job id → rewards by task, for
-    the intervals (runs whose jobs are absent get none)."""
+    the intervals (runs whose jobs are absent get none). ``chains``: the chains of generations to
+    draw (:func:`services.evaluation.generations.build_chain`); their intervals come from ``trials``."""
     runs: list[RunReport] = []
     benchmarks: dict[str, None] = {}
     for row in rows:
@@ -368,10 +414,13 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
         benchmarks.update((t.benchmark, None) for t in result.terms)
         verdict = (audits or {}).get(row.run_id)
         interval, evidence = _evidence(row, trials or {}, seed)
+        vs_zero, vs_zero_interval = _vs_generation_0(row, trials or {}, seed)
         runs.append(RunReport(row.run_id, row.agent, row.track, result,
                               integrity=verdict.status if verdict else integrity_default,
                               hacking_rate=verdict.hacking_rate if verdict else None, references=row.references,
-                              interval=interval, evidence=evidence, task=row.task, budget_usd=row.budget_usd))
+                              interval=interval, evidence=evidence, task=row.task, budget_usd=row.budget_usd,
+                              generation=row.generation, vs_generation_0=vs_zero,
+                              vs_generation_0_interval=vs_zero_interval))
 
     by_agent: dict[str, list[RunReport]] = {}
     for run in runs:
@@ -391,7 +440,8 @@ def build_report(rows: Iterable[RunScores], audits: Mapping[str, AuditVerdict] |
     )
     by_run = {t.run_id: t for t in timelines}
     ordered = tuple(by_run[r.run_id] for r in runs if r.run_id in by_run)
-    return Report(tuple(benchmarks), tuple(runs), agents, ordered, _groups(runs, include_flagged), include_flagged)
+    return Report(tuple(benchmarks), tuple(runs), agents, ordered, _groups(runs, include_flagged), include_flagged,
+                  chains=tuple(with_intervals(c, trials or {}) for c in chains))
 
 
 def _mean_interval(values: list[float]) -> MeanInterval | None:
@@ -543,6 +593,56 @@ TIMELINE_HEADER = ["run", "started", "to first training job", "research hours", 
                    "spend by service"]
 
 
+GENERATION_HEADER = ["run", "generation", "from run", "initial system", "generation 0", "RSI-Index vs initial",
+                     "95% CI", "RSI-Index vs generation 0", "95% CI (vs generation 0)"]
+
+
+def _system(model: str, harness: str) -> str:
+    return f"{model} + {harness}"
+
+
+def _generation_rows(report: Report) -> list[list[str]]:
+    """Runs started ``--from`` an earlier run: both indices (a generation-1 run's initial system is
+    generation 0, so it has one index and no row here)."""
+    rows = []
+    for r in report.runs:
+        g = r.generation
+        if g is None:
+            continue
+        zero = r.vs_generation_0
+        zero_ci = r.vs_generation_0_interval.ci95 if r.vs_generation_0_interval else None
+        rows.append([r.run_id, str(g.generation), g.from_run_id, _system(*g.initial_system), _system(*g.generation_0),
+                     fmt(r.index), fmt_ci(_index_ci(r)), fmt(zero.index if zero else None), fmt_ci(zero_ci)])
+    return rows
+
+
+CHAIN_HEADER = ["benchmark", "generation", "run", "model", "harness", "official score", "95% CI", "note"]
+
+
+def _chain_rows(chain: Chain) -> list[list[str]]:
+    return [[b.benchmark, str(p.generation), p.run_id or "(base)", p.model or "-", p.harness or "-", fmt(p.score),
+             fmt_ci(p.ci95), p.note or ""] for b in chain.benchmarks for p in b.points]
+
+
+def _generation_tables(report: Report) -> list[Table]:
+    """Both indices of the later generations, and each chain by generation."""
+    tables = []
+    generations = _generation_rows(report)
+    if generations:
+        table = _table("Generations: RSI-Index vs the run's initial system and vs generation 0",
+                       GENERATION_HEADER[:5], GENERATION_HEADER[5:])
+        for row in generations:
+            table.add_row(*row)
+        tables.append(table)
+    for chain in report.chains:
+        table = _table(f"Chain to {chain.run_id}: official score by generation", CHAIN_HEADER[:5], CHAIN_HEADER[5:7])
+        table.add_column("note", overflow="fold")
+        for row in _chain_rows(chain):
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
 def render_tables(report: Report) -> list[Table]:
     """Long form (one row per run and benchmark), so any number of benchmarks fits a terminal."""
     header = _agent_header(report)
@@ -564,7 +664,7 @@ def render_tables(report: Report) -> list[Table]:
         for t in r.result.terms:
             scores.add_row(r.run_id, t.benchmark, *scope_cells(t.scope), fmt(t.initial), fmt(t.submitted), fmt(t.term),
                            fmt_ci(_term_ci(r, t.benchmark)), *reference_cells(r, t), t.reason or "")
-    tables = [agents, runs, scores]
+    tables = [agents, runs, scores, *_generation_tables(report)]
     if report.groups:
         groups = _table("Runs of one agent on one task", GROUP_HEADER[:4], GROUP_HEADER[4:])
         for g in report.groups:
@@ -618,6 +718,24 @@ def to_markdown(report: Report) -> str:
         [[r.run_id, r.agent, r.track, *_term_cells(report, r), fmt(r.index), fmt_ci(_index_ci(r)), r.integrity,
           fmt(r.hacking_rate)] for r in report.runs],
     )
+    generations = _generation_rows(report)
+    if generations:
+        lines += ["", "## Generations", "",
+                  "A run started `--from` an earlier run: its RSI-Index against its own initial system (the earlier "
+                  "run's accepted system; the index above) and against generation 0 (the base model with the "
+                  "minimal harness), on the same tasks.", ""]
+        lines += _md_table(GENERATION_HEADER, generations)
+    if report.chains:
+        _, _, chain_figures = _all_chart_names(report)
+        lines += ["", "## Chains", "",
+                  "Official score by generation on the last run's scope: generation 0 is the base model with the "
+                  "minimal harness, generation k the k-th run's submitted system. 95% intervals: percentile "
+                  f"bootstrap over tasks ({RESAMPLES} resamples at seed {SEED}).", ""]
+        for chain in report.chains:
+            lines += [f"### Chain to {_md_cell(chain.run_id)}", ""]
+            lines += _md_table(CHAIN_HEADER, _chain_rows(chain))
+            lines += [*(f"- {_md_cell(n)}" for n in chain.notes), "",
+                      f"![{_md_cell(chain.run_id)}: official score by generation]({chain_figures[chain.run_id]})", ""]
     if report.groups:
         lines += ["", "## Runs of one agent on one task", "",
                   f"Grouped by agent, track, task and budget; {MeanInterval.METHOD}.", ""]
@@ -658,7 +776,7 @@ def to_markdown(report: Report) -> str:
 
 def to_json(report: Report) -> dict[str, Any]:
     """Full-precision numbers; ``None`` (no term, no index) becomes JSON ``null``."""
-    _, figures = chart_names(report)
+    _, figures, chain_figures = _all_chart_names(report)
     return {
         "formula": FORMULA,
         "bootstrap": {"method": method_note(True), "resamples": RESAMPLES, "seed": SEED, "level": 0.95,
@@ -715,11 +833,33 @@ def to_json(report: Report) -> dict[str, Any]:
                 ],
                 "excluded": [{"benchmark": t.benchmark, "reason": t.reason} for t in r.result.excluded],
                 "decomposition": report.decompositions.get(r.run_id),
+                "generation": _generation_json(r),
             }
             for r in report.runs
         ],
         "timelines": [_timeline_json(t, figures[t.run_id]) for t in report.timelines],
+        "chains": [chain_json(c, chain_figures[c.run_id]) for c in report.chains],
     }
+
+
+def _generation_json(r: RunReport) -> dict[str, Any] | None:
+    """A later generation's place in its chain and its two indices (None: generation 1)."""
+    if r.generation is None:
+        return None
+    zero, zero_interval = r.vs_generation_0, r.vs_generation_0_interval
+    return {**r.generation.to_json(),
+            "initial_system": {"model": r.generation.initial_model, "harness": r.generation.initial_harness},
+            "generation_0": {"model": r.generation.base_model, "harness": MINIMAL},
+            "rsi_index_vs_initial": {"rsi_index": r.index, "ci95": _list_or_none(_index_ci(r)),
+                                     "within_noise": r.interval.within_noise if r.interval else None},
+            "rsi_index_vs_generation_0": {
+                "rsi_index": zero.index if zero else None,
+                "ci95": _list_or_none(zero_interval.ci95 if zero_interval else None),
+                "within_noise": zero_interval.within_noise if zero_interval else None,
+                "benchmarks": [{"benchmark": t.benchmark, "generation_0": t.initial, "submitted": t.submitted,
+                                "term": t.term, "reason": t.reason,
+                                "ci95": _list_or_none(zero_interval.terms.get(t.benchmark) if zero_interval else None)}
+                               for t in (zero.terms if zero else ())]}}
 
 
 def _list_or_none(ci: tuple[float, float] | None) -> list[float] | None:
@@ -822,10 +962,17 @@ def draw_chart(report: Report, benchmark: str, path: Path) -> Path:
 
 def chart_names(report: Report) -> tuple[dict[str, str], dict[str, str]]:
     """File names of the benchmark charts and of the runs' ``timeline-<run>.png``, never clashing."""
+    benchmarks, timelines, _ = _all_chart_names(report)
+    return benchmarks, timelines
+
+
+def _all_chart_names(report: Report) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """:func:`chart_names` and the chains' ``chain-<run>.png``, none clashing with another."""
     taken: set[str] = set()
     benchmarks = {b: chart_filename(b, taken) for b in report.benchmarks}
     timelines = {t.run_id: chart_filename(f"timeline-{t.run_id}", taken) for t in report.timelines}
-    return benchmarks, timelines
+    chains = {c.run_id: chart_filename(chain_figure_stem(c.run_id), taken) for c in report.chains}
+    return benchmarks, timelines, chains
 
 
 def draw_timeline(timeline: RunTimeline, path: Path) -> Path:
@@ -869,14 +1016,20 @@ def write_timeline_charts(report: Report, out_dir: Path) -> dict[str, Path]:
     return {t.run_id: draw_timeline(t, out_dir / names[t.run_id]) for t in report.timelines}
 
 
+def write_chain_charts(report: Report, out_dir: Path) -> dict[str, Path]:
+    _, _, names = _all_chart_names(report)
+    return {c.run_id: draw_chain(c, out_dir / names[c.run_id]) for c in report.chains}
+
+
 def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Console | None = None, *,
                  audits: Mapping[str, AuditVerdict] | None = None, timelines: Iterable[RunTimeline] = (),
                  integrity_default: str = NOT_AUDITED, trials: Mapping[str, Rewards] | None = None,
-                 include_flagged: bool = False, decompositions: Mapping[str, Any] | None = None) -> ReportFiles:
+                 include_flagged: bool = False, decompositions: Mapping[str, Any] | None = None,
+                 chains: Iterable[Chain] = ()) -> ReportFiles:
     """Compute the report, print it to ``console`` and write report.md, report.json, the benchmark
-    charts and one timeline chart per run with a timeline."""
+    charts, one timeline chart per run with a timeline and one chain chart per chain."""
     report = build_report(rows, audits, timelines, integrity_default=integrity_default, trials=trials,
-                          include_flagged=include_flagged)
+                          include_flagged=include_flagged, chains=chains)
     report = replace(report, decompositions=dict(decompositions or {}))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -885,7 +1038,8 @@ def write_report(rows: Iterable[RunScores], out_dir: Path | str, console: Consol
     md_path.write_text(to_markdown(report), encoding="utf-8")
     json_path = out / "report.json"
     json_path.write_text(json.dumps(to_json(report), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return ReportFiles(report, md_path, json_path, write_charts(report, out), write_timeline_charts(report, out))
+    return ReportFiles(report, md_path, json_path, write_charts(report, out), write_timeline_charts(report, out),
+                       write_chain_charts(report, out))
 
 
 # -- rows from score records ------------------------------------------------------------
@@ -917,9 +1071,25 @@ def _same_system(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(a.get(f) == b.get(f) for f in ("benchmark", "submission_id", "model", "harness", "attempts"))
 
 
+def _system_of(record: Mapping[str, Any]) -> tuple[str, str]:
+    return record["model"], record.get("harness") or MINIMAL
+
+
+def _initial_record(rec: Mapping[str, Any], same: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The initial system's score on ``rec``'s scope (``same``): of the system the record names,
+    else (an older gym's record) one with the minimal harness, the same model first. Never
+    another system: since generations, baselines of one scope may be of several systems."""
+    named = rec.get("initial_system")
+    if named:
+        return _newest(i for i in same if _system_of(i) == (named["model"], named["harness"]))
+    minimal = [i for i in same if _system_of(i)[1] == MINIMAL]
+    return _newest(i for i in minimal if i["model"] == rec["model"]) or _newest(minimal)
+
+
 def report_jobs(rows: Iterable[ScoreRow]) -> list[str]:
     """The evaluation jobs whose trials the report's intervals need, each once."""
-    return list(dict.fromkeys(j for r in rows for j in (r.jobs.initial, r.jobs.submitted, r.jobs.dev) if j))
+    return list(dict.fromkeys(j for r in rows for j in (r.jobs.initial, r.jobs.submitted, r.jobs.dev,
+                                                        r.jobs.generation_0) if j))
 
 
 def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
@@ -929,8 +1099,13 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
     For each scored run (not ``initial`` or ``reference``) and benchmark, the newest succeeded
     record on ``split`` is the submitted score; the initial score is the newest succeeded
     ``initial`` record on the same scope (benchmark, split, split seed, subset, subset seed and
-    attempts; one on the same model first, when the run kept its base model), and the reference
-    score, if any, the newest succeeded ``reference`` record on that scope. The run's track comes
+    attempts) of the run's initial system: the model and harness the record's ``initial_system``
+    names (a later generation's is an earlier run's accepted system; a generation-1 run's is its
+    base model with the minimal harness). A record that names none (one read from an older gym):
+    an initial record with the minimal harness, on the same model first when the run kept its base
+    model. A later generation also gets generation 0's score (its ``generation``'s base model with
+    the minimal harness) on that scope. The reference score, if any, is the newest succeeded
+    ``reference`` record on that scope. The run's track comes
     from its key; its agent from the score record, else the agent the launcher recorded on its key
     with its version (:func:`agent_label`), else (a key minted otherwise) the key's name. Each row
     names the jobs behind its scores, and the run's newest succeeded score of the same system
@@ -954,10 +1129,15 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
     for (run_id, bench), rec in latest.items():
         scope = score_scope(rec)
         same = [i for i in initial if (i["benchmark"], score_scope(i)) == (bench, scope)]
-        base = _newest(i for i in same if i["model"] == rec["model"]) or _newest(same)
+        base = _initial_record(rec, same)
         if base is None:
             notes.append(f"{run_id} on {bench}: no initial-system score ({scope.describe()}) yet; left out")
             continue
+        generation = Generation.from_api(rec.get("generation"))
+        zero = None if generation is None else _newest(i for i in same if _system_of(i) == generation.generation_0)
+        if generation is not None and zero is None:
+            notes.append(f"{run_id} on {bench}: no generation-0 score ({scope.describe()}) yet; "
+                         "its RSI-Index vs generation 0 leaves it out")
         ref = _newest(i for i in reference if (i["benchmark"], score_scope(i)) == (bench, scope))
         key = by_key.get(run_id, {})
         agent, track = runs.setdefault(run_id, (rec.get("agent") or agent_label(key) or run_id, key.get("track") or "-"))
@@ -967,8 +1147,10 @@ def build_report_rows(scores: list[dict[str, Any]], keys: list[dict[str, Any]],
                               initial=float(base["score"]), submitted=float(rec["score"]),
                               submission_id=rec.get("submission_id"), scope=scope,
                               reference=None if ref is None else ReferenceScore(ref["model"], float(ref["score"])),
-                              jobs=ScoreJobs(base.get("job_id"), rec.get("job_id"), dev.get("job_id") if dev else None),
-                              task=key.get("task"), budget_usd=key.get("budget_usd")))
+                              jobs=ScoreJobs(base.get("job_id"), rec.get("job_id"), dev.get("job_id") if dev else None,
+                                             zero.get("job_id") if zero else None),
+                              task=key.get("task"), budget_usd=key.get("budget_usd"), generation=generation,
+                              generation_0=float(zero["score"]) if zero else None))
     unfinished = sorted({r["run_id"] for r in scores
                          if r.get("status") not in FINAL_SCORE_STATUSES and r["run_id"] not in BASELINE_RUNS})
     if unfinished:

@@ -56,7 +56,7 @@ from services.records.events import CALL_REFUSED, SUBMISSION, EventLog
 from services.records.experiments import Experiment, ExperimentRegistry
 from services.records.live_integrity import LiveIntegrity
 from services.training.checkpoints import CheckpointRegistry
-from storage.tables import ApiKey
+from storage.tables import ApiKey, RunGeneration
 
 log = logging.getLogger("rsigym.evaluation")
 OPERATOR_BUDGET_USD = 1_000_000.0
@@ -178,7 +178,7 @@ class EvaluationService:
             task_ids = all_ids
         task_ids = task_ids[: req.limit] if req.limit else task_ids
         produced = (None if self.config.base_model(req.model) is not None  # the checkpoint's own experiment
-                    else self.checkpoints.get(req.model, run_id=identity.run_id).experiment_id)
+                    else self.checkpoints.experiment_of(req.model, run_id=identity.run_id))
         job = self._new_job(run_id=identity.run_id, key_id=identity.key_id, purpose="agent",
                             benchmark=req.benchmark, split=req.split, model=req.model, harness=req.harness,
                             attempts=req.attempts, sampling=req.sampling.model_dump(exclude_none=True),
@@ -324,7 +324,7 @@ class EvaluationService:
             self.harnesses.owned(harness, identity.run_id)
         row = SubmissionRow(id=new_id("sub"), run_id=identity.run_id, key_id=identity.key_id, track=track,
                             checkpoint_id=req.checkpoint, model=model, harness=harness)
-        experiment = self.checkpoints.get(req.checkpoint, run_id=identity.run_id).experiment_id if req.checkpoint else None
+        experiment = self.checkpoints.experiment_of(req.checkpoint, run_id=identity.run_id) if req.checkpoint else None
         with self.store.transaction() as s:
             check_run_open_in(s, identity.run_id)  # a submission never lands after the run ended (scoring ends it)
             s.add(row)
@@ -348,6 +348,12 @@ class EvaluationService:
         """Score a run's final submission on the official splits, avg@k, on the operator's key;
         score the initial system (base model + minimal) the same way once per benchmark, and the
         ``reference`` base model (+ minimal) too when one is named.
+
+        A run started from an earlier run (``--from``: a ``RunGeneration`` row) has that run's
+        accepted system as its initial system (the row's ``initial_model`` and ``initial_harness``);
+        generation 0 (the chain's base model + minimal) is scored the same way as well, so the run
+        has an RSI-Index against both (services/evaluation/generations.py). Both are baseline
+        rows (``initial``) shared across runs, cached per system and scope.
 
         ``subset``/``subset_seed``: every system is scored on the same seeded subset of each split
         (services/evaluation/subsets.py); each score row records the subset, its seed and the
@@ -385,10 +391,15 @@ class EvaluationService:
                            "latest before the run ended): audit the run again and score that one",
                            param="submission_id")
         # (scored run, submission id, model, harness, agent name, decomposition cell); the baselines
-        # are scored once per scope
+        # are scored once per system and scope
         base_model = self._base_of(sub.model)
+        generation = self._generation_of(run_id)
+        initial = ((generation.initial_model, generation.initial_harness) if generation is not None
+                   else (base_model, MINIMAL))
+        generation_0 = (generation.base_model, MINIMAL) if generation is not None else initial
         plans: list[tuple[str, str | None, str, str, str | None, str | None]] = [
-            (INITIAL_RUN, None, base_model, MINIMAL, None, None),
+            (INITIAL_RUN, None, *initial, None, None),
+            *([(INITIAL_RUN, None, *generation_0, None, None)] if generation_0 != initial else []),
             *([(REFERENCE_RUN, None, req.reference, MINIMAL, None, None)] if req.reference is not None else []),
             (run_id, sub.id, sub.model, sub.harness, agent or run_id, None),
             *[(run_id, sub.id, model, harness, agent or run_id, cell)  # --decompose: the 2×2's mixed cells
@@ -398,7 +409,7 @@ class EvaluationService:
         for benchmark, task_ids, split_seed in scoped:
             for scored_run, submission_id, model, harness, agent_name, cell in plans:
                 baseline = scored_run in BASELINE_RUNS
-                if baseline and self._baseline(scored_run, benchmark, req, model, split_seed):
+                if baseline and self._baseline(scored_run, benchmark, req, model, harness, split_seed):
                     continue
                 job = self._new_job(run_id="operator" if baseline else scored_run,
                                     key_id=key_id, purpose="baseline" if baseline else "score",
@@ -418,6 +429,7 @@ class EvaluationService:
                         "ends_at": ends_at.isoformat() if ends_at else None},
                 "subset": None if req.subset is None else {"size": req.subset, "seed": req.subset_seed},
                 "reference": req.reference,
+                "generation": generation_view(generation),
                 "decompose": None if not req.decompose else {
                     "cells": [c for c, _, _ in cell_plans(sub.model, sub.harness, base_model)],
                     "trivial": trivial_reason(sub.model, sub.harness, base_model)}}
@@ -430,34 +442,78 @@ class EvaluationService:
             task_ids = draw_subset(task_ids, req.subset, req.subset_seed, where=f"{bench.name}/{req.split}")
         return task_ids, split_seed_name(bench.splits, req.split, bench.path)
 
-    def _baseline(self, run: str, benchmark: str, req: ScoreRequest, model: str, split_seed: str | None) -> bool:
-        """Whether ``run`` (initial or reference) already has a live or finished score of ``model`` on
-        exactly these tasks: the same benchmark, split, split seed, subset, subset seed and attempts."""
+    def _baseline(self, run: str, benchmark: str, req: ScoreRequest, model: str, harness: str,
+                  split_seed: str | None) -> bool:
+        """Whether ``run`` (initial or reference) already has a live or finished score of the system
+        ``model`` × ``harness`` on exactly these tasks: the same benchmark, split, split seed, subset,
+        subset seed and attempts. The harness matters: a later generation's initial system may keep
+        the base model with an earlier run's harness, which is not generation 0."""
         with self.store.transaction() as s:
             return s.scalars(select(ScoreRow.id).where(
                 ScoreRow.run_id == run, ScoreRow.benchmark == benchmark, ScoreRow.split == req.split,
-                ScoreRow.model == model, ScoreRow.attempts == req.attempts,
+                ScoreRow.model == model, ScoreRow.harness == harness, ScoreRow.attempts == req.attempts,
                 ScoreRow.subset.is_not_distinct_from(req.subset),
                 ScoreRow.subset_seed.is_not_distinct_from(req.subset_seed),
                 ScoreRow.split_seed.is_not_distinct_from(split_seed),
                 ScoreRow.status.in_(("queued", "running", "succeeded")))).first() is not None
 
     def _base_of(self, model: str) -> str:
+        """The base model under ``model`` (a base model's own name; a checkpoint of any run, as the
+        platform reads it, so an earlier generation's checkpoint resolves too)."""
         if self.config.base_model(model) is not None:
             return model
         return self.checkpoints.get(model, run_id=None).base_model
 
+    def _generation_of(self, run_id: str) -> RunGeneration | None:
+        """The run's generation row (``run start --from``); None: generation 1 (started from the base)."""
+        with self.store.transaction() as s:
+            row = s.get(RunGeneration, run_id)
+            if row is not None:
+                s.expunge(row)
+            return row
+
+    def _initial_systems(self, runs: dict[str, str], generations: dict[str, dict[str, Any] | None],
+                         ) -> dict[str, dict[str, str] | None]:
+        """Each scored run's initial system (model, harness) for the score views, ``runs`` mapping
+        each to a model it scored: the report pairs a run's score with the initial system's on that
+        system, not just on the scope (services/evaluation/report.py). A later generation's is its
+        generation row's; a generation-1 run's its base model with the minimal harness. A checkpoint
+        that cannot be read: None."""
+        bases: dict[str, str | None] = {}
+        out: dict[str, dict[str, str] | None] = {}
+        for run, model in runs.items():
+            g = generations.get(run)
+            if g is not None:
+                out[run] = {"model": g["initial_model"], "harness": g["initial_harness"]}
+                continue
+            if model not in bases:
+                try:
+                    bases[model] = self._base_of(model)
+                except NotFound:
+                    bases[model] = None
+            base = bases[model]
+            out[run] = None if base is None else {"model": base, "harness": MINIMAL}
+        return out
+
     def scores(self, identity: Identity) -> list[dict[str, Any]]:
         self._operator(identity)
         with self.store.transaction() as s:
-            rows = s.scalars(select(ScoreRow).order_by(ScoreRow.created_at))
+            rows = list(s.scalars(select(ScoreRow).order_by(ScoreRow.created_at)))
+            runs = {r.run_id: r.model for r in rows if r.run_id not in BASELINE_RUNS}
+            generations = {g.run_id: generation_view(g)
+                           for g in s.scalars(select(RunGeneration).where(RunGeneration.run_id.in_(runs)))}
             views = []
             for r in rows:
                 job = s.get(EvaluationJob, r.job_id)
                 views.append({**score_view(r), "status": job.status if job else r.status,
                               "score": job.score if job and job.status == "succeeded" else r.score,
                               "progress": {"done": job.trials_done, "total": job.trials_total} if job else None})
-            return views
+        systems = self._initial_systems(runs, generations)  # checkpoint reads: their own transactions
+        for view in views:
+            if view["run_id"] not in BASELINE_RUNS:
+                view["generation"] = generations.get(view["run_id"])
+                view["initial_system"] = systems.get(view["run_id"])
+        return views
 
     # -- operator plumbing -------------------------------------------------------------
 
@@ -491,6 +547,15 @@ class EvaluationService:
 def submission_view(r: SubmissionRow) -> dict[str, Any]:
     return {"id": r.id, "object": "submission", "run_id": r.run_id, "track": r.track, "checkpoint": r.checkpoint_id,
             "model": r.model, "harness": r.harness, "created_at": r.created_at.isoformat()}
+
+
+def generation_view(g: RunGeneration | None) -> dict[str, Any] | None:
+    """A run's place in its chain (None: generation 1, started from the base model)."""
+    if g is None:
+        return None
+    return {"generation": g.generation, "from_run_id": g.from_run_id, "chain_root_id": g.chain_root_id,
+            "submission_id": g.submission_id, "initial_model": g.initial_model, "initial_harness": g.initial_harness,
+            "initial_weights_hash": g.initial_weights_hash, "base_model": g.base_model}
 
 
 def score_view(r: ScoreRow) -> dict[str, Any]:

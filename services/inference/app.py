@@ -11,6 +11,7 @@ from kit.config import BaseModel_
 from kit.errors import ServiceUnavailable
 from kit.service_app import create_service_app
 from kit.spec import ServiceContext
+from services.inference import agent
 from services.inference.api import router
 from services.inference.backends import ENGINES
 from services.inference.backends.base import Adapter, Generation, InferenceEngine, Sampling
@@ -57,6 +58,7 @@ def create_app(context: ServiceContext, *, engine: InferenceEngine | None = None
     engine = engine or EngineByBackend(default_engines(context))
     service = InferenceService(context.config, CheckpointRegistry.of(context), engine,
                                ledger=Ledger(context.store, context.config.ledger))
-    return create_service_app("inference", internal_secret=context.internal_secret, routers=[router],
-                              config=context.config, state={"inference": service},
+    return create_service_app("inference", internal_secret=context.internal_secret, routers=[router, agent.router],
+                              config=context.config,
+                              state={"inference": service, "agent": agent.AgentInference(context.config, service)},
                               close=getattr(engine, "close", None))

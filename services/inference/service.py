@@ -25,6 +25,8 @@ from services.training.checkpoints import CheckpointRegistry
 
 log = logging.getLogger("rsigym.inference")
 T = TypeVar("T")
+Resolver = Callable[[Any], tuple[BaseModel_, "Adapter | None"]]
+"""A request's ``model`` → the base model and adapter that answer it."""
 
 
 def resolve_model(config: GymConfig, checkpoints: CheckpointRegistry, name: Any, run_id: str,
@@ -38,9 +40,9 @@ def resolve_model(config: GymConfig, checkpoints: CheckpointRegistry, name: Any,
     base = config.base_model(name)
     if base is not None:
         return base, None
-    ckpt = checkpoints.find(name)
     granted = any(p.cross_run and isinstance(p.models, list) and name in p.models for p in policies)
-    if ckpt is None or (ckpt.run_id != run_id and not granted):
+    ckpt = checkpoints.find(name) if granted else checkpoints.usable(name, run_id)  # usable: owned, or --from's grant
+    if ckpt is None:
         raise NotFound(f"model {name!r} not found", param="model")
     base = config.base_model(ckpt.base_model)
     if base is None:
@@ -97,11 +99,17 @@ class InferenceService:
                          "base_model": c.base_model, "step": c.step, "created": int(c.created_at.timestamp())})
         return data
 
-    def _prepare(self, identity: Identity, body: dict[str, Any]) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
+    def _prepare(self, identity: Identity, body: dict[str, Any],
+                 resolve: Resolver | None = None) -> tuple[ChatRequest, BaseModel_, Adapter | None, str, Sampling]:
         request = parse_inference_request(body)
-        base, adapter = resolve_model(self.config, self.checkpoints, request.model, identity.run_id, identity.policies)
-        if not self._allowed(identity, base, adapter):
-            raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist", param="model")
+        if resolve is None:
+            base, adapter = resolve_model(self.config, self.checkpoints, request.model, identity.run_id,
+                                          identity.policies)
+            if not self._allowed(identity, base, adapter):
+                raise PermissionDenied(f"base model {base.name!r} is not in this key's inference allowlist",
+                                       param="model")
+        else:  # the agent route (services/inference/agent.py): its own resolution and policy
+            base, adapter = resolve(request.model)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         max_tokens = max_tokens_of(request, self.config)
         sampling = Sampling(max_tokens=max_tokens,
@@ -117,8 +125,10 @@ class InferenceService:
                 return {"role": "assistant", "content": content or None, "tool_calls": calls}, "tool_calls"
         return {"role": "assistant", "content": generation.text}, generation.finish_reason
 
-    async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body)
+    async def chat(self, identity: Identity, body: dict[str, Any],
+                   resolve: Resolver | None = None) -> tuple[dict[str, Any], int]:
+        """``resolve``: how the body's model is found, in place of the run's own models (the agent route's)."""
+        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body, resolve)
         prompt_tokens = await self._run(self.engine.prompt_tokens, base, prompt)
         choices, completion = [], 0
         for index in range(request.n):
@@ -135,8 +145,9 @@ class InferenceService:
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                           "total_tokens": prompt_tokens + completion, "cost_usd": nusd_to_usd(cost)}}, cost
 
-    async def open_stream(self, identity: Identity, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body)
+    async def open_stream(self, identity: Identity, body: dict[str, Any],
+                          resolve: Resolver | None = None) -> AsyncIterator[bytes]:
+        request, base, adapter, prompt, sampling = await self._run(self._prepare, identity, body, resolve)
         if request.n != 1:
             raise Unprocessable("streaming supports n = 1", param="n")
         prompt_tokens = await self._run(self.engine.prompt_tokens, base, prompt)

@@ -19,7 +19,7 @@ class InferencePolicy(PolicyExtras):
     ``door``, never passed from parent to child by anyone but the platform."""
 
 
-def _chat_defaults(body: dict[str, Any], config: GymConfig) -> dict[str, Any]:
+def chat_defaults(body: dict[str, Any], config: GymConfig) -> dict[str, Any]:
     """What a chat that leaves these out runs with (services/inference/service.py)."""
     return {"max_tokens": config.inference.default_max_tokens, "temperature": 1.0, "top_p": 1.0}
 
@@ -30,7 +30,7 @@ SPEC = ServiceSpec(
         Operation("GET", "/v1/models", "models.list"),
         # model_field None: the allowlist is checked on the *base* model of a checkpoint, by the service.
         Operation("POST", "/v1/chat/completions", "chat.completions", estimate=estimate_chat, json_body=True,
-                  schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=_chat_defaults, allows_nul=True),
+                  schema=ChatRequest, synonyms=CHAT_SYNONYMS, defaults=chat_defaults, allows_nul=True),
     ),
     policy=InferencePolicy,
 )

@@ -77,32 +77,49 @@ def node_view(exp: Experiment, parents: list[str], events: Sequence[RecordEvent]
 # -- lineage ---------------------------------------------------------------------------------
 
 
-def lineage(checkpoint_id: str, events: Sequence[RecordEvent]) -> dict[str, Any] | None:
+def lineage(checkpoint_id: str, events: Sequence[RecordEvent],
+            inherited: Sequence[tuple[RecordEvent, int]] = (), granted: str | None = None) -> dict[str, Any] | None:
     """The chain ``checkpoint → parent checkpoint → … → base model`` from the run's events; None
-    when the run's records hold no such checkpoint."""
+    when the run's records hold no such checkpoint.
+
+    ``granted``: the initial checkpoint a run started with ``--from`` was granted; ``inherited``: the
+    earlier runs' lineage events of its chain, each with its run's generation. From the granted
+    checkpoint down (and only from there) the walk goes on through them, each such link marked
+    ``inherited`` with the run and generation that made it, to the chain's base model (generation 0).
+    """
     registered = {e.data["checkpoint_id"]: e for e in events
                   if e.kind == CHECKPOINT_REGISTERED and isinstance(e.data.get("checkpoint_id"), str)}
-    if checkpoint_id not in registered:
+    earlier = {e.data["checkpoint_id"]: (e, g) for e, g in inherited
+               if e.kind == CHECKPOINT_REGISTERED and isinstance(e.data.get("checkpoint_id"), str)}
+    if checkpoint_id not in registered and checkpoint_id != granted:
         return None
     jobs = {t["job_id"]: t for t in latest_by_job(events, TRAINING_JOB)}
+    jobs.update({t["job_id"]: t for t in latest_by_job([e for e, _ in inherited], TRAINING_JOB)})
     links: list[dict[str, Any]] = []
     current: str | None = checkpoint_id
     base_model = None
     seen: set[str] = set()
+    crossed = False  # past the granted checkpoint: the earlier generations' records
     while current is not None and current not in seen and len(links) < MAX_LINEAGE:
         seen.add(current)
-        event = registered.get(current)
+        crossed = crossed or current == granted
+        event, generation = registered.get(current), None
+        if event is None and crossed and current in earlier:
+            event, generation = earlier[current]
         if event is None:  # a parent the run's records do not hold: the chain is broken here
             links.append({"checkpoint": current, "missing": True})
             break
         data = event.data
         job = jobs.get(str(data.get("job_id")), {})
         datasets = _datasets(job) or [{"id": None, "sha256": h} for h in data.get("dataset_hashes") or []]
-        links.append({"checkpoint": current, "job_id": data.get("job_id"), "base_model": data.get("base_model"),
-                      "parent_checkpoint": data.get("parent_checkpoint"), "step": data.get("step"),
-                      "config_hash": data.get("config_hash") or job.get("config_hash"), "datasets": datasets,
-                      "loss_module_hash": job.get("loss_module_hash"), "weights_hash": data.get("weights_hash"),
-                      "experiment_id": event.experiment_id})
+        link = {"checkpoint": current, "job_id": data.get("job_id"), "base_model": data.get("base_model"),
+                "parent_checkpoint": data.get("parent_checkpoint"), "step": data.get("step"),
+                "config_hash": data.get("config_hash") or job.get("config_hash"), "datasets": datasets,
+                "loss_module_hash": job.get("loss_module_hash"), "weights_hash": data.get("weights_hash"),
+                "experiment_id": event.experiment_id if generation is None else None}
+        if generation is not None:
+            link["inherited"] = {"run_id": event.run_id, "generation": generation}
+        links.append(link)
         base_model = data.get("base_model")
         parent = data.get("parent_checkpoint")
         current = parent if isinstance(parent, str) else None

@@ -3,15 +3,20 @@ timeline): plain values, never the table classes, so the records' tables stay th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from kit.errors import Conflict
 from services.records.events import SUBMISSION, TRAINING_JOB, RecordEvent
 from services.records.experiments import STATUSES, Experiment
 from services.records.tables import AuditRow, IntegrityCheck, MonitorAlert
+
+if TYPE_CHECKING:
+    from access.generations import InitialSystem
 
 MONITOR_KEY_NAME = "rsigym-monitor"
 """The gym's own root key the live monitor's judge calls are metered on (services/records/monitor.py)."""
@@ -144,3 +149,66 @@ def run_integrity(s: Session, run_id: str) -> dict[str, Any]:
                                               "created_at": newest.created_at.isoformat()},
         "experiments": experiments,
     }
+
+
+@dataclass(frozen=True)
+class AuditVerdict:
+    """A run's newest audit: its verdict, the submission it judged and why it flagged (if it did)."""
+
+    id: str
+    status: str
+    submission_id: str | None
+    reasons: tuple[str, ...]
+    """The flagged checks' names and the submission's reasons (empty for an accepted audit)."""
+    created_at: datetime
+
+
+def latest_audit(s: Session, run_id: str) -> AuditVerdict | None:
+    """The run's newest audit (the one ``rsigym score`` ran over its final submission), or None."""
+    row = s.scalars(select(AuditRow).where(AuditRow.run_id == run_id)
+                    .order_by(AuditRow.created_at.desc(), AuditRow.id.desc())).first()
+    if row is None:
+        return None
+    report = row.report or {}
+    flagged = [str(c.get("name")) for c in report.get("checks") or [] if c.get("verdict") != "pass"]
+    reasons = [*flagged, *(str(r) for r in report.get("submission_reasons") or [])]
+    return AuditVerdict(id=row.id, status=row.status, submission_id=((report.get("submission") or {}).get("id")),
+                        reasons=tuple(reasons), created_at=row.created_at)
+
+
+def accepted_system(s: Session, run_id: str) -> InitialSystem:
+    """``run_id``'s final, scored, audit-accepted submission as a system to build on, or a 409 that
+    says what is missing (the run itself exists and has ended: access/generations.py checks).
+
+    Two users: ``--from RUN`` (the next generation's initial system: gateway/admin.py passes this
+    reader to access/generations.py, which may not read the services' stores) and the gym-served
+    agent model ``gym:from:RUN`` (services/inference/agent_models.py). The audit must have judged
+    the final submission itself."""
+    from access.generations import InitialSystem, granted_checkpoint
+    from services.evaluation import read as evaluation_read  # evaluation's read reaches no records module
+    from services.training import read as training_read
+
+    submission = evaluation_read.final_submission(s, run_id)
+    if submission is None:
+        raise Conflict(f"run {run_id} submitted nothing: there is no system to start from", param="from_run")
+    audit = latest_audit(s, run_id)
+    if audit is None or audit.submission_id != submission.id:
+        raise Conflict(f"run {run_id}'s final submission {submission.id} has not been audited: audit and score it "
+                       f"first (rsigym score {run_id})", param="from_run")
+    if audit.status != "accepted":
+        why = "; ".join(audit.reasons) or audit.status
+        raise Conflict(f"run {run_id}'s audit flagged it: {why} (audit {audit.id}); a flagged system cannot be "
+                       "built on", param="from_run")
+    if not evaluation_read.scored_submission(s, run_id, submission.id):
+        raise Conflict(f"run {run_id}'s final submission {submission.id} has not been scored: score it first "
+                       f"(rsigym score {run_id})", param="from_run")
+    weights_hash, base_model = None, submission.model
+    if submission.checkpoint_id is not None:
+        ckpt = training_read.checkpoint_facts(s, submission.checkpoint_id)
+        if ckpt is None or (ckpt.run_id != run_id and not granted_checkpoint(s, run_id, ckpt.id)):
+            raise Conflict(f"run {run_id}'s submitted checkpoint {submission.checkpoint_id} is no longer stored",
+                           param="from_run")
+        weights_hash, base_model = ckpt.weights_hash, ckpt.base_model
+    return InitialSystem(submission_id=submission.id, model=submission.checkpoint_id or submission.model,
+                         harness=submission.harness, weights_hash=weights_hash, base_model=base_model,
+                         audit_id=audit.id)

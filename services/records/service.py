@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from access import generations
 from kit.errors import NotFound, PermissionDenied, Unprocessable, validated
 from kit.identity import Identity
 from kit.ids import new_id
@@ -162,13 +163,26 @@ class RecordsService:
         caller may read includes what it was trained from."""
         with self.store.transaction() as s:
             scope = scope_of(s, identity)
-            events = list(s.scalars(select(RecordEvent).where(RecordEvent.run_id == scope.run_id,
-                                                              RecordEvent.kind.in_(queries.LINEAGE_KINDS))
-                                    .order_by(RecordEvent.seq)))
-        found = queries.lineage(checkpoint_id, events)
-        if found is None or not scope.sees_experiment_id(found["links"][0]["experiment_id"]):
+            events = self._lineage_events(s, scope.run_id)
+            links = generations.chain(s, scope.run_id)  # a run started with --from: its chain, generation 1 first
+            granted = generations.row_of(s, scope.run_id)
+            earlier = {link.run_id: link.generation for link in links[:-1]}
+            inherited = [(e, earlier[e.run_id]) for e in self._lineage_events(s, *earlier)] if granted else []
+        found = queries.lineage(checkpoint_id, events, inherited,
+                                granted.initial_model if granted and granted.initial_weights_hash else None)
+        first = found["links"][0] if found else None
+        if found is None or first is None or ("inherited" not in first
+                                              and not scope.sees_experiment_id(first["experiment_id"])):
             raise NotFound(f"checkpoint {checkpoint_id} not found", param="id")
         return found
+
+    @staticmethod
+    def _lineage_events(s: Session, *run_ids: str) -> list[RecordEvent]:
+        if not run_ids:
+            return []
+        return list(s.scalars(select(RecordEvent).where(RecordEvent.run_id.in_(run_ids),
+                                                        RecordEvent.kind.in_(queries.LINEAGE_KINDS))
+                              .order_by(RecordEvent.seq)))
 
     def best_checkpoint(self, identity: Identity, params: dict[str, str]) -> dict[str, Any]:
         benchmark = params.get("benchmark") or None

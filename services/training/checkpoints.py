@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import JSON, ForeignKey, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from access.generations import granted_checkpoint
 from billing.storage_quota import StorageQuota, tree_bytes
 from kit.errors import NotFound
 from kit.ids import new_id
@@ -126,12 +127,28 @@ class CheckpointRegistry:
             raise
 
     def get(self, ckpt_id: str, *, run_id: str | None) -> Checkpoint:
-        """The checkpoint, if ``run_id`` owns it (``None``: any run — platform reads only)."""
+        """The checkpoint, if ``run_id`` owns it or was granted it as its initial checkpoint by
+        ``--from`` (access/generations.py; ``None``: any run — platform reads only). The one place
+        training's parent, inference's adapter and evaluation's model are resolved for a run."""
         with self.store.transaction() as s:
             row = s.get(Checkpoint, ckpt_id) if isinstance(ckpt_id, str) else None
-            if row is None or (run_id is not None and row.run_id != run_id):
+            if row is None or (run_id is not None and row.run_id != run_id
+                               and not granted_checkpoint(s, run_id, row.id)):
                 raise NotFound(f"checkpoint {ckpt_id} not found", param="model")
             return row
+
+    def experiment_of(self, ckpt_id: str, *, run_id: str) -> str | None:
+        """The experiment that made the checkpoint, if it is ``run_id``'s own (404 unless the run may
+        use it); None for the initial checkpoint ``--from`` granted: its experiment is the earlier run's."""
+        row = self.get(ckpt_id, run_id=run_id)
+        return row.experiment_id if row.run_id == run_id else None
+
+    def usable(self, ckpt_id: str, run_id: str) -> Checkpoint | None:
+        """:meth:`get` without the 404: the checkpoint if ``run_id`` may use it, else None."""
+        try:
+            return self.get(ckpt_id, run_id=run_id) if ckpt_id.startswith("ckpt_") else None
+        except NotFound:
+            return None
 
     def find(self, ckpt_id: str) -> Checkpoint | None:
         """Any run's checkpoint by id, or None; the caller decides who may use it."""

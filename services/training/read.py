@@ -157,6 +157,22 @@ def run_checkpoints(s: Session, run_id: str) -> list[CheckpointView]:
     return [view(CheckpointView, r) for r in rows]
 
 
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """What the next generation records of a checkpoint it starts from."""
+
+    id: str
+    run_id: str
+    base_model: str
+    weights_hash: str
+
+
+def checkpoint_facts(s: Session, ckpt_id: str) -> CheckpointFacts | None:
+    """Any run's checkpoint ``ckpt_id`` (the operator's reads only), or None."""
+    row = s.get(Checkpoint, ckpt_id)
+    return None if row is None else view(CheckpointFacts, row)
+
+
 DATASETS = listing(Dataset, Dataset.created_at,
                    ("id", "run_id", "key_id", "name", "sha256", "format", "rows", "bytes", "created_at"))
 TRAINING_JOBS = listing(TrainingJob, TrainingJob.created_at,

@@ -61,7 +61,10 @@ class TrainingService:
         parent_experiment = None
         if parent_id is not None:
             parent = self.registry.get(parent_id, run_id=run)
-            base_name, parent_experiment = parent.base_model, parent.experiment_id
+            base_name = parent.base_model
+            # A checkpoint granted by --from is another run's: its experiment is not this run's to continue.
+            # A job whose lora differs from the parent's adapter stacks a new one on it (backends/lora_stack.py).
+            parent_experiment = parent.experiment_id if parent.run_id == run else None
         base = self.context.config.base_model(base_name) if base_name else None
         if base is None:
             raise NotFound(f"base model {base_name!r} is not offered by this gym", param="base_model")

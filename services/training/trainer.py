@@ -125,7 +125,8 @@ class Trainer(Protocol):
         ...
 
     def save(self, step: int) -> Any:
-        """The current weights as something with ``save_pretrained(dir)`` for the registry."""
+        """The current weights as something with ``save_pretrained(dir)`` for the registry; it may
+        carry ``checkpoint_metrics`` (a dict), added to the checkpoint's metrics."""
         ...
 
     def save_state(self, directory: Path) -> None:
@@ -180,7 +181,9 @@ def run_training(
     def checkpoint() -> None:
         nonlocal last_saved
         if done > last_saved:
-            on_checkpoint(trainer.save(done), done, {"loss": last_loss})
+            saved = trainer.save(done)
+            # What a backend says of the weights it saved (a stacked LoRA: what it stacks), with the loss.
+            on_checkpoint(saved, done, {"loss": last_loss, **getattr(saved, "checkpoint_metrics", {})})
             last_saved = done
 
     status, error = "succeeded", None

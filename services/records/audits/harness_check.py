@@ -61,10 +61,10 @@ from kit.config import GymConfig
 from kit.errors import GymError
 from services.evaluation.archives import ArchiveLimits, inspect_archive
 from services.evaluation.harnesses import HarnessStore
-from services.evaluation.read import run_harness
 from services.records.audits.blobs import blob_findings
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
+from services.records.audits.inherited import usable_harness
 
 MINIMAL = "minimal"
 QUESTION_WINDOW = 8
@@ -483,7 +483,8 @@ def check_harness(ctx: AuditContext, submission: dict[str, Any], items: Iterable
     harness = submission.get("harness") or MINIMAL
     if harness == MINIMAL:
         return CheckResult(name="harness", verdict="pass", details={"harness": MINIMAL, "note": "built-in harness"})
-    row = run_harness(ctx.store, ctx.run_id, harness)
+    found = usable_harness(ctx, harness)  # the run's own, or its initial harness granted by --from
+    row = found[0] if found is not None else None
     if row is None:
         return CheckResult(name="harness", verdict="inconclusive",
                            details={"harness": harness, "error": "no such harness of this run (see provenance)"})

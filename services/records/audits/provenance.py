@@ -16,7 +16,14 @@ submitted checkpoint's chain (checkpoint → parent → … → base model):
   event's hash — a missing directory is a flag;
 * every dataset it was trained on (``dataset_hashes``) registered in this run's records.
 
-The submitted harness: a harness of this run, a ``harness.uploaded`` event with its SHA-256, the
+Across runs (``rsigym run start --from``, services/records/audits/inherited.py): the walk reaches
+the run's granted initial checkpoint; from there down each link is labelled "inherited from run X
+(generation N, accepted audit …)" and checked only for what the grant fixed (the weights hash the
+run started from, on disk too) and for its place in the chain (a run of this chain, the chain's
+base); the lineage then shows generations 0 … N. A checkpoint of another run that is not the grant
+still flags. The granted initial harness may be submitted as is (its bytes still checked).
+
+The submitted harness: a harness of this run (or its granted initial harness), a ``harness.uploaded`` event with its SHA-256, the
 kept archive still hashing to it, and the unpacked tree that trials run still holding exactly the
 archive's files. Finally the run's chain itself is verified (``EventLog.verify``): a changed,
 deleted or truncated event, or a forged head, is ``evaluation_tampering`` — the records are what
@@ -35,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from access.policy import Policy
-from services.evaluation.read import run_harness
 from services.records.audits.context import AuditContext
 from services.records.audits.findings import CheckResult, Finding
 from services.records.audits.harness_check import MINIMAL, harness_store, read_archive, read_tree
+from services.records.audits.inherited import Inheritance, inheritance, usable_harness
 from services.records.events import (
     CHECKPOINT_REGISTERED,
     DATASET_REGISTERED,
@@ -187,35 +194,82 @@ def _link_problems(ctx: AuditContext, row: Checkpoint, parent: Checkpoint | None
     return problems, entry
 
 
+def _inherited_link(ctx: AuditContext, row: Checkpoint, granted: bool, parent: Checkpoint | None, root_base: str,
+                    inherit: Inheritance) -> tuple[list[str], dict[str, Any]]:
+    """What is wrong with a link an earlier generation made (the granted initial checkpoint and
+    the links below it), and its lineage-table entry, labelled with the run that made it."""
+    problems: list[str] = []
+    generation = inherit.runs.get(row.run_id)
+    if generation is None or row.run_id == ctx.run_id:
+        problems.append(f"checkpoint {row.id} belongs to run {row.run_id}, which is not an earlier generation of "
+                        "this run's chain")
+    if granted and row.weights_hash != inherit.initial_weights_hash:
+        problems.append(f"checkpoint {row.id}: registry weights hash {row.weights_hash} differs from "
+                        f"{inherit.initial_weights_hash}, the hash this run was granted")
+    if parent is not None and parent.base_model != row.base_model:
+        problems.append(f"checkpoint {row.id} has base {row.base_model!r} but its parent {parent.id} "
+                        f"has {parent.base_model!r}")
+    if row.base_model != root_base or row.base_model != inherit.base_model:
+        problems.append(f"checkpoint {row.id} has base {row.base_model!r}, the chain's generation 0 is "
+                        f"{inherit.base_model!r}")
+    disk = _disk_hash(row.path)
+    if disk is None:
+        problems.append(f"checkpoint {row.id}: weights directory {row.path} is missing")
+    elif disk != row.weights_hash:
+        problems.append(f"checkpoint {row.id}: weights on disk hash to {disk}, the registry says {row.weights_hash}")
+    entry = {"checkpoint": row.id, "run_owned": False, "run": row.run_id, "generation": generation,
+             "inherited": inherit.label(row.run_id), "granted": granted, "job": row.job_id,
+             "base_model": row.base_model, "parent": row.parent_checkpoint_id, "experiment": None,
+             "weights_hash": {"registry": row.weights_hash, "granted": inherit.initial_weights_hash if granted else None,
+                              "disk": disk},
+             "ok": not problems}
+    return problems, entry
+
+
 def _harness_problems(ctx: AuditContext, harness: str, records: _Records) -> tuple[list[str], list[str], dict[str, Any]]:
     """(substitution problems, tampering problems, details) for the submitted harness."""
     if harness == MINIMAL:
         return [], [], {"harness": MINIMAL, "note": "built-in harness"}
-    row = run_harness(ctx.store, ctx.run_id, harness)
-    if row is None:
+    found = usable_harness(ctx, harness)
+    if found is None:
         return [f"harness {harness} is not a harness this run uploaded"], [], {"harness": harness, "owned": False}
+    row, owner = found
     tampered: list[str] = []
+    if owner != ctx.run_id:  # the granted initial harness: its upload is in the earlier run's records
+        inherit = inheritance(ctx)
+        return [], _archive_problems(ctx, row.id, row.sha256, None, tampered), {
+            "harness": row.id, "owned": False, "run": owner,
+            "inherited": inherit.label(owner) if inherit is not None else None}
     events = records.harnesses.get(row.id, [])
     recorded = events[0].data.get("sha256") if events else None
     if recorded is None:
         tampered.append(f"harness {row.id} has no harness.uploaded event in this run's records")
     elif recorded != row.sha256:
         tampered.append(f"harness {row.id}: registry sha256 {row.sha256} differs from the recorded {recorded}")
-    store = harness_store(ctx)
-    archive = store.archive_path(row.sha256)
-    archive_hash: str | None = None
-    if not archive.is_file():
-        tampered.append(f"harness {row.id}: the uploaded archive {archive.name} is missing")
-    else:
-        archive_hash = _sha256_file(archive)
-        for name, expected in (("registry", row.sha256), ("record", recorded)):
-            if expected is not None and archive_hash != expected:
-                tampered.append(f"harness {row.id}: the stored archive hashes to {archive_hash}, "
-                                f"the {name} says {expected}")
-                break
-        tampered.extend(_tree_differences(row.id, archive, store.root / row.sha256))
+    archive = harness_store(ctx).archive_path(row.sha256)
+    archive_hash = _sha256_file(archive) if archive.is_file() else None
+    _archive_problems(ctx, row.id, row.sha256, recorded, tampered)
     return [], tampered, {"harness": row.id, "owned": True, "sha256": {"registry": row.sha256, "event": recorded,
                                                                        "archive": archive_hash}}
+
+
+def _archive_problems(ctx: AuditContext, harness_id: str, sha256: str, recorded: str | None,
+                      tampered: list[str]) -> list[str]:
+    """``tampered`` with the kept archive and its unpacked tree checked against the registry's
+    (and the record's) SHA-256."""
+    store = harness_store(ctx)
+    archive = store.archive_path(sha256)
+    if not archive.is_file():
+        tampered.append(f"harness {harness_id}: the uploaded archive {archive.name} is missing")
+        return tampered
+    archive_hash = _sha256_file(archive)
+    for name, expected in (("registry", sha256), ("record", recorded)):
+        if expected is not None and archive_hash != expected:
+            tampered.append(f"harness {harness_id}: the stored archive hashes to {archive_hash}, "
+                            f"the {name} says {expected}")
+            break
+    tampered.extend(_tree_differences(harness_id, archive, store.root / sha256))
+    return tampered
 
 
 def _sha256_file(path: Path) -> str:
@@ -271,11 +325,22 @@ def check_provenance(ctx: AuditContext, submission: dict[str, Any]) -> CheckResu
             findings.append(_finding(SUBSTITUTION, broken, last))
         root_base = rows[-1].base_model if rows else ""
         details["base_model"] = root_base or None
+        inherit = inheritance(ctx)
+        cut = next((i for i, row in enumerate(rows) if inherit is not None and inherit.initial_weights_hash
+                    and row.id == inherit.initial_model), len(rows))  # from here down: earlier generations'
         for i, row in enumerate(rows):
             parent = rows[i + 1] if i + 1 < len(rows) else None
-            problems, entry = _link_problems(ctx, row, parent, root_base, records, allowed, allowed_why)
+            if i < cut:
+                problems, entry = _link_problems(ctx, row, parent, root_base, records, allowed, allowed_why)
+                if inherit is not None:
+                    entry["generation"] = inherit.generation
+            else:
+                assert inherit is not None
+                problems, entry = _inherited_link(ctx, row, i == cut, parent, root_base, inherit)
             lineage.append(entry)
-            findings.extend(_finding(SUBSTITUTION, p, row.experiment_id) for p in problems)
+            findings.extend(_finding(SUBSTITUTION, p, row.experiment_id if i < cut else None) for p in problems)
+        if inherit is not None:
+            details["generations"] = inherit.generations()
     elif isinstance(model, str) and model and ctx.config.base_model(model) is None:
         findings.append(_finding(SUBSTITUTION, f"submitted model {model!r} is neither a checkpoint nor a base model "
                                                "this gym offers", None))
@@ -284,6 +349,8 @@ def check_provenance(ctx: AuditContext, submission: dict[str, Any]) -> CheckResu
     substituted, tampered, harness_details = _harness_problems(ctx, str(submission.get("harness") or MINIMAL),
                                                                records)
     details["harness"] = harness_details
+    if "generations" not in details and (inherit_any := inheritance(ctx)) is not None:
+        details["generations"] = inherit_any.generations()
     findings.extend(_finding(SUBSTITUTION, p, None) for p in substituted)
     findings.extend(_finding(TAMPERING, p, None) for p in tampered)
     chain, unverifiable, details["chain"] = chain_findings(ctx)

@@ -129,12 +129,13 @@ def _harness_files(ctx: AuditContext, harness: str | None) -> tuple[list[tuple[s
     undecodable bytes replaced: a file is never left out for its encoding)."""
     if not harness or harness == "minimal":
         return [], {}
-    from services.evaluation.read import run_harness
     from services.records.audits.harness_check import harness_store, read_archive, read_tree
+    from services.records.audits.inherited import usable_harness
 
-    row = run_harness(ctx.store, ctx.run_id, harness)
-    if row is None:
+    found = usable_harness(ctx, harness)  # the run's own, or its initial harness granted by --from
+    if found is None:
         return [], {}
+    row = found[0]
     store = harness_store(ctx)
     path = store.archive_path(row.sha256)
     raw = read_archive(path, store.limits) if path.exists() else (
