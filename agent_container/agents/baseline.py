@@ -4,9 +4,11 @@ python inside the launcher's namespaces (where the SDK's httpx is absent) and in
 
 It learns what its run allows from the rendered instruction (``$RSIGYM_INSTRUCTION``: the gym
 renders it from the run key's effective policy: track, granted and revoked services, models,
-fixed settings, submission artifacts, budget, wall clock) and calls nothing else. Then:
+fixed settings, submission artifacts, budget, wall clock) and its initial system from its key. Then:
 
-1. measures the initial system (the base / instruct model with the minimal harness) on ``dev``;
+1. measures the initial system on ``dev``: the base / instruct model with the minimal harness, or —
+   a run started from an earlier generation (``GET /v1/key``'s ``initial_system``) — that
+   generation's accepted checkpoint and harness, which it then trains from (``parent_checkpoint``);
 2. rollout granted with a teacher: asks the teacher to answer questions of the benchmark's training
    pool (never questions it makes up: in a small task space those hit hidden tasks);
 3. training granted: trains (its own small settings, minus every setting the track fixes) and
@@ -160,6 +162,9 @@ class Baseline:
         self.systems: list[dict[str, Any]] = []
         self.eval_cost = 0.0
         self.bases = {m["id"]: m for m in call("/inference/v1/models")["data"] if m.get("kind") == "base"}
+        self.initial = call("/v1/key").get("initial_system")
+        """The system this run starts from (``rsigym run start --from``: an earlier generation's accepted
+        submission, its checkpoint and harness), or None: the base model with the minimal harness."""
 
     # budget and clock
     def remaining(self) -> float:
@@ -216,8 +221,17 @@ class Baseline:
         return None
 
     def initial_model(self) -> str:
+        if self.initial is not None:
+            return str(self.initial["model"])
         listed = self.rules["models"].get("evaluation") or self.rules["models"].get("training")
         return listed[0] if listed else next(iter(self.bases))
+
+    def initial_harness(self) -> str:
+        return str(self.initial["harness"]) if self.initial is not None else "minimal"
+
+    def base_of(self, model: str) -> str:
+        """The base model under ``model`` (a checkpoint's is the initial system's base)."""
+        return str(self.initial["base_model"]) if model.startswith("ckpt_") and self.initial else model
 
     # data and training
     def teacher(self) -> dict[str, Any] | None:
@@ -268,11 +282,12 @@ class Baseline:
 
     def train(self, rows: list[dict[str, Any]], exp: str, base: str) -> str | None:
         fixed = self.fixed("training")
-        mine = {"base_model": base, "steps": self.args.steps, "learning_rate": self.args.lr, "batch_size": 16,
+        start = {"parent_checkpoint": base} if base.startswith("ckpt_") else {"base_model": base}
+        mine = {**start, "steps": self.args.steps, "learning_rate": self.args.lr, "batch_size": 16,
                 "max_length": 64, "seed": 1 if self.args.seed is None else self.args.seed, "schedule": "linear",
                 "checkpoint_every": self.args.steps}
         steps = fixed.get("steps", mine["steps"])
-        price = self.bases[base]["pricing"]["train_usd_per_mtok"]
+        price = self.bases[self.base_of(base)]["pricing"]["train_usd_per_mtok"]
         estimate = steps * fixed.get("batch_size", 16) * fixed.get("max_length", 64) * price / 1e6
         if not self.can_afford("train", estimate):
             return None
@@ -312,9 +327,9 @@ class Baseline:
     # the plan
     def run(self) -> int:
         rules = self.rules
-        base = self.initial_model()
-        root = self.experiment("initial system", [], f"{base} with the minimal harness is the reference on dev")
-        best = self.evaluate(base, "minimal", root, f"{base} + minimal")
+        base, start_harness = self.initial_model(), self.initial_harness()
+        root = self.experiment("initial system", [], f"{base} with the {start_harness} harness is the reference on dev")
+        best = self.evaluate(base, start_harness, root, f"{base} + {start_harness}")
         teacher = self.teacher() if "training" in self.granted else None
         price = teacher["pricing"] if teacher else {}
         rollout_usd = self.args.rows * (64 * price.get("input_usd_per_mtok", 0) + 8 * price.get("output_usd_per_mtok", 0)) / 1e6
@@ -324,7 +339,8 @@ class Baseline:
             rows = self.generate(teacher["id"])
             checkpoint = self.train(rows, exp, base) if rows else None
             if checkpoint:
-                self.evaluate(checkpoint, "minimal", exp, f"{checkpoint} + minimal")
+                for harness in dict.fromkeys(("minimal", start_harness)):  # the start's harness too
+                    self.evaluate(checkpoint, harness, exp, f"{checkpoint} + {harness}")
         else:
             say("skipped", {"step": "train", "granted": sorted(self.granted), "teacher": teacher and teacher["id"]})
         needs_checkpoint = "checkpoint" in rules["needs"]

@@ -119,7 +119,8 @@ class Worker:
         if d["rows"] and self.dag.can("training") and self.dag.teacher:
             rows = self.generate(d["rows"])
             model = self.train(rows, d["steps"], exp) or model
-        harness = self.variant(d["harness"], d["samples"]) if d["harness"] in ("vote", "retry") else "minimal"
+        harness = (self.variant(d["harness"], d["samples"]) if d["harness"] in ("vote", "retry")
+                   else self.dag.start_harness)
         body = {"benchmark": self.dag.benchmark, "split": "dev", "model": model, "harness": harness or "minimal",
                 "attempts": 1, "experiment": exp, "limit": args.limit,
                 "sampling": {"temperature": 0.7 if d["harness"] == "vote" else 0, "max_tokens": args.max_tokens}}
@@ -165,7 +166,9 @@ class Worker:
         fixed = self.dag.rules["fixed"].get("training", {})
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
         dataset = self.call("/training/v1/datasets?name=dag-teacher-data", raw=data)["id"]
-        mine = {"base_model": self.dag.base, "steps": steps, "learning_rate": self.dag.args.lr, "batch_size": 16,
+        start = self.dag.initial_checkpoint
+        mine = {**({"parent_checkpoint": start} if start else {"base_model": self.dag.base}), "steps": steps,
+                "learning_rate": self.dag.args.lr, "batch_size": 16,
                 "max_length": 64, "seed": 1 if self.dag.args.seed is None else self.dag.args.seed,
                 "schedule": "linear", "checkpoint_every": steps}
         settings = {k: v for k, v in mine.items() if k not in fixed and not (k == "checkpoint_every" and "steps" in fixed)}
@@ -208,6 +211,13 @@ class Dag:
         bases = [m["id"] for m in B.call("/inference/v1/models")["data"] if m.get("kind") == "base"]
         listed = rules["models"].get("evaluation") or rules["models"].get("training")
         self.base = listed[0] if listed else bases[0]
+        initial = self.me.get("initial_system")  # a run started from an earlier generation (--from)
+        self.initial_checkpoint: str | None = None
+        self.start_harness = "minimal"
+        if initial is not None:
+            self.base, self.start_harness = str(initial["model"]), str(initial["harness"])
+            if initial.get("weights_hash"):  # a checkpoint: Workers train from it
+                self.initial_checkpoint = str(initial["model"])
         self.teacher = self._teacher()
         self.model = args.model or _first_agent_model()
         self._stop = threading.Event()
@@ -228,13 +238,33 @@ class Dag:
     # -- thinking (the agent-model route) -----------------------------------------------------
 
     def think(self, role: str, content: dict[str, Any]) -> dict[str, Any]:
+        """The model's JSON answer for ``role``; when it answers none (a small model, e.g. one the
+        gym trained and serves as this agent's model), the role's fallback, said aloud and written
+        into the decision's rationale: the plan tries every option, a review states that the
+        reviewer model gave none, a decision stops."""
         reply = B.call("/agent/v1/chat/completions", {
-            "model": self.model, "temperature": 0, "max_tokens": self.args.think_tokens,
+            "model": self.model, "temperature": 0,
+            "max_tokens": min(self.args.think_tokens, self.args.token_cap or self.args.think_tokens),
             "messages": [{"role": "system", "content": PROMPTS[role]},
                          {"role": "user", "content": json.dumps(content)}]})
-        answer = _json_object(reply["choices"][0]["message"].get("content") or "")
+        text = reply["choices"][0]["message"].get("content") or ""
+        try:
+            answer = _json_object(text)
+        except B.Refused as err:
+            answer = self.fallback(role, content, str(err))
+            say("thought", {"role": role, "fallback": True, "answer": answer, "model_said": text[:200]})
+            return answer
         say("thought", {"role": role, "answer": answer})
         return answer
+
+    @staticmethod
+    def fallback(role: str, content: dict[str, Any], why: str) -> dict[str, Any]:
+        note = f"fallback ({why[:300]})"
+        if role == "main-plan":
+            return {"directions": content.get("options") or [], "rationale": f"{note}: every option the track allows"}
+        if role == "reviewer":
+            return {"uncertainties": [f"{note}: the reviewer model wrote no review; the findings stand unreviewed"]}
+        return {"action": "stop", "rationale": f"{note}: stop and submit the best unflagged system"}
 
     # -- the records: the research graph ------------------------------------------------------
 
@@ -457,6 +487,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=6e-3)
     parser.add_argument("--think-tokens", type=int, default=800)
+    parser.add_argument("--token-cap", type=int, default=0, help="the most max_tokens the agent route grants the "
+                        "model (0: no cap known); --think-tokens is held under it")
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None, help="the Workers' training seed (default 1)")
     args = parser.parse_args()
