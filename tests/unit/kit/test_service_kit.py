@@ -112,6 +112,14 @@ def test_spec_and_router_declare_the_same_routes(gym: Gym, service: str) -> None
         from services.rollout.agent_spec import SPEC as AGENT_SPEC
 
         declared += [(op.method, _norm(PREFIX + op.path)) for op in AGENT_SPEC.operations]
+    if service == "inference":  # ... and so does inference, for the agent models the gym serves itself
+        from services.inference.agent_spec import PREFIX as GYM_PREFIX
+        from services.inference.agent_spec import SPEC as GYM_AGENT_SPEC
+        from services.inference.agent_spec import refuse_dialect
+
+        # the other dialects are declared only to be refused at the gateway (422): never forwarded, not served
+        declared += [(op.method, _norm(GYM_PREFIX + op.path)) for op in GYM_AGENT_SPEC.operations
+                     if op.estimate is not refuse_dialect]
     served = _served_routes(gym, service)
     assert len(served) > 1
     assert sorted(set(declared)) == sorted(served)
