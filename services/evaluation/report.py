@@ -386,6 +386,8 @@ def _vs_generation_0(run: RunScores, trials: Mapping[str, Rewards], seed: int,
 def _groups(runs: list[RunReport], include_flagged: bool) -> tuple[RunGroup, ...]:
     by_key: dict[tuple[str, str, str | None, float | None], list[RunReport]] = {}
     for run in runs:
+        if run.generation is not None:  # measured against its own initial system: no repeat of a base run
+            continue
         by_key.setdefault((run.agent, run.track, run.task, run.budget_usd), []).append(run)
     groups = []
     for (agent, track, task, budget), members in by_key.items():
@@ -738,7 +740,9 @@ def to_markdown(report: Report) -> str:
                       f"![{_md_cell(chain.run_id)}: official score by generation]({chain_figures[chain.run_id]})", ""]
     if report.groups:
         lines += ["", "## Runs of one agent on one task", "",
-                  f"Grouped by agent, track, task and budget; {MeanInterval.METHOD}.", ""]
+                  f"Grouped by agent, track, task and budget; {MeanInterval.METHOD}. Runs started from the "
+                  "base system only: a later generation is measured against its own initial system (Generations).",
+                  ""]
         lines += _md_table(GROUP_HEADER, [_group_cells(g) for g in report.groups])
     lines += ["", "## Scores", ""]
     lines += ["Each initial score is on the run's scope: the same split, split seed, subset, subset seed "

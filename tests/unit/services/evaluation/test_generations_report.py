@@ -91,6 +91,8 @@ def test_a_later_generation_gets_both_indices_with_their_arithmetic_and_interval
     # an agent is ranked on what each run added (vs its own initial system), not on the chain's sum
     (agent,) = report.agents
     assert agent.index == pytest.approx(((0.5 - 0.2) / 0.8 + 0.4 + (0.1 / 0.3)) / 3)
+    # ... but later generations are no repeats of a run from the base: the repeat groups hold r1 only
+    assert [g.run_ids for g in report.groups] == [("r1",)]
 
 
 def test_report_files_show_both_indices_and_draw_the_chain(tmp_path: Path) -> None:
