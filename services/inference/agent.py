@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 import anyio
@@ -36,21 +35,12 @@ from services.records import agent_turns
 log = logging.getLogger("rsigym.inference.agent")
 
 
-def _tokens(usage: dict[str, Any]) -> dict[str, Any]:
-    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage}
+_summary = agent_turns.completion_summary
 
 
 def _calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"id": c.get("id"), "name": (c.get("function") or {}).get("name"),
              "arguments": (c.get("function") or {}).get("arguments")} for c in calls]
-
-
-def _summary(completion: dict[str, Any]) -> dict[str, Any]:
-    """The turn's response as the trajectory keeps it (services/rollout/agent.py's shape)."""
-    choice = (completion.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    return {"text": message.get("content") or "", "tool_calls": _calls(message.get("tool_calls") or []),
-            "finish_reason": choice.get("finish_reason")}
 
 
 def _allowed(identity: Identity, name: str) -> bool:
@@ -93,17 +83,8 @@ class AgentInference:
 
     async def _record(self, identity: Identity, request: dict[str, Any], response: dict[str, Any],
                       usage: dict[str, Any], cost_nusd: int, *, stream: bool) -> None:
-        charged = min(cost_nusd, identity.estimate_nusd) if identity.reservation_id else cost_nusd
-        record = partial(agent_turns.record_turn, self.inference.checkpoints.store, run_id=identity.run_id,
-                         key_id=identity.caller_key_id or identity.key_id, request_id=identity.request_id,
-                         api="openai", model=str(request.get("model")), stream=stream, request=request,
-                         response=response, usage=_tokens(usage), cost_nusd=charged)
-        with anyio.CancelScope(shield=True):
-            try:
-                await anyio.to_thread.run_sync(record)
-            except Exception as err:  # noqa: BLE001 - the call was served and billed; its record is logged as lost
-                log.error("%s: agent turn of run %s not recorded: %s", identity.request_id, identity.run_id,
-                          type(err).__name__)
+        await agent_turns.record_served_turn(self.inference.checkpoints.store, identity, "openai", request, response,
+                                             usage, cost_nusd, stream=stream)
 
     async def chat(self, identity: Identity, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
         completion, cost = await self.inference.chat(identity, body, self._resolver(identity))

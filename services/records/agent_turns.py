@@ -15,16 +15,22 @@ head. Either way ``truncated`` is set; the cost and usage are always exact.
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
+import anyio
 from sqlalchemy import JSON, BigInteger, Boolean, CheckConstraint, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from billing.money import nusd_to_usd
 from kit.display_text import inert
+from kit.identity import Identity
 from storage.store import Store
 from storage.tables import Base, UTCDateTime, utcnow
+
+_log = logging.getLogger("rsigym.agent_turns")
 
 MAX_FIELD_CHARS = 64 * 1024
 """Most characters of JSON kept of one turn's request or response."""
@@ -179,3 +185,34 @@ def render_text(turns: list[dict[str, Any]]) -> str:
         if calls:
             lines.append(f"[model tool calls] {_clip(json.dumps(calls, ensure_ascii=False))}")
     return "\n".join(lines)
+
+
+def usage_tokens(usage: dict[str, Any]) -> dict[str, Any]:
+    """The token counts a turn keeps of an OpenAI ``usage``."""
+    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage}
+
+
+def completion_summary(completion: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat completion's response as the trajectory keeps it: text, tool calls, finish reason."""
+    choice = (completion.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    calls = [{"id": c.get("id"), "name": (c.get("function") or {}).get("name"),
+              "arguments": (c.get("function") or {}).get("arguments")} for c in message.get("tool_calls") or []]
+    return {"text": message.get("content") or "", "tool_calls": calls, "finish_reason": choice.get("finish_reason")}
+
+
+async def record_served_turn(store: Store, identity: Identity, api: Api, request: dict[str, Any],
+                             response: dict[str, Any], usage: dict[str, Any], cost_nusd: int, *, stream: bool) -> None:
+    """Keep a served agent-route turn (the rollout service's catalogue models and the gym's own,
+    services/inference/agent.py), charged at most its reservation; shielded from the caller's
+    cancellation, and a store failure logged, never raised: the call was served and billed."""
+    charged = min(cost_nusd, identity.estimate_nusd) if identity.reservation_id else cost_nusd
+    record = partial(record_turn, store, run_id=identity.run_id, key_id=identity.caller_key_id or identity.key_id,
+                     request_id=identity.request_id, api=api, model=str(request.get("model")), stream=stream,
+                     request=request, response=response, usage=usage_tokens(usage), cost_nusd=charged)
+    with anyio.CancelScope(shield=True):
+        try:
+            await anyio.to_thread.run_sync(record)
+        except Exception as err:  # noqa: BLE001 - the call was served and billed; its record is logged as lost
+            _log.error("%s: agent turn of run %s not recorded: %s", identity.request_id, identity.run_id,
+                       type(err).__name__)

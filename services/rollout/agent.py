@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from functools import partial
 from typing import Any
 
 import anyio
@@ -72,16 +71,7 @@ class _Assembled:
         return out
 
 
-def _summary(completion: dict[str, Any]) -> dict[str, Any]:
-    choice = (completion.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    calls = [{"id": c.get("id"), "name": (c.get("function") or {}).get("name"),
-              "arguments": (c.get("function") or {}).get("arguments")} for c in message.get("tool_calls") or []]
-    return {"text": message.get("content") or "", "tool_calls": calls, "finish_reason": choice.get("finish_reason")}
-
-
-def _tokens(usage: dict[str, Any]) -> dict[str, Any]:
-    return {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage}
+_summary = agent_turns.completion_summary
 
 
 class AgentModelService:
@@ -94,17 +84,8 @@ class AgentModelService:
 
     async def _record(self, identity: Identity, api: agent_turns.Api, request: dict[str, Any], response: dict[str, Any],
                       usage: dict[str, Any], cost_nusd: int, *, stream: bool) -> None:
-        charged = min(cost_nusd, identity.estimate_nusd) if identity.reservation_id else cost_nusd
-        record = partial(agent_turns.record_turn, self.store, run_id=identity.run_id,
-                         key_id=identity.caller_key_id or identity.key_id, request_id=identity.request_id, api=api,
-                         model=str(request.get("model")), stream=stream, request=request, response=response,
-                         usage=_tokens(usage), cost_nusd=charged)
-        with anyio.CancelScope(shield=True):
-            try:
-                await anyio.to_thread.run_sync(record)
-            except Exception as err:  # noqa: BLE001 - the call was served and billed; its record is logged as lost
-                log.error("%s: agent turn of run %s not recorded: %s", identity.request_id, identity.run_id,
-                          type(err).__name__)
+        await agent_turns.record_served_turn(self.store, identity, api, request, response, usage, cost_nusd,
+                                             stream=stream)
 
     # -- OpenAI chat completions ---------------------------------------------------------
 
@@ -171,7 +152,7 @@ class AgentModelService:
                         seen.error = data["error"]
                         continue
                     seen.feed(data)
-                    yield {**data, "usage": _tokens(data["usage"])} if data.get("usage") else data
+                    yield {**data, "usage": agent_turns.usage_tokens(data["usage"])} if data.get("usage") else data
 
         try:
             async for event in anthropic.to_messages_stream(str(body.get("model")), chunks()):
